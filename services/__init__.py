@@ -1,0 +1,1 @@
+"""The server side of udfserve: the per-device model server and the node supervisor."""

@@ -1,0 +1,122 @@
+"""Typed configuration: the server process (flags and ``UDFSERVE_*`` variables) and each model.
+
+Precedence for the server: a command-line flag, then the ``UDFSERVE_<FIELD>`` environment
+variable, then the default. Each model's ``config.yaml`` is validated by ``ModelConfig``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+DEVICE_PATTERN = re.compile(r"^(cpu|gpu:\d+)$")
+SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+
+
+def validate_model_name(name: str) -> str:
+    """Refuse names that could address anything outside the model repository."""
+    if not MODEL_NAME_PATTERN.match(name) or name in {".", ".."} or ".." in name:
+        raise ValueError(
+            f"invalid model name {name!r}: expected 1-128 characters of [A-Za-z0-9_.-], "
+            "not starting with '.' or '-', without '..' or path separators"
+        )
+    return name
+
+
+class TensorSpec(BaseModel):
+    """An input or output as declared in config.yaml (or read from the model's signature)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    dtype: str = "float32"
+    shape: tuple[int, ...] = Field(default=(), description="per-row shape, no batch dimension; -1 is free")
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        if value not in SUPPORTED_DTYPES:
+            raise ValueError(f"unsupported dtype {value!r}; expected one of {', '.join(SUPPORTED_DTYPES)}")
+        return value
+
+
+class BatchingConfig(BaseModel):
+    """How the dynamic batcher of one model merges requests."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    max_queue_delay_s: float = Field(default=0.002, ge=0.0, le=10.0)
+    max_queue_rows: int | None = Field(
+        default=None, gt=0, description="rows waiting before RESOURCE_EXHAUSTED; default 16 x max_batch_size"
+    )
+
+
+class ModelConfig(BaseModel):
+    """``<repo>/<model>/config.yaml``. Every field is optional but the file must parse."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str | None = None
+    backend: Literal["tensorflow"] = "tensorflow"
+    version: int | None = Field(default=None, ge=1, description="pin a version; default the newest")
+    max_batch_size: int = Field(default=1024, ge=1, le=1 << 20)
+    dynamic_batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    inputs: tuple[TensorSpec, ...] | None = None
+    outputs: tuple[TensorSpec, ...] | None = None
+    warmup: bool = True
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str | None) -> str | None:
+        return None if value is None else validate_model_name(value)
+
+    @property
+    def max_queue_rows(self) -> int:
+        return self.dynamic_batching.max_queue_rows or 16 * self.max_batch_size
+
+
+class ServerConfig(BaseSettings):
+    """One model server process. Fields map to ``--flag-name`` and ``UDFSERVE_FLAG_NAME``."""
+
+    model_config = SettingsConfigDict(env_prefix="UDFSERVE_", extra="forbid", frozen=True)
+
+    model_repository: Path = Field(description="folder of <model>/config.yaml and <model>/<version>/")
+    models: tuple[str, ...] = Field(default=(), description="load only these models (default: all)")
+    device: str = Field(default="cpu", description='"cpu" or "gpu:N"; the process is pinned to it')
+    device_uuid: str | None = Field(default=None, description="NVML uuid of the device, for metrics labels")
+    socket: Path | None = Field(default=None, description="unix socket path for gRPC (none if unset)")
+    host: str = Field(default="127.0.0.1", description="TCP host for gRPC")
+    port: int | None = Field(default=7500, ge=0, le=65535, description="TCP port for gRPC; 0 picks one")
+    http_host: str = Field(default="127.0.0.1", description="host of the HTTP admin app")
+    http_port: int | None = Field(default=7501, ge=0, le=65535, description="HTTP admin port; 0 picks one")
+    ready_file: Path | None = Field(
+        default=None, description="write the bound addresses here as JSON once listening"
+    )
+    max_message_bytes: int = Field(default=64 << 20, ge=1 << 16, description="largest gRPC message, both ways")
+    grace_period_s: float = Field(default=10.0, ge=0.0, description="time to finish in-flight work on SIGTERM")
+    inference_threads: int = Field(default=1, ge=1, le=64, description="concurrent backend calls per model")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not DEVICE_PATTERN.match(value):
+            raise ValueError(f'invalid device {value!r}; expected "cpu" or "gpu:N" (e.g. gpu:0)')
+        return value
+
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(validate_model_name(v) for v in value)
+
+    @model_validator(mode="after")
+    def _some_listener(self) -> ServerConfig:
+        if self.socket is None and self.port is None:
+            raise ValueError("nothing to listen on: give a unix socket, a TCP port, or both")
+        return self

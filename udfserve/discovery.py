@@ -1,0 +1,118 @@
+"""The node's discovery file: which model servers run on this node, and where.
+
+The node supervisor (``udfserve node``) writes it; the Spark client reads it to find the
+server local to its executor. It is JSON, replaced atomically (write to a temporary file in
+the same folder, then ``os.replace``), so a reader never sees half a file.
+
+Where it lives, in order: an explicit path; the ``UDFSERVE_DISCOVERY_FILE`` environment
+variable; ``<runtime dir>/discovery.json`` where the runtime dir is ``UDFSERVE_RUNTIME_DIR``
+or ``/tmp/udfserve``. Callers pass the environment in (a mapping) so that nothing here reads
+``os.environ`` behind their back: Spark reuses Python workers across tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DEFAULT_RUNTIME_DIR = Path("/tmp/udfserve")
+DISCOVERY_FILE_NAME = "discovery.json"
+DISCOVERY_FILE_ENV = "UDFSERVE_DISCOVERY_FILE"
+RUNTIME_DIR_ENV = "UDFSERVE_RUNTIME_DIR"
+SCHEMA_VERSION = 1
+
+ServerState = Literal["starting", "ready", "restarting", "stopping"]
+
+
+class DiscoveryError(ValueError):
+    """The discovery file is missing, unreadable or not in the expected format."""
+
+
+class ServerEntry(BaseModel):
+    """One model server process of the node."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    device: str = Field(description='"cpu" or "gpu:N"')
+    device_index: int | None = Field(default=None, description="GPU index as Spark and NVML see it")
+    device_uuid: str | None = None
+    unix_socket: str | None = Field(default=None, description="path of the gRPC unix socket")
+    tcp_address: str | None = Field(default=None, description="host:port of the gRPC TCP listener")
+    http_address: str | None = Field(default=None, description="host:port of the HTTP admin app")
+    pid: int | None = None
+    models: list[str] = Field(default_factory=list)
+    state: ServerState = "ready"
+
+    def grpc_targets(self) -> list[str]:
+        """gRPC target strings for this server, the unix socket first (it is faster)."""
+        targets = []
+        if self.unix_socket:
+            targets.append(f"unix://{self.unix_socket}")
+        if self.tcp_address:
+            targets.append(self.tcp_address)
+        return targets
+
+
+class NodeDiscovery(BaseModel):
+    """The whole file."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    schema_version: int = SCHEMA_VERSION
+    node: str = ""
+    supervisor_pid: int | None = None
+    model_repository: str | None = Field(
+        default=None, description="the repository the servers load; the CPU fallback reads it too"
+    )
+    metrics_targets_file: str | None = None
+    updated_at: float = Field(default_factory=time.time)
+    servers: list[ServerEntry] = Field(default_factory=list)
+
+    def ready_servers(self) -> list[ServerEntry]:
+        return [s for s in self.servers if s.state == "ready"]
+
+
+def default_discovery_path(environ: Mapping[str, str]) -> Path:
+    """Where the discovery file is when nobody says otherwise."""
+    if environ.get(DISCOVERY_FILE_ENV):
+        return Path(environ[DISCOVERY_FILE_ENV])
+    runtime_dir = environ.get(RUNTIME_DIR_ENV)
+    return (Path(runtime_dir) if runtime_dir else DEFAULT_RUNTIME_DIR) / DISCOVERY_FILE_NAME
+
+
+def read_discovery(path: Path) -> NodeDiscovery:
+    """Parse the discovery file at ``path``; raise DiscoveryError saying what is wrong."""
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise DiscoveryError(f"no discovery file at {path} (is `udfserve node` running on this node?)") from exc
+    except OSError as exc:
+        raise DiscoveryError(f"cannot read discovery file {path}: {exc}") from exc
+    try:
+        return NodeDiscovery.model_validate_json(raw)
+    except ValidationError as exc:
+        raise DiscoveryError(f"discovery file {path} is not valid: {exc}") from exc
+
+
+def write_discovery(path: Path, discovery: NodeDiscovery) -> None:
+    """Replace the file at ``path`` atomically, readable by everyone on the node."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = json.dumps(discovery.model_dump(mode="json"), indent=2, sort_keys=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
+            tmp.write(payload)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.chmod(tmp_name, 0o644)
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
