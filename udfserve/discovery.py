@@ -92,7 +92,9 @@ def read_discovery(path: Path) -> NodeDiscovery:
     try:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise DiscoveryError(f"no discovery file at {path} (is `udfserve node` running on this node?)") from exc
+        raise DiscoveryError(
+            f"no discovery file at {path} (is `udfserve node` running on this node?)"
+        ) from exc
     except OSError as exc:
         raise DiscoveryError(f"cannot read discovery file {path}: {exc}") from exc
     try:

@@ -98,8 +98,12 @@ class ServerConfig(BaseSettings):
     ready_file: Path | None = Field(
         default=None, description="write the bound addresses here as JSON once listening"
     )
-    max_message_bytes: int = Field(default=64 << 20, ge=1 << 16, description="largest gRPC message, both ways")
-    grace_period_s: float = Field(default=10.0, ge=0.0, description="time to finish in-flight work on SIGTERM")
+    max_message_bytes: int = Field(
+        default=64 << 20, ge=1 << 16, description="largest gRPC message, both ways"
+    )
+    grace_period_s: float = Field(
+        default=10.0, ge=0.0, description="time to finish in-flight work on SIGTERM"
+    )
     inference_threads: int = Field(default=1, ge=1, le=64, description="concurrent backend calls per model")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
