@@ -1,0 +1,1 @@
+"""Example models for the quick start, the tests and the benchmarks."""

@@ -1,0 +1,171 @@
+"""Generate the example model repository: small real Keras models with seeded weights.
+
+The integration tests, the benchmarks and the quick start all serve these, so they cover the
+shapes people meet: a flat feature vector (``tabular_mlp``), a window of per-line vectors
+through a recurrent layer (``sequence_bilstm``), and several named inputs and outputs of
+different dtypes and ranks, scalars included (``multi_io``). Every model loads with
+``safe_mode=True``: no Lambda layers, no custom objects.
+
+    python -m services.examples.generate_models --output ./model_repository
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+if TYPE_CHECKING:
+    import keras
+
+logger = logging.getLogger(__name__)
+
+KERAS_FILE_NAME = "model.keras"
+SAVEDMODEL_SUFFIX = "_savedmodel"
+
+
+def _tabular_mlp() -> keras.Model:
+    import keras
+
+    features = keras.Input(shape=(64,), dtype="float32", name="features")
+    hidden = keras.layers.Dense(256, activation="relu", name="dense_1")(features)
+    hidden = keras.layers.Dense(256, activation="relu", name="dense_2")(hidden)
+    probabilities = keras.layers.Dense(8, activation="softmax", name="probabilities")(hidden)
+    return keras.Model(features, probabilities, name="tabular_mlp")
+
+
+def _sequence_bilstm() -> keras.Model:
+    import keras
+
+    lines = keras.Input(shape=(16, 32), dtype="float32", name="lines")
+    encoded = keras.layers.Bidirectional(keras.layers.LSTM(32), name="bilstm")(lines)
+    probabilities = keras.layers.Dense(4, activation="softmax", name="class_probabilities")(encoded)
+    return keras.Model(lines, probabilities, name="sequence_bilstm")
+
+
+def _multi_io() -> keras.Model:
+    import keras
+
+    numeric = keras.Input(shape=(8,), dtype="float32", name="numeric")
+    category = keras.Input(shape=(), dtype="int32", name="category")
+    category_vector = keras.layers.Embedding(16, 4, name="category_embedding")(category)
+    hidden = keras.layers.Concatenate(name="joined")([numeric, category_vector])
+    hidden = keras.layers.Dense(32, activation="relu", name="hidden")(hidden)
+    embedding = keras.layers.Dense(4, name="embedding")(hidden)
+    score_column = keras.layers.Dense(1, activation="sigmoid", name="score_column")(hidden)
+    # Reshape to () drops the trailing unit axis: a per-row scalar without a Lambda layer.
+    score = keras.layers.Reshape((), name="score")(score_column)
+    return keras.Model(
+        {"numeric": numeric, "category": category},
+        {"score": score, "embedding": embedding},
+        name="multi_io",
+    )
+
+
+# name -> (builder, seed, config.yaml contents)
+EXAMPLES: dict[str, tuple[Callable[[], Any], int, dict[str, Any]]] = {
+    "tabular_mlp": (
+        _tabular_mlp,
+        1,
+        {"max_batch_size": 1024, "dynamic_batching": {"max_queue_delay_s": 0.002}},
+    ),
+    "sequence_bilstm": (
+        _sequence_bilstm,
+        2,
+        {"max_batch_size": 256, "dynamic_batching": {"max_queue_delay_s": 0.002}},
+    ),
+    "multi_io": (
+        _multi_io,
+        3,
+        {"max_batch_size": 512, "dynamic_batching": {"max_queue_delay_s": 0.002}},
+    ),
+}
+
+
+def generate_example_repository(
+    root: Path, *, overwrite: bool = False, include_savedmodel: bool = False
+) -> list[str]:
+    """Write the example models under ``root``; returns the names of the example models there.
+
+    Models already present are kept unless ``overwrite``. Each model is written to a hidden
+    temporary folder and moved into place, so a server scanning ``root`` meanwhile never sees
+    half a model.
+    """
+    import keras
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    names = []
+    for name, (build, seed, config) in EXAMPLES.items():
+        keras.utils.set_random_seed(seed)
+        model = build()
+        _write_model(root, name, config, overwrite, lambda folder, m=model: m.save(folder / KERAS_FILE_NAME))
+        names.append(name)
+        if include_savedmodel and name == "tabular_mlp":
+            exported = f"{name}{SAVEDMODEL_SUFFIX}"
+            # Same layers and weights; outputs as a dict so the signature names the output
+            # "probabilities" like the .keras model does (a bare tensor would be "output_0").
+            named = keras.Model(model.input, {"probabilities": model.output}, name=exported)
+            _write_model(
+                root,
+                exported,
+                config,
+                overwrite,
+                lambda folder, m=named: m.export(str(folder), format="tf_saved_model", verbose=False),
+            )
+            names.append(exported)
+    return names
+
+
+def _write_model(
+    root: Path, name: str, config: dict[str, Any], overwrite: bool, save: Callable[[Path], None]
+) -> None:
+    target = root / name
+    if target.exists() and not overwrite:
+        logger.info("keeping %s: already present (pass overwrite to regenerate)", target)
+        return
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+    try:
+        version_dir = staging / "1"
+        version_dir.mkdir()
+        save(version_dir)
+        (staging / "config.yaml").write_text(
+            yaml.safe_dump({"name": name, **config}, sort_keys=False), encoding="utf-8"
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    logger.info("wrote %s", target)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.examples.generate_models",
+        description="Write the example model repository (small Keras models with seeded weights).",
+    )
+    parser.add_argument("--output", type=Path, required=True, help="repository folder to write into")
+    parser.add_argument("--overwrite", action="store_true", help="regenerate models already present")
+    parser.add_argument(
+        "--savedmodel", action="store_true", help="also write tabular_mlp as a TensorFlow SavedModel"
+    )
+    args = parser.parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    names = generate_example_repository(
+        args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel
+    )
+    logger.info("example models in %s: %s", args.output, ", ".join(names))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

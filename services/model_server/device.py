@@ -1,0 +1,63 @@
+"""Pin a model server process to one device before TensorFlow is imported.
+
+CUDA reads ``CUDA_VISIBLE_DEVICES`` once, when the framework initialises; setting it later has
+no effect, and a process that sees every GPU grabs memory on all of them. This module is the
+one place in the server that changes ``os.environ``, and it refuses to do so once TensorFlow is
+in the process, so a mistake in start-up order fails loudly instead of silently using the wrong
+device.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from services.model_server.config import DEVICE_PATTERN
+
+logger = logging.getLogger(__name__)
+
+
+def visible_devices_for(device: str) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value that exposes exactly ``device`` ("" hides every GPU)."""
+    if not DEVICE_PATTERN.match(device):
+        raise ValueError(f'invalid device {device!r}; expected "cpu" or "gpu:N" (e.g. gpu:0)')
+    return "" if device == "cpu" else device.split(":", 1)[1]
+
+
+def pin_device(device: str) -> None:
+    """Expose only ``device`` to the framework, with GPU memory growth on and quiet C++ logs.
+
+    Must run before ``import tensorflow``: afterwards the device list is fixed for the process.
+    """
+    visible = visible_devices_for(device)
+    if "tensorflow" in sys.modules:
+        raise RuntimeError(
+            f"cannot pin the process to {device!r}: tensorflow is already imported, so "
+            "CUDA_VISIBLE_DEVICES would be ignored; call pin_device before importing tensorflow"
+        )
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    # Memory growth lets several models (and the CUDA context) share one device without one
+    # allocation up front reserving all of it.
+    os.environ["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logger.info("pinned to device %s (CUDA_VISIBLE_DEVICES=%r)", device, visible)
+
+
+def enable_memory_growth() -> int:
+    """Turn on memory growth for every visible GPU; returns how many GPUs TensorFlow sees.
+
+    Call right after importing TensorFlow. The environment variable set by ``pin_device``
+    already asks for growth; this also covers processes started without ``pin_device``
+    (the Spark CPU fallback, tests).
+    """
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError as exc:
+            # Raised when the device was already initialised; its setting cannot change now.
+            logger.info("memory growth of %s left as it was: %s", gpu.name, exc)
+    return len(gpus)

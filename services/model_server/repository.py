@@ -1,0 +1,202 @@
+"""The model repository: ``<repo>/<model>/config.yaml`` and integer ``<repo>/<model>/<version>/``.
+
+Scanning never imports a framework and never raises for one bad model: every folder that
+cannot be served becomes a ``failures`` entry naming the file at fault, so the server can start
+with the models that are fine and report the rest. Loading goes through the backend named by
+the model's config.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from services.model_server.backends import LoadedModel, get_backend
+from services.model_server.config import ModelConfig, validate_model_name
+from services.model_server.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE_NAME = "config.yaml"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """One servable model: the chosen version's folder and its validated config."""
+
+    name: str
+    version: int
+    path: Path
+    config: ModelConfig
+    available_versions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RepositoryScan:
+    """What a scan found: models to load, and why the others cannot be served."""
+
+    sources: tuple[ModelSource, ...]
+    failures: Mapping[str, str]
+
+
+class _Unservable(Exception):
+    """One model folder cannot be served; the message names the file and the problem."""
+
+
+def resolve_model_dir(root: Path, name: str) -> Path:
+    """``root / name`` after checking the name is safe and the folder stays inside ``root``."""
+    validate_model_name(name)
+    model_dir = root / name
+    if not model_dir.resolve().is_relative_to(root.resolve()):
+        raise ValueError(
+            f"model folder {model_dir} resolves to {model_dir.resolve()}, outside the repository {root}"
+        )
+    return model_dir
+
+
+def scan_repository(root: Path, only: Sequence[str] = ()) -> RepositoryScan:
+    """List every servable model under ``root`` (or only the ones named), without loading any."""
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"model repository {root} does not exist")
+    if not root.is_dir():
+        raise NotADirectoryError(f"model repository {root} is not a folder")
+
+    present = _model_folder_names(root)
+    failures: dict[str, str] = {}
+    if only:
+        wanted = list(dict.fromkeys(only))
+        for name in wanted:
+            if name not in present:
+                failures[name] = f"model {name!r} is not in the repository {root}; found: {present}"
+        names = [name for name in wanted if name in present]
+    else:
+        names = present
+
+    sources = []
+    for name in names:
+        try:
+            sources.append(_read_model(root, name))
+        except _Unservable as exc:
+            logger.warning("model %s cannot be served: %s", name, exc)
+            failures[name] = str(exc)
+    return RepositoryScan(sources=tuple(sources), failures=failures)
+
+
+def load_model(source: ModelSource) -> LoadedModel:
+    """Load one model with the backend its config names; raises ``ModelLoadError``."""
+    try:
+        backend = get_backend(source.config.backend)
+    except ValueError as exc:
+        raise ModelLoadError(f"model {source.name!r} ({source.path}): {exc}") from exc
+    started_s = time.perf_counter()
+    try:
+        model = backend.load(source)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(
+            f"model {source.name!r} version {source.version} ({source.path}): {type(exc).__name__}: {exc}"
+        ) from exc
+    logger.info(
+        "loaded model %s version %d with %s in %.2f s",
+        source.name,
+        source.version,
+        backend.platform,
+        time.perf_counter() - started_s,
+    )
+    return model
+
+
+def _model_folder_names(root: Path) -> list[str]:
+    """Sub-folders of ``root``, hidden ones (``.git``, editor caches) left out."""
+    names = []
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith("."):
+            logger.debug("ignoring hidden entry %s in the model repository", entry)
+        elif entry.is_dir():
+            names.append(entry.name)
+        else:
+            logger.debug("ignoring file %s in the model repository: models are folders", entry)
+    return names
+
+
+def _read_model(root: Path, name: str) -> ModelSource:
+    try:
+        model_dir = resolve_model_dir(root, name)
+    except ValueError as exc:
+        raise _Unservable(f"{root / name}: {exc}") from exc
+    config = _read_config(model_dir / CONFIG_FILE_NAME)
+    if config.name is not None and config.name != name:
+        raise _Unservable(
+            f"{model_dir / CONFIG_FILE_NAME}: name {config.name!r} does not match the folder name {name!r}"
+        )
+    versions = _versions(root, model_dir)
+    if not versions:
+        raise _Unservable(
+            f"no version folder in {model_dir}: expected integer-named folders such as {model_dir / '1'}"
+        )
+    if config.version is None:
+        version = versions[-1]
+    elif config.version in versions:
+        version = config.version
+    else:
+        raise _Unservable(
+            f"{model_dir / CONFIG_FILE_NAME} pins version {config.version}, "
+            f"but {model_dir} has versions {list(versions)}"
+        )
+    return ModelSource(
+        name=name,
+        version=version,
+        path=model_dir / str(version),
+        config=config,
+        available_versions=versions,
+    )
+
+
+def _read_config(path: Path) -> ModelConfig:
+    """A missing or empty config.yaml means every default."""
+    if not path.exists():
+        return ModelConfig()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise _Unservable(f"{path} is not valid YAML: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _Unservable(f"cannot read {path}: {exc}") from exc
+    if data is None:
+        return ModelConfig()
+    if not isinstance(data, dict):
+        raise _Unservable(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return ModelConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or '<root>'}: {error['msg']} "
+            f"(got {error['input']!r})"
+            for error in exc.errors()
+        )
+        raise _Unservable(f"{path}: invalid model config: {problems}") from exc
+
+
+def _versions(root: Path, model_dir: Path) -> tuple[int, ...]:
+    """Integer-named sub-folders, ascending. Other names (``1.bak``, ``latest``) are ignored."""
+    versions = []
+    for entry in model_dir.iterdir():
+        if not entry.is_dir():
+            continue
+        if not (entry.name.isdigit() and str(int(entry.name)) == entry.name and int(entry.name) > 0):
+            logger.debug("ignoring %s: version folders are positive integers", entry)
+            continue
+        if not entry.resolve().is_relative_to(root.resolve()):
+            raise _Unservable(
+                f"version folder {entry} resolves to {entry.resolve()}, outside the repository {root}"
+            )
+        versions.append(int(entry.name))
+    return tuple(sorted(versions))
