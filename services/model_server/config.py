@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DEVICE_PATTERN = re.compile(r"^(cpu|gpu:\d+)$")
@@ -87,14 +87,23 @@ class ServerConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="UDFSERVE_", extra="forbid", frozen=True)
 
     model_repository: Path = Field(description="folder of <model>/config.yaml and <model>/<version>/")
-    models: tuple[str, ...] = Field(default=(), description="load only these models (default: all)")
+    models: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(), description="load only these models (default: all)"
+    )
     device: str = Field(default="cpu", description='"cpu" or "gpu:N"; the process is pinned to it')
     device_uuid: str | None = Field(default=None, description="NVML uuid of the device, for metrics labels")
     socket: Path | None = Field(default=None, description="unix socket path for gRPC (none if unset)")
+    socket_mode: str = Field(
+        default="0600", pattern=r"^0?[0-7]{3}$", description="permissions of the unix socket (octal)"
+    )
     host: str = Field(default="127.0.0.1", description="TCP host for gRPC")
-    port: int | None = Field(default=7500, ge=0, le=65535, description="TCP port for gRPC; 0 picks one")
+    port: int | None = Field(
+        default=7500, ge=0, le=65535, description="TCP port for gRPC; 0 picks a free one, off disables TCP"
+    )
     http_host: str = Field(default="127.0.0.1", description="host of the HTTP admin app")
-    http_port: int | None = Field(default=7501, ge=0, le=65535, description="HTTP admin port; 0 picks one")
+    http_port: int | None = Field(
+        default=7501, ge=0, le=65535, description="HTTP admin port; 0 picks a free one, off disables HTTP"
+    )
     ready_file: Path | None = Field(
         default=None, description="write the bound addresses here as JSON once listening"
     )
@@ -112,6 +121,20 @@ class ServerConfig(BaseSettings):
     def _device(cls, value: str) -> str:
         if not DEVICE_PATTERN.match(value):
             raise ValueError(f'invalid device {value!r}; expected "cpu" or "gpu:N" (e.g. gpu:0)')
+        return value
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_models(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        return value
+
+    @field_validator("port", "http_port", mode="before")
+    @classmethod
+    def _port_off(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in {"off", "none", ""}:
+            return None
         return value
 
     @field_validator("models")

@@ -1,0 +1,102 @@
+"""The ``udfserve`` command: ``serve`` one model server, ``node`` to supervise a node's servers,
+``models generate`` to write the example model repository, ``demo`` to run the end-to-end job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+import udfserve
+from services.model_server.config import ServerConfig
+from services.settings_cli import SettingsError, add_settings_arguments, settings_from_args
+
+logger = logging.getLogger("udfserve")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d %(name)s] %(message)s"
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr, force=True)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    config = settings_from_args(ServerConfig, args)
+    configure_logging(config.log_level)
+    # The device is fixed before anything can import TensorFlow: the backends import it lazily.
+    from services.model_server.device import pin_device
+
+    pin_device(config.device)
+    from services.model_server.app import serve
+
+    if not config.model_repository.is_dir():
+        logger.error("model repository %s is not a folder", config.model_repository)
+        return 2
+    return asyncio.run(serve(config))
+
+
+def run_generate_models(args: argparse.Namespace) -> int:
+    configure_logging("INFO")
+    from services.examples.generate_models import generate_example_repository
+
+    names = generate_example_repository(
+        args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel
+    )
+    logger.info("example model repository at %s: %s", args.output, ", ".join(names))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(
+        prog="udfserve",
+        description="GPU-resident model servers for Spark UDFs. Every flag of `serve` can also be set "
+        "with the UDFSERVE_<FLAG> environment variable; a flag wins over the variable.",
+    )
+    parser.add_argument("--version", action="version", version=f"udfserve {udfserve.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run one model server pinned to one device",
+        description="Run one model server process pinned to one device: loads every model of the "
+        "repository once and serves dynamically batched predictions over gRPC (unix socket and/or "
+        "TCP), with an HTTP admin app (health, models, /metrics). SIGTERM drains and exits 0.",
+    )
+    add_settings_arguments(serve, ServerConfig)
+    serve.set_defaults(handler=run_serve)
+
+    models = commands.add_parser("models", help="model repository tools")
+    models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    generate = models_commands.add_parser(
+        "generate",
+        help="write the example model repository",
+        description="Write the example model repository (tabular MLP, sequence BiLSTM, multi-input/"
+        "multi-output model) with seeded weights. Existing models are kept unless --overwrite.",
+    )
+    generate.add_argument("--output", type=Path, required=True, help="repository folder to write")
+    generate.add_argument("--overwrite", action="store_true", help="rewrite models already present")
+    generate.add_argument(
+        "--savedmodel", action="store_true", help="also export tabular_mlp as a TensorFlow SavedModel"
+    )
+    generate.set_defaults(handler=run_generate_models)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except SettingsError as exc:
+        parser.exit(2, f"udfserve {args.command}: {exc}\n")
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

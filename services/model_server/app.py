@@ -1,0 +1,207 @@
+"""Lifecycle of one model server process: listen, load every model once, serve, drain.
+
+``start_server`` binds every listener and returns the bound addresses (tests bind TCP port 0
+or a socket in a temporary folder); ``serve`` runs a started server until SIGTERM or SIGINT,
+then stops accepting, answers every accepted request within the grace period and returns 0.
+The device must be pinned (``device.pin_device``) before this module loads a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+
+import grpc
+import prometheus_client
+import uvicorn
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from services.model_server.config import ServerConfig
+from services.model_server.grpc_api import InferenceServicer
+from services.model_server.http_api import create_admin_app
+from services.model_server.metrics import ServerMetrics
+from services.model_server.models import ModelTable, ServedModel
+from udfserve.protocol import inference_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass(frozen=True)
+class BoundAddresses:
+    """Where a started server listens; written to ``--ready-file`` for supervisors and tests."""
+
+    pid: int
+    device: str
+    unix_socket: str | None
+    tcp_address: str | None
+    http_address: str | None
+
+
+class _UvicornWithoutSignals(uvicorn.Server):
+    """uvicorn installs its own SIGINT/SIGTERM handlers; this process drains through ours."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@contextlib.contextmanager
+def stop_on_signals(on_signal: Callable[[int], None]) -> Iterator[None]:
+    """Route SIGTERM and SIGINT to ``on_signal`` in the event loop; restore the old handlers after."""
+    loop = asyncio.get_running_loop()
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        loop.call_soon_threadsafe(on_signal, signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+class RunningServer:
+    """A started server: its listeners, its models and the tasks that serve them."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = ServerMetrics(config.device, config.device_uuid)
+        self.models = ModelTable(config, self.metrics)
+        self.health = health.aio.HealthServicer()
+        self.servicer = InferenceServicer(self.models, self.metrics, config.max_message_bytes)
+        options = [
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 0),  # two servers must never share a port silently
+        ]
+        self.grpc_server = grpc.aio.server(options=options)
+        pb_grpc.add_InferenceServicer_to_server(self.servicer, self.grpc_server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
+        self.addresses: BoundAddresses | None = None
+        self._http_server: _UvicornWithoutSignals | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self._load_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> BoundAddresses:
+        config = self.config
+        self.models.scan()
+        self.models.on_state_change = self._publish_model_health
+        await self.health.set("", NOT_SERVING)
+        for name in self.models.names():
+            await self.health.set(name, NOT_SERVING)
+
+        unix_socket = tcp_address = http_address = None
+        if config.socket is not None:
+            config.socket.parent.mkdir(parents=True, exist_ok=True)
+            if config.socket.is_socket():
+                config.socket.unlink()  # a stale socket of a previous run of this server
+            self._bind(f"unix:{config.socket}")
+            unix_socket = str(config.socket)
+        if config.port is not None:
+            port = self._bind(f"{config.host}:{config.port}")
+            tcp_address = f"{config.host}:{port}"
+        await self.grpc_server.start()
+        if config.socket is not None:
+            os.chmod(config.socket, int(config.socket_mode, 8))
+
+        if config.http_port is not None:
+            http_socket = socket.create_server((config.http_host, config.http_port), reuse_port=False)
+            http_address = f"{config.http_host}:{http_socket.getsockname()[1]}"
+            app = create_admin_app(self.models, self.metrics, config.device)
+            uv_config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+            self._http_server = _UvicornWithoutSignals(uv_config)
+            self._http_task = asyncio.create_task(self._http_server.serve(sockets=[http_socket]))
+
+        self.addresses = BoundAddresses(
+            pid=os.getpid(),
+            device=config.device,
+            unix_socket=unix_socket,
+            tcp_address=tcp_address,
+            http_address=http_address,
+        )
+        if config.ready_file is not None:
+            _write_json_atomically(config.ready_file, asdict(self.addresses))
+        logger.info(
+            "listening on %s (device %s)",
+            ", ".join(a for a in (unix_socket, tcp_address, http_address and f"http://{http_address}") if a),
+            config.device,
+        )
+        self._load_task = asyncio.create_task(self._load_models())
+        return self.addresses
+
+    def _bind(self, target: str) -> int:
+        try:
+            port = self.grpc_server.add_insecure_port(target)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {target}: {exc}") from exc
+        if port == 0:
+            raise OSError(f"cannot listen on {target}: the address is taken or not allowed")
+        return port
+
+    async def _load_models(self) -> None:
+        await self.models.load_all()
+        if any(m.state == "ready" for m in self.models.all()):
+            await self.health.set("", SERVING)
+
+    def _publish_model_health(self, served: ServedModel) -> None:
+        status = SERVING if served.state == "ready" else NOT_SERVING
+        asyncio.get_running_loop().create_task(self.health.set(served.name, status))
+
+    async def drain_and_stop(self) -> None:
+        """Refuse new work, answer what was accepted within the grace period, close listeners."""
+        deadline = time.monotonic() + self.config.grace_period_s
+        self.models.draining = True
+        await self.health.enter_graceful_shutdown()
+        logger.info("draining: answering accepted requests for up to %.1f s", self.config.grace_period_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.servicer.wait_idle(), timeout=self.config.grace_period_s)
+        await self.grpc_server.stop(grace=max(0.0, deadline - time.monotonic()))
+        await self.models.stop(max(0.0, deadline - time.monotonic()))
+        if self._load_task is not None and not self._load_task.done():
+            self._load_task.cancel()
+        if self._http_server is not None and self._http_task is not None:
+            self._http_server.should_exit = True
+            await self._http_task
+        if self.config.socket is not None:
+            self.config.socket.unlink(missing_ok=True)
+        if self.config.ready_file is not None:
+            self.config.ready_file.unlink(missing_ok=True)
+        logger.info("stopped")
+
+
+def _write_json_atomically(path: Path, payload: dict[str, object]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+async def serve(config: ServerConfig) -> int:
+    """Run one model server until SIGTERM/SIGINT; return the process exit code."""
+    prometheus_client.disable_created_metrics()
+    server = RunningServer(config)
+    stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        logger.info("received %s", signal.Signals(signum).name)
+        stop.set()
+
+    with stop_on_signals(on_signal):
+        await server.start()
+        await stop.wait()
+        await server.drain_and_stop()
+    return 0

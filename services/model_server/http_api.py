@@ -1,0 +1,86 @@
+"""The HTTP admin app: liveness, readiness, model listing and metadata, Prometheus metrics.
+
+It runs on uvicorn in the same process and event loop as the gRPC server, so what it reports
+is the state of the very process that serves predictions.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, HTTPException, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+
+import udfserve
+from services.model_server.errors import InvalidInput, ModelNotFound
+from services.model_server.metrics import ServerMetrics
+from services.model_server.models import ModelInfo, ModelTable
+
+
+class Liveness(BaseModel):
+    status: str
+    version: str
+    device: str
+
+
+class Readiness(BaseModel):
+    ready: bool
+    reason: str
+    models: dict[str, str]
+    failed: dict[str, str]
+
+
+def create_admin_app(models: ModelTable, metrics: ServerMetrics, device: str) -> FastAPI:
+    app = FastAPI(
+        title="udfserve model server",
+        version=udfserve.__version__,
+        description="Admin surface of one udfserve model server process.",
+    )
+
+    @app.get("/health/live", response_model=Liveness)
+    async def live() -> Liveness:
+        """The process answers; restart it if this fails."""
+        return Liveness(status="alive", version=udfserve.__version__, device=device)
+
+    @app.get("/health/ready", response_model=Readiness, responses={503: {"model": Readiness}})
+    async def ready(response: Response) -> Readiness:
+        """Ready once loading has finished, at least one model serves and the server is not draining.
+
+        A model that failed to load does not make the server unready (the others serve); it is
+        listed under ``failed`` with its error.
+        """
+        states = {m.name: m.state for m in models.all()}
+        failed = {m.name: m.error for m in models.all() if m.state == "failed"}
+        if models.draining:
+            reason = "draining"
+        elif not models.loading_done.is_set():
+            reason = "loading models"
+        elif "ready" not in states.values():
+            reason = "no model could be loaded"
+        else:
+            reason = ""
+        if reason:
+            response.status_code = 503
+        return Readiness(ready=not reason, reason=reason or "ok", models=states, failed=failed)
+
+    @app.get("/v1/models", response_model=list[ModelInfo])
+    async def list_models() -> list[ModelInfo]:
+        return [models.info(m) for m in models.all()]
+
+    @app.get(
+        "/v1/models/{name}",
+        response_model=ModelInfo,
+        responses={400: {"description": "invalid model name"}, 404: {"description": "unknown model"}},
+    )
+    async def model_metadata(name: str) -> ModelInfo:
+        try:
+            return models.info(models.get(name))
+        except InvalidInput as exc:
+            raise HTTPException(status_code=400, detail=exc.message) from None
+        except ModelNotFound as exc:
+            raise HTTPException(status_code=404, detail=exc.message) from None
+
+    @app.get("/metrics", response_class=Response)
+    async def prometheus_metrics() -> Response:
+        return Response(content=metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

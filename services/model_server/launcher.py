@@ -1,0 +1,202 @@
+"""Start a model server as a child process and wait until it serves.
+
+Used by the node supervisor, the demo, the benchmarks and the tests: the child writes its
+bound addresses to a ready file once listening; readiness is then taken from the standard
+gRPC health service (``Watch``, so nothing polls), with a deadline, failing early if the
+child exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+class ServerStartError(RuntimeError):
+    """The child exited or did not become ready in time; the message carries its log tail."""
+
+
+@dataclass
+class ServerProcess:
+    """A model server child process and where it listens."""
+
+    process: subprocess.Popen[bytes]
+    ready_file: Path
+    log_path: Path | None
+    addresses: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def unix_socket(self) -> str | None:
+        value = self.addresses.get("unix_socket")
+        return str(value) if value else None
+
+    @property
+    def tcp_address(self) -> str | None:
+        value = self.addresses.get("tcp_address")
+        return str(value) if value else None
+
+    @property
+    def http_address(self) -> str | None:
+        value = self.addresses.get("http_address")
+        return str(value) if value else None
+
+    def grpc_target(self, prefer_unix: bool = True) -> str:
+        if self.unix_socket and (prefer_unix or not self.tcp_address):
+            return f"unix://{self.unix_socket}"
+        if self.tcp_address:
+            return self.tcp_address
+        raise ServerStartError("the server listens on no gRPC address")
+
+    def log_tail(self, lines: int = 40) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log file)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, wait for the graceful exit; SIGKILL if it does not come. Returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait()
+
+    def kill(self) -> int:
+        if self.process.poll() is None:
+            self.process.kill()
+        return self.process.wait()
+
+
+def server_command(
+    model_repository: Path,
+    *,
+    device: str = "cpu",
+    socket: Path | None = None,
+    port: int | None = 0,
+    http_port: int | None = 0,
+    ready_file: Path,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The command line of ``udfserve serve`` run with this interpreter."""
+    command = [
+        sys.executable,
+        "-m",
+        "services",
+        "serve",
+        "--model-repository",
+        str(model_repository),
+        "--device",
+        device,
+        "--ready-file",
+        str(ready_file),
+        "--port",
+        "off" if port is None else str(port),
+        "--http-port",
+        "off" if http_port is None else str(http_port),
+    ]
+    if socket is not None:
+        command += ["--socket", str(socket)]
+    return command + list(extra_args)
+
+
+def launch_server(
+    model_repository: Path,
+    *,
+    device: str = "cpu",
+    socket: Path | None = None,
+    port: int | None = 0,
+    http_port: int | None = 0,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    log_path: Path | None = None,
+    ready_timeout_s: float = 120.0,
+    wait: bool = True,
+) -> ServerProcess:
+    """Start ``udfserve serve`` as a child; by default wait until its health service says SERVING."""
+    ready_file = Path(tempfile.mkdtemp(prefix="udfserve-ready-")) / "ready.json"
+    command = server_command(
+        model_repository,
+        device=device,
+        socket=socket,
+        port=port,
+        http_port=http_port,
+        ready_file=ready_file,
+        extra_args=extra_args,
+    )
+    log: IO[bytes] | int = subprocess.DEVNULL
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "ab")  # noqa: SIM115 (the child owns it for its lifetime)
+    child_env = dict(os.environ if env is None else env)
+    try:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env)
+    finally:
+        if not isinstance(log, int):
+            log.close()
+    server = ServerProcess(process=process, ready_file=ready_file, log_path=log_path)
+    if wait:
+        wait_until_serving(server, ready_timeout_s)
+    return server
+
+
+def wait_until_serving(server: ServerProcess, timeout_s: float) -> None:
+    """Block until the server listens and its health service reports SERVING for all models."""
+    deadline = time.monotonic() + timeout_s
+    _wait_for_ready_file(server, deadline)
+    with grpc.insecure_channel(server.grpc_target()) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                for update in stub.Watch(
+                    health_pb2.HealthCheckRequest(service=""), timeout=min(remaining, 5.0)
+                ):
+                    if update.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+            except grpc.RpcError as exc:
+                if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                    raise
+            _fail_if_exited(server)
+    raise ServerStartError(
+        f"server pid {server.pid} not serving after {timeout_s:.0f} s; log tail:\n{server.log_tail()}"
+    )
+
+
+def _wait_for_ready_file(server: ServerProcess, deadline: float) -> None:
+    # The ready file appears within the child's start-up (about a second: imports, bind);
+    # the short pause between looks keeps this cheap. Health is watched, not polled, after it.
+    while not server.ready_file.exists():
+        _fail_if_exited(server)
+        if time.monotonic() > deadline:
+            raise ServerStartError(
+                f"server pid {server.pid} did not start listening in time; log tail:\n{server.log_tail()}"
+            )
+        time.sleep(0.05)
+    server.addresses = json.loads(server.ready_file.read_text())
+
+
+def _fail_if_exited(server: ServerProcess) -> None:
+    code = server.process.poll()
+    if code is not None:
+        raise ServerStartError(
+            f"server exited with code {code} during start-up; log tail:\n{server.log_tail()}"
+        )

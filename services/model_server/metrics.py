@@ -1,0 +1,141 @@
+"""Prometheus metrics of one model server process.
+
+Each server process has its own registry and serves it on its own ``/metrics``; the node
+supervisor lists every server as a scrape target, so no series is exported twice. Names
+carry their unit (``_seconds``, ``_rows``, ``_total``). Labels stay bounded: ``model`` comes
+from the repository (never from a request), ``code`` is a gRPC status name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.registry import Collector
+
+import udfserve
+
+LATENCY_BUCKETS_S = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+)  # fmt: skip
+BATCH_ROWS_BUCKETS = tuple(float(1 << i) for i in range(0, 17))
+REQUESTS_PER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class ServerMetrics:
+    """The metrics of one server; also the batchers' observer (``BatchObserver``)."""
+
+    def __init__(self, device: str, device_uuid: str | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.requests = Counter(
+            "udfserve_requests",
+            "Predict requests (one per Arrow batch) by model and gRPC status code.",
+            ["model", "code"],
+            registry=registry,
+        )
+        self.request_duration = Histogram(
+            "udfserve_request_duration_seconds",
+            "Time from receiving a request to having its answer encoded.",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.rows = Counter("udfserve_rows", "Rows answered successfully.", ["model"], registry=registry)
+        self.in_flight = Gauge(
+            "udfserve_requests_in_flight",
+            "Requests received and not yet answered.",
+            ["model"],
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "udfserve_queue_wait_seconds",
+            "Time a request waited in the batcher before its batch started.",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.batch_rows = Histogram(
+            "udfserve_batch_size_rows",
+            "Rows per backend call after dynamic batching.",
+            ["model"],
+            buckets=BATCH_ROWS_BUCKETS,
+            registry=registry,
+        )
+        self.batch_requests = Histogram(
+            "udfserve_batch_requests",
+            "Requests merged into one backend call.",
+            ["model"],
+            buckets=REQUESTS_PER_BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.inference_duration = Histogram(
+            "udfserve_inference_duration_seconds",
+            "Time of one backend call on the device.",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.model_loads = Counter(
+            "udfserve_model_loads",
+            "Model loads performed by this process (one per model is the goal).",
+            ["model"],
+            registry=registry,
+        )
+        self.model_load_duration = Gauge(
+            "udfserve_model_load_duration_seconds",
+            "Time the last load of the model took, warm-up included.",
+            ["model"],
+            registry=registry,
+        )
+        self.model_ready = Gauge(
+            "udfserve_model_ready",
+            "1 when the model serves requests, 0 when it is loading or failed.",
+            ["model", "version"],
+            registry=registry,
+        )
+        self.streams_active = Gauge("udfserve_streams_active", "Open Predict streams.", registry=registry)
+        self.queued_rows = Gauge(
+            "udfserve_queued_rows",
+            "Rows waiting in the model's batcher.",
+            ["model"],
+            registry=registry,
+        )
+        info = Gauge(
+            "udfserve_server_info",
+            "Constant 1, labelled with what this process serves on.",
+            ["device", "device_uuid", "version"],
+            registry=registry,
+        )
+        info.labels(device=device, device_uuid=device_uuid or "", version=udfserve.__version__).set(1)
+        self.start_time = Gauge(
+            "udfserve_server_start_time_seconds", "Unix time the process started.", registry=registry
+        )
+        self.start_time.set(time.time())
+
+    def register(self, collectors: Iterable[Collector]) -> None:
+        """Add collectors of other parts of the process (GPU figures, for instance)."""
+        for collector in collectors:
+            self.registry.register(collector)
+
+    def track_queue(self, model: str, queued_rows: Callable[[], int]) -> None:
+        self.queued_rows.labels(model=model).set_function(queued_rows)
+
+    def observe_request(self, model: str, code: str, seconds: float, rows: int) -> None:
+        self.requests.labels(model=model, code=code).inc()
+        self.request_duration.labels(model=model).observe(seconds)
+        if rows:
+            self.rows.labels(model=model).inc(rows)
+
+    # BatchObserver
+    def on_queue_wait(self, model: str, seconds: float) -> None:
+        self.queue_wait.labels(model=model).observe(seconds)
+
+    def on_batch(self, model: str, rows: int, requests: int, seconds: float) -> None:
+        self.batch_rows.labels(model=model).observe(rows)
+        self.batch_requests.labels(model=model).observe(requests)
+        self.inference_duration.labels(model=model).observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

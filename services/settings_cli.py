@@ -1,0 +1,57 @@
+"""Command-line flags generated from a pydantic-settings class, so flags, variables and docs agree.
+
+Precedence: a flag given on the command line, then the ``<PREFIX><FIELD>`` environment
+variable, then the default. Flags that are not given are not passed at all, so the
+environment still applies to them. Errors name the flag and the variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
+
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+
+
+class SettingsError(ValueError):
+    """An invalid flag or environment value; the message names both spellings."""
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def env_name(settings_cls: type[BaseSettings], field: str) -> str:
+    return (str(settings_cls.model_config.get("env_prefix", "")) + field).upper()
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[BaseSettings]) -> None:
+    for name, field in settings_cls.model_fields.items():
+        default = "required" if field.is_required() else f"default: {field.get_default()!r}"
+        help_text = f"{field.description or name} [env {env_name(settings_cls, name)}; {default}]"
+        if field.annotation is bool:
+            parser.add_argument(
+                flag_name(name), dest=name, action=argparse.BooleanOptionalAction, help=help_text
+            )
+        else:
+            parser.add_argument(flag_name(name), dest=name, metavar=name.upper(), help=help_text)
+    parser.set_defaults(**dict.fromkeys(settings_cls.model_fields))
+
+
+def settings_from_args(settings_cls: type[SettingsT], args: argparse.Namespace) -> SettingsT:
+    given: dict[str, Any] = {
+        name: value for name in settings_cls.model_fields if (value := getattr(args, name, None)) is not None
+    }
+    try:
+        return settings_cls(**given)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else ""
+            where = f"{flag_name(field)} / {env_name(settings_cls, field)}" if field else "settings"
+            received = error.get("input")
+            problems.append(f"{where}: {error['msg']} (received {received!r})")
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(problems)) from None
