@@ -167,7 +167,7 @@ def _read_config(path: Path) -> ModelConfig:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise _Unservable(f"{path} is not valid YAML: {exc}") from exc
+        raise _Unservable(f"{path} is not valid YAML: {_yaml_problem(exc)}") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise _Unservable(f"cannot read {path}: {exc}") from exc
     if data is None:
@@ -183,6 +183,15 @@ def _read_config(path: Path) -> ModelConfig:
             for error in exc.errors()
         )
         raise _Unservable(f"{path}: invalid model config: {problems}") from exc
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: where the parser stopped and why (PyYAML's own text spans several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = " ".join(filter(None, [getattr(exc, "context", None), getattr(exc, "problem", None)]))
+    if mark is None or not problem:
+        return " ".join(str(exc).split())
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
 
 
 def _versions(root: Path, model_dir: Path) -> tuple[int, ...]:

@@ -1,0 +1,264 @@
+"""The TensorFlow backend computes what Keras computes, for every example model and batch size,
+reads inputs and outputs from the model's signature, and refuses what it cannot serve with a
+message naming the model and the file."""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from services.model_server.backends import LoadedModel
+from services.model_server.config import TensorSpec
+from services.model_server.errors import InvalidInput, ModelLoadError
+from services.model_server.repository import ModelSource, load_model, scan_repository
+
+KERAS_MODELS = ("tabular_mlp", "sequence_bilstm", "multi_io")
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="session")
+def sources(example_repository: Path) -> dict[str, ModelSource]:
+    scan = scan_repository(example_repository)
+    assert scan.failures == {}
+    return {source.name: source for source in scan.sources}
+
+
+@pytest.fixture(scope="session")
+def loaded(sources: dict[str, ModelSource]) -> dict[str, LoadedModel]:
+    return {name: load_model(source) for name, source in sources.items()}
+
+
+def random_inputs(specs: tuple[TensorSpec, ...], rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for spec in specs:
+        shape = (rows, *spec.shape)
+        if spec.dtype.startswith("int"):
+            arrays[spec.name] = rng.integers(0, 16, size=shape).astype(spec.dtype)
+        else:
+            arrays[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+    return arrays
+
+
+def keras_reference(source: ModelSource, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What Keras itself computes, calling the .keras file's model in-process."""
+    model = keras.saving.load_model(source.path / "model.keras", compile=False)
+    result = model(inputs if len(inputs) > 1 else next(iter(inputs.values())))
+    if isinstance(result, dict):
+        return {name: np.asarray(value) for name, value in result.items()}
+    return {model.output_names[0]: np.asarray(result)}
+
+
+def copy_model(source: ModelSource, root: Path, config: str) -> ModelSource:
+    """A one-version copy of ``source`` under ``root`` with its own config.yaml."""
+    model_dir = root / source.name
+    shutil.copytree(source.path, model_dir / "1")
+    (model_dir / "config.yaml").write_text(config, encoding="utf-8")
+    scan = scan_repository(root, only=[source.name])
+    assert scan.failures == {}
+    return scan.sources[0]
+
+
+@pytest.mark.parametrize("name", KERAS_MODELS)
+@pytest.mark.parametrize("batch", ["one", "seven", "max_batch_size", "three_times_max"])
+def test_predictions_equal_keras_for_every_batch_size(
+    name: str, batch: str, sources: dict[str, ModelSource], loaded: dict[str, LoadedModel]
+) -> None:
+    max_rows = sources[name].config.max_batch_size
+    rows = {"one": 1, "seven": 7, "max_batch_size": max_rows, "three_times_max": 3 * max_rows}[batch]
+    model = loaded[name]
+    inputs = random_inputs(model.inputs, rows)
+
+    predicted = model.predict(inputs)
+    expected = keras_reference(sources[name], inputs)
+
+    assert sorted(predicted) == sorted(expected)
+    for output, values in predicted.items():
+        assert values.shape == expected[output].shape
+        np.testing.assert_allclose(values, expected[output], atol=TOLERANCE, rtol=TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    ("name", "inputs", "outputs"),
+    [
+        (
+            "tabular_mlp",
+            [("features", "float32", (64,))],
+            [("probabilities", "float32", (8,))],
+        ),
+        (
+            "sequence_bilstm",
+            [("lines", "float32", (16, 32))],
+            [("class_probabilities", "float32", (4,))],
+        ),
+        (
+            "multi_io",
+            [("category", "int32", ()), ("numeric", "float32", (8,))],
+            [("embedding", "float32", (4,)), ("score", "float32", ())],
+        ),
+        (
+            "tabular_mlp_savedmodel",
+            [("features", "float32", (64,))],
+            [("probabilities", "float32", (8,))],
+        ),
+    ],
+)
+def test_specs_are_read_from_the_model_signature(
+    name: str,
+    inputs: list[tuple[str, str, tuple[int, ...]]],
+    outputs: list[tuple[str, str, tuple[int, ...]]],
+    loaded: dict[str, LoadedModel],
+) -> None:
+    model = loaded[name]
+
+    assert sorted((s.name, s.dtype, s.shape) for s in model.inputs) == inputs
+    assert sorted((s.name, s.dtype, s.shape) for s in model.outputs) == outputs
+    assert (model.name, model.version, model.platform) == (name, 1, "tensorflow")
+
+
+@pytest.mark.parametrize("name", [*KERAS_MODELS, "tabular_mlp_savedmodel"])
+def test_outputs_have_the_declared_dtype_and_one_row_per_input_row(
+    name: str, loaded: dict[str, LoadedModel]
+) -> None:
+    model = loaded[name]
+
+    predicted = model.predict(random_inputs(model.inputs, 5))
+
+    assert [(spec.name, spec.dtype, (5, *spec.shape)) for spec in model.outputs] == [
+        (output, str(values.dtype), values.shape) for output, values in predicted.items()
+    ]
+
+
+def test_savedmodel_agrees_with_the_keras_model(loaded: dict[str, LoadedModel]) -> None:
+    inputs = random_inputs(loaded["tabular_mlp"].inputs, 33)
+
+    from_savedmodel = loaded["tabular_mlp_savedmodel"].predict(inputs)
+    from_keras = loaded["tabular_mlp"].predict(inputs)
+
+    np.testing.assert_allclose(
+        from_savedmodel["probabilities"], from_keras["probabilities"], atol=TOLERANCE, rtol=TOLERANCE
+    )
+
+
+def test_concurrent_predictions_from_threads_match_sequential_ones(loaded: dict[str, LoadedModel]) -> None:
+    model = loaded["multi_io"]
+    batches = [random_inputs(model.inputs, rows, seed=rows) for rows in range(1, 17)]
+    sequential = [model.predict(batch) for batch in batches]
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        concurrent = list(pool.map(model.predict, batches))
+
+    for alone, together in zip(sequential, concurrent, strict=True):
+        for output in alone:
+            np.testing.assert_array_equal(alone[output], together[output])
+
+
+def test_missing_input_is_invalid_input_naming_it(loaded: dict[str, LoadedModel]) -> None:
+    model = loaded["multi_io"]
+    inputs = random_inputs(model.inputs, 2)
+    del inputs["category"]
+
+    with pytest.raises(InvalidInput, match=r"missing input\(s\) \['category'\]"):
+        model.predict(inputs)
+
+
+def test_config_that_agrees_with_the_model_is_used(sources: dict[str, ModelSource], tmp_path: Path) -> None:
+    source = copy_model(
+        sources["multi_io"],
+        tmp_path,
+        "inputs:\n  - {name: numeric, shape: [8]}\n  - {name: category, dtype: int32}\n"
+        "outputs:\n  - {name: embedding, shape: [4]}\n  - {name: score}\n",
+    )
+
+    model = load_model(source)
+
+    assert [spec.name for spec in model.inputs] == ["numeric", "category"]
+    assert [spec.name for spec in model.outputs] == ["embedding", "score"]
+
+
+def test_declared_dtypes_are_cast_to_and_from_the_model(
+    sources: dict[str, ModelSource], loaded: dict[str, LoadedModel], tmp_path: Path
+) -> None:
+    source = copy_model(
+        sources["tabular_mlp"],
+        tmp_path,
+        "inputs:\n  - {name: features, dtype: float64, shape: [64]}\n"
+        "outputs:\n  - {name: probabilities, dtype: float64, shape: [8]}\n",
+    )
+    model = load_model(source)
+    inputs = random_inputs(loaded["tabular_mlp"].inputs, 4)
+
+    predicted = model.predict({"features": inputs["features"].astype("float64")})
+
+    assert predicted["probabilities"].dtype == np.float64
+    np.testing.assert_allclose(
+        predicted["probabilities"], loaded["tabular_mlp"].predict(inputs)["probabilities"], atol=TOLERANCE
+    )
+
+
+def test_config_declaring_a_wrong_input_name_is_refused_naming_it(
+    sources: dict[str, ModelSource], tmp_path: Path
+) -> None:
+    source = copy_model(sources["tabular_mlp"], tmp_path, "inputs:\n  - {name: pixels, shape: [64]}\n")
+
+    with pytest.raises(ModelLoadError, match=r"not in the model: \['pixels'\]") as raised:
+        load_model(source)
+    assert "'tabular_mlp'" in str(raised.value)
+    assert str(source.path / "model.keras") in str(raised.value)
+
+
+def test_config_declaring_a_wrong_shape_is_refused_naming_both_shapes(
+    sources: dict[str, ModelSource], tmp_path: Path
+) -> None:
+    source = copy_model(sources["sequence_bilstm"], tmp_path, "inputs:\n  - {name: lines, shape: [16, 31]}\n")
+
+    with pytest.raises(ModelLoadError, match=r"'lines' with per-row shape \[16, 31\].*expects \[16, 32\]"):
+        load_model(source)
+
+
+def test_config_declaring_a_wrong_output_name_is_refused_naming_it(
+    sources: dict[str, ModelSource], tmp_path: Path
+) -> None:
+    source = copy_model(sources["multi_io"], tmp_path, "outputs:\n  - {name: score}\n  - {name: vector}\n")
+
+    with pytest.raises(
+        ModelLoadError, match=r"not in the model: \['vector'\]; not declared: \['embedding'\]"
+    ):
+        load_model(source)
+
+
+def test_corrupt_keras_file_is_refused_naming_the_model_and_the_file(
+    sources: dict[str, ModelSource], tmp_path: Path
+) -> None:
+    source = copy_model(sources["tabular_mlp"], tmp_path, "")
+    (source.path / "model.keras").write_bytes(b"this is not a zip archive")
+
+    with pytest.raises(ModelLoadError) as raised:
+        load_model(source)
+    assert "model 'tabular_mlp' version 1" in str(raised.value)
+    assert str(source.path / "model.keras") in str(raised.value)
+
+
+def test_legacy_hdf5_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "old" / "1").mkdir(parents=True)
+    (tmp_path / "old" / "1" / "model.h5").write_bytes(b"\x89HDF\r\n\x1a\n")
+    (source,) = scan_repository(tmp_path).sources
+
+    with pytest.raises(ModelLoadError, match=r"model\.h5 is a legacy HDF5 model, which is not served"):
+        load_model(source)
+
+
+def test_version_folder_without_a_model_is_refused_listing_what_it_holds(tmp_path: Path) -> None:
+    (tmp_path / "empty" / "1").mkdir(parents=True)
+    (tmp_path / "empty" / "1" / "notes.txt").write_text("", encoding="utf-8")
+    (source,) = scan_repository(tmp_path).sources
+
+    with pytest.raises(
+        ModelLoadError, match=r"expected model\.keras or saved_model\.pb; found \['notes\.txt'\]"
+    ):
+        load_model(source)

@@ -1,0 +1,253 @@
+"""The model repository scan: which models and versions are served, and why others are not.
+
+Scanning is pure file-system work; nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.model_server.backends import get_backend
+from services.model_server.config import ModelConfig
+from services.model_server.repository import ModelSource, resolve_model_dir, scan_repository
+
+
+def make_model(root: Path, name: str, versions: tuple[str, ...] = ("1",), config: str | None = None) -> Path:
+    model_dir = root / name
+    model_dir.mkdir(parents=True)
+    for version in versions:
+        (model_dir / version).mkdir()
+    if config is not None:
+        (model_dir / "config.yaml").write_text(config, encoding="utf-8")
+    return model_dir
+
+
+def only_source(root: Path) -> ModelSource:
+    scan = scan_repository(root)
+    assert scan.failures == {}
+    (source,) = scan.sources
+    return source
+
+
+def test_newest_version_is_served_when_none_is_pinned(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", versions=("1", "3", "2", "10"))
+
+    source = only_source(tmp_path)
+
+    assert source.version == 10
+    assert source.path == tmp_path / "m" / "10"
+    assert source.available_versions == (1, 2, 3, 10)
+
+
+def test_pinned_version_is_served(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", versions=("1", "2"), config="version: 1\n")
+
+    assert only_source(tmp_path).version == 1
+
+
+def test_pinned_version_that_is_absent_is_a_failure_naming_the_config(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", versions=("1", "2"), config="version: 5\n")
+
+    scan = scan_repository(tmp_path)
+
+    assert scan.sources == ()
+    assert str(tmp_path / "m" / "config.yaml") in scan.failures["m"]
+    assert "pins version 5" in scan.failures["m"]
+    assert "[1, 2]" in scan.failures["m"]
+
+
+def test_folders_that_are_not_positive_integers_are_not_versions(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", versions=("2", "latest", "3.bak", "0", "007"))
+
+    source = only_source(tmp_path)
+
+    assert source.available_versions == (2,)
+
+
+def test_missing_config_file_means_defaults(tmp_path: Path) -> None:
+    make_model(tmp_path, "m")
+
+    assert only_source(tmp_path).config == ModelConfig()
+
+
+def test_empty_config_file_means_defaults(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", config="")
+
+    assert only_source(tmp_path).config == ModelConfig()
+
+
+def test_config_fields_are_read(tmp_path: Path) -> None:
+    make_model(
+        tmp_path,
+        "m",
+        config=(
+            "name: m\nmax_batch_size: 64\ndynamic_batching:\n  max_queue_delay_s: 0.01\n"
+            "inputs:\n  - {name: x, dtype: int32, shape: [3, -1]}\n"
+        ),
+    )
+
+    config = only_source(tmp_path).config
+
+    assert config.max_batch_size == 64
+    assert config.dynamic_batching.max_queue_delay_s == 0.01
+    assert config.inputs is not None
+    assert (config.inputs[0].name, config.inputs[0].dtype, config.inputs[0].shape) == ("x", "int32", (3, -1))
+
+
+def test_yaml_syntax_error_is_a_failure_naming_the_file(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", config="max_batch_size: [1, 2\n")
+
+    scan = scan_repository(tmp_path)
+
+    assert scan.sources == ()
+    assert str(tmp_path / "m" / "config.yaml") in scan.failures["m"]
+    assert "not valid YAML: line 2, column 1" in scan.failures["m"]
+
+
+def test_schema_error_is_a_failure_naming_the_file_and_the_field(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", config="dynamic_batching:\n  max_queue_delay_s: -1\n")
+
+    message = scan_repository(tmp_path).failures["m"]
+
+    assert str(tmp_path / "m" / "config.yaml") in message
+    assert "dynamic_batching.max_queue_delay_s" in message
+    assert "-1" in message
+
+
+def test_unknown_config_field_is_a_failure_naming_it(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", config="max_batchsize: 8\n")
+
+    assert "max_batchsize" in scan_repository(tmp_path).failures["m"]
+
+
+def test_config_that_is_not_a_mapping_is_a_failure(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", config="- 1\n- 2\n")
+
+    assert "expected a mapping" in scan_repository(tmp_path).failures["m"]
+
+
+def test_config_name_that_differs_from_the_folder_is_a_failure(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", config="name: other\n")
+
+    message = scan_repository(tmp_path).failures["m"]
+
+    assert "'other'" in message
+    assert "'m'" in message
+
+
+def test_model_without_version_folder_is_a_failure(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", versions=())
+
+    assert "no version folder" in scan_repository(tmp_path).failures["m"]
+
+
+def test_folder_with_an_invalid_model_name_is_a_failure_and_not_served(tmp_path: Path) -> None:
+    make_model(tmp_path, "good")
+    make_model(tmp_path, "has space")
+
+    scan = scan_repository(tmp_path)
+
+    assert [source.name for source in scan.sources] == ["good"]
+    assert "invalid model name 'has space'" in scan.failures["has space"]
+
+
+def test_hidden_folders_and_files_are_not_models(tmp_path: Path) -> None:
+    make_model(tmp_path, ".cache")
+    (tmp_path / "README.md").write_text("models\n", encoding="utf-8")
+    make_model(tmp_path, "m")
+
+    scan = scan_repository(tmp_path)
+
+    assert [source.name for source in scan.sources] == ["m"]
+    assert scan.failures == {}
+
+
+def test_symlinked_model_folder_outside_the_repository_is_a_failure(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    root.mkdir()
+    outside = make_model(tmp_path, "elsewhere")
+    (root / "linked").symlink_to(outside, target_is_directory=True)
+
+    scan = scan_repository(root)
+
+    assert scan.sources == ()
+    assert "outside the repository" in scan.failures["linked"]
+
+
+def test_symlinked_model_folder_inside_the_repository_is_served(tmp_path: Path) -> None:
+    make_model(tmp_path, "real")
+    (tmp_path / "alias").symlink_to(tmp_path / "real", target_is_directory=True)
+
+    scan = scan_repository(tmp_path)
+
+    assert sorted(source.name for source in scan.sources) == ["alias", "real"]
+
+
+def test_only_limits_the_scan_to_the_named_models(tmp_path: Path) -> None:
+    make_model(tmp_path, "a")
+    make_model(tmp_path, "b", config="version: 9\n")
+
+    scan = scan_repository(tmp_path, only=["a"])
+
+    assert [source.name for source in scan.sources] == ["a"]
+    assert scan.failures == {}
+
+
+def test_only_naming_an_absent_model_is_a_failure_listing_what_exists(tmp_path: Path) -> None:
+    make_model(tmp_path, "a")
+
+    scan = scan_repository(tmp_path, only=["a", "x"])
+
+    assert [source.name for source in scan.sources] == ["a"]
+    assert scan.failures == {"x": f"model 'x' is not in the repository {tmp_path}; found: ['a']"}
+
+
+def test_missing_repository_raises_file_not_found(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        scan_repository(tmp_path / "absent")
+
+
+def test_repository_that_is_a_file_raises_not_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("", encoding="utf-8")
+
+    with pytest.raises(NotADirectoryError, match="not a folder"):
+        scan_repository(tmp_path / "file")
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "..", ".hidden", "", "-flag"])
+def test_resolve_model_dir_refuses_unsafe_names(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ValueError, match="invalid model name"):
+        resolve_model_dir(tmp_path, name)
+
+
+def test_resolve_model_dir_refuses_a_symlink_leaving_the_repository(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "linked").symlink_to(tmp_path, target_is_directory=True)
+
+    with pytest.raises(ValueError, match="outside the repository"):
+        resolve_model_dir(root, "linked")
+
+
+def test_resolve_model_dir_returns_the_folder_of_a_safe_name(tmp_path: Path) -> None:
+    assert resolve_model_dir(tmp_path, "model-1.v2") == tmp_path / "model-1.v2"
+
+
+def test_unknown_backend_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown backend 'onnx'; known backends: tensorflow"):
+        get_backend("onnx")
+
+
+def test_importing_the_repository_does_not_import_tensorflow() -> None:
+    code = (
+        "import sys, services.model_server.repository, services.model_server.backends; "
+        "sys.exit('tensorflow' in sys.modules)"
+    )
+
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+    assert result.returncode == 0, result.stderr
