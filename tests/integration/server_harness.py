@@ -1,0 +1,131 @@
+"""A small real gRPC client and helpers the integration tests share."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pyarrow as pa
+
+from udfserve.protocol import inference_pb2 as pb
+from udfserve.protocol import inference_pb2_grpc as pb_grpc
+from udfserve.protocol.arrow_ipc import decode_batch, encode_batch
+
+
+@dataclass
+class Answer:
+    """One PredictResponse, decoded."""
+
+    batch_id: int
+    outputs: pa.RecordBatch | None
+    code: grpc.StatusCode
+    message: str
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def stream_predict(
+    target: str, requests: Sequence[pb.PredictRequest], timeout_s: float = 120.0
+) -> dict[int, Answer]:
+    """Send ``requests`` on one Predict stream; return every answer by batch id."""
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        answers = {}
+        for response in stub.Predict(iter(requests), timeout=timeout_s):
+            if response.HasField("error"):
+                answers[response.batch_id] = Answer(
+                    response.batch_id, None, _CODES[response.error.code], response.error.message
+                )
+            else:
+                answers[response.batch_id] = Answer(
+                    response.batch_id, decode_batch(response.arrow_ipc), grpc.StatusCode.OK, ""
+                )
+        return answers
+
+
+def request(
+    model: str, batch: pa.RecordBatch | bytes, batch_id: int = 0, version: int = 0
+) -> pb.PredictRequest:
+    payload = batch if isinstance(batch, bytes) else encode_batch(batch)
+    return pb.PredictRequest(model=model, batch_id=batch_id, arrow_ipc=payload, version=version)
+
+
+def tensor_column(values: np.ndarray) -> pa.Array:
+    """A (rows, *shape) array as the Arrow column Spark would send: nested lists, or primitives."""
+    if values.ndim == 1:
+        return pa.array(values)
+    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+    for size in reversed(values.shape[1:]):
+        flat = pa.FixedSizeListArray.from_arrays(flat, size)
+    return flat
+
+
+def batch_of(inputs: dict[str, np.ndarray]) -> pa.RecordBatch:
+    return pa.record_batch({name: tensor_column(values) for name, values in inputs.items()})
+
+
+def column_to_numpy(column: pa.Array) -> np.ndarray:
+    """Inverse of ``tensor_column`` for fixed-size lists."""
+    shape = []
+    values = column
+    while pa.types.is_fixed_size_list(values.type):
+        shape.append(values.type.list_size)
+        values = values.flatten()
+    return values.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
+
+
+def scrape(http_address: str) -> str:
+    with urllib.request.urlopen(f"http://{http_address}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def http_json(http_address: str, path: str) -> tuple[int, object]:
+    try:
+        with urllib.request.urlopen(f"http://{http_address}{path}", timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The value of one sample of a Prometheus text exposition (0 when absent)."""
+    wanted = {f'{k}="{v}"' for k, v in labels.items()}
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        series, _, value = line.rpartition(" ")
+        metric, _, label_text = series.partition("{")
+        if metric != name:
+            continue
+        if wanted <= set(label_text.rstrip("}").split(",")) - {""}:
+            total += float(value)
+    return total
+
+
+_KERAS_MODELS: dict[Path, object] = {}
+
+
+def keras_reference(repository: Path, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model's own output in this process, by output name: the ground truth of the tests."""
+    import keras
+
+    path = repository / model / "1" / "model.keras"
+    if path not in _KERAS_MODELS:
+        _KERAS_MODELS[path] = keras.saving.load_model(path, compile=False)
+    keras_model = _KERAS_MODELS[path]
+    names = [t.name for t in keras_model.inputs]
+    feed = {n: inputs[n] for n in names} if len(names) > 1 else inputs[names[0]]
+    result = keras_model(feed, training=False)
+    output_names = list(keras_model.output_names)
+    if isinstance(result, dict):
+        return {k: np.asarray(v) for k, v in result.items()}
+    if isinstance(result, list | tuple):
+        return {n: np.asarray(v) for n, v in zip(output_names, result, strict=True)}
+    return {output_names[0]: np.asarray(result)}
