@@ -1,0 +1,419 @@
+"""The dynamic batcher of one model: merges concurrent requests into few backend calls.
+
+Requests from many streams wait in one FIFO queue. A worker task takes the oldest request and
+merges the requests behind it until the next would not fit in ``max_batch_size`` rows, or until
+``max_queue_delay_s`` has passed since the oldest was queued, whichever comes first; then one
+backend call runs in the executor and its outputs are split back by row counts. The worker
+sleeps on an ``asyncio.Event`` with a timeout computed from the oldest request's deadline: it
+never polls.
+
+Decisions callers rely on:
+
+- A request larger than ``max_batch_size`` is cut into chunks of at most ``max_batch_size`` rows,
+  queued together and answered in order; it is never refused for its size. A chunk is never
+  split across two backend calls.
+- The queue is bounded in rows (``max_queue_rows``). A request that would overflow it is refused
+  whole with ``QueueFull`` (back-pressure), none of its chunks queued. An empty queue admits any
+  one request, so a request larger than the whole queue is delayed, never refused forever.
+- A request of zero rows is a caller error (``ValueError``): the outputs' per-row shapes are
+  unknown without running the model, so callers answer empty batches themselves.
+- Requests whose arrays differ in per-row shape or dtype (free dimensions) are never merged.
+- With batching disabled every chunk runs alone, still through the queue and the executor, so
+  that batching on and off can be compared under the same load.
+- A request whose caller went away (its task was cancelled) is dropped before it runs.
+- When a merged batch fails, each of its requests is run again alone, so only the bad one fails
+  and the requests merged with it still get their answers. ``ServingError`` subclasses reach the
+  caller as they are; anything else becomes ``BackendFault`` with the exception's type and text.
+- Every output must have exactly one row per input row of the batch, else ``BackendFault``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from services.model_server.config import BatchingConfig
+from services.model_server.errors import BackendFault, ModelUnavailable, QueueFull, ServingError
+
+logger = logging.getLogger(__name__)
+
+Arrays = dict[str, np.ndarray]
+PredictFn = Callable[[Arrays], Mapping[str, np.ndarray]]
+
+
+class BatchObserver(Protocol):
+    """Receives the batcher's measurements (the metrics module implements it)."""
+
+    def on_queue_wait(self, model: str, seconds: float) -> None:
+        """One queued chunk waited ``seconds`` from being queued to the start of its batch."""
+
+    def on_batch(self, model: str, rows: int, requests: int, seconds: float) -> None:
+        """One backend call ran ``rows`` rows from ``requests`` chunks in ``seconds``."""
+
+
+@dataclass(eq=False)
+class _Chunk:
+    """Up to ``max_batch_size`` rows of one request, answered through ``future``."""
+
+    inputs: Arrays
+    rows: int
+    signature: tuple[Any, ...]
+    future: asyncio.Future[Arrays]
+    enqueued_at_s: float
+    queued: bool = field(default=True)
+
+
+@dataclass
+class _CallResult:
+    outputs: Arrays | None
+    error: BaseException | None
+    seconds: float
+
+
+def _set_result(future: asyncio.Future[Arrays], value: Arrays) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future[Arrays], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+def _signature(inputs: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
+    """Requests merge only when every array agrees on dtype and per-row shape."""
+    return tuple((name, array.dtype.str, array.shape[1:]) for name, array in sorted(inputs.items()))
+
+
+class DynamicBatcher:
+    """One model's queue and the worker task that runs its batches.
+
+    ``max_queue_rows`` defaults to ``config.max_queue_rows``, else 16 x ``max_batch_size``
+    (the same rule as ``ModelConfig.max_queue_rows``).
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        predict: PredictFn,
+        *,
+        max_batch_size: int,
+        config: BatchingConfig,
+        executor: concurrent.futures.Executor,
+        observer: BatchObserver | None = None,
+        max_concurrent_batches: int = 1,
+        max_queue_rows: int | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, received {max_batch_size}")
+        if max_concurrent_batches < 1:
+            raise ValueError(f"max_concurrent_batches must be at least 1, received {max_concurrent_batches}")
+        self.model_name = model_name
+        self._predict = predict
+        self._max_batch_size = max_batch_size
+        self._config = config
+        self._executor = executor
+        self._observer = observer
+        self._max_concurrent_batches = max_concurrent_batches
+        self._max_queue_rows = max_queue_rows or config.max_queue_rows or 16 * max_batch_size
+        self._queue: deque[_Chunk] = deque()
+        self._queued_rows = 0
+        self._wakeup: asyncio.Event | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._running: dict[asyncio.Task[None], list[_Chunk]] = {}
+        self._stopping = False
+
+    @property
+    def queued_rows(self) -> int:
+        """Rows waiting for a batch (not counting the batches running)."""
+        return self._queued_rows
+
+    @property
+    def max_queue_rows(self) -> int:
+        return self._max_queue_rows
+
+    def start(self) -> None:
+        """Start the worker task on the running event loop."""
+        if self._worker is not None:
+            raise RuntimeError(f"batcher of model '{self.model_name}' is already started")
+        self._wakeup = asyncio.Event()
+        self._slots = asyncio.Semaphore(self._max_concurrent_batches)
+        self._worker = asyncio.get_running_loop().create_task(self._work(), name=f"batcher-{self.model_name}")
+
+    async def submit(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Queue one request and return its outputs, each with the request's row count."""
+        if self._stopping:
+            raise ModelUnavailable(f"model '{self.model_name}' is shutting down; retry on another server")
+        if self._worker is None or self._wakeup is None:
+            raise RuntimeError(f"batcher of model '{self.model_name}' is not started")
+        rows = self._rows_of(inputs)
+        if self._queued_rows > 0 and self._queued_rows + rows > self._max_queue_rows:
+            raise QueueFull(
+                f"model '{self.model_name}': queue full: {self._queued_rows} rows queued, this request "
+                f"has {rows}, the limit is {self._max_queue_rows} rows; retry later"
+            )
+        chunks = self._enqueue(inputs, rows)
+        futures = [chunk.future for chunk in chunks]
+        try:
+            results = await asyncio.gather(*futures)
+        except BaseException:
+            # The caller went away or one chunk failed: the chunks not yet run are not needed.
+            for future in futures:
+                future.cancel()
+            raise
+        if len(results) == 1:
+            return results[0]
+        return {name: np.concatenate([result[name] for result in results]) for name in results[0]}
+
+    async def stop(self, grace_period_s: float) -> None:
+        """Refuse new requests, finish the queued and running ones within ``grace_period_s``,
+        then answer whatever is left with ``ModelUnavailable``."""
+        self._stopping = True
+        if self._worker is None or self._wakeup is None:
+            return
+        self._wakeup.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._worker), timeout=grace_period_s)
+            return
+        except asyncio.TimeoutError:
+            logger.warning(
+                "model '%s': grace period of %.1f s over with %d rows queued and %d batches running; "
+                "cancelling them",
+                self.model_name,
+                grace_period_s,
+                self._queued_rows,
+                len(self._running),
+            )
+        except Exception:
+            return  # the worker failed, logged why and answered everything it held
+        unanswered = [*self._queue, *(chunk for chunks in self._running.values() for chunk in chunks)]
+        tasks = [self._worker, *self._running]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._fail(unanswered, ModelUnavailable(f"model '{self.model_name}' shut down before answering"))
+
+    # -- queueing ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _rows_of(inputs: Mapping[str, np.ndarray]) -> int:
+        if not inputs:
+            raise ValueError("a request needs at least one input array")
+        counts = {name: len(array) for name, array in inputs.items()}
+        rows = next(iter(counts.values()))
+        if any(count != rows for count in counts.values()):
+            raise ValueError(f"input arrays differ in row count: {counts}")
+        if rows == 0:
+            raise ValueError("empty request: callers answer zero-row requests without queuing them")
+        return rows
+
+    def _enqueue(self, inputs: Arrays, rows: int) -> list[_Chunk]:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        signature = _signature(inputs)
+        chunks = []
+        for start in range(0, rows, self._max_batch_size):
+            stop = min(start + self._max_batch_size, rows)
+            part = inputs if (start, stop) == (0, rows) else {k: v[start:stop] for k, v in inputs.items()}
+            chunk = _Chunk(part, stop - start, signature, loop.create_future(), now)
+            chunk.future.add_done_callback(lambda _future, chunk=chunk: self._on_chunk_done(chunk))
+            chunks.append(chunk)
+        self._queue.extend(chunks)
+        self._queued_rows += rows
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return chunks
+
+    def _on_chunk_done(self, chunk: _Chunk) -> None:
+        """A chunk cancelled while queued leaves the queue at once, freeing its rows."""
+        if chunk.queued and chunk.future.cancelled():
+            chunk.queued = False
+            self._queue.remove(chunk)
+            self._queued_rows -= chunk.rows
+            if self._wakeup is not None:
+                self._wakeup.set()
+
+    def _drop_cancelled(self) -> None:
+        """Cancelled chunks whose done-callback has not run yet must not take a place in a batch."""
+        cancelled = [chunk for chunk in self._queue if chunk.future.done()]
+        if cancelled:
+            self._take(cancelled)
+
+    def _take(self, chunks: list[_Chunk]) -> None:
+        taken = set(chunks)
+        self._queue = deque(chunk for chunk in self._queue if chunk not in taken)
+        for chunk in chunks:
+            chunk.queued = False
+            self._queued_rows -= chunk.rows
+
+    def _candidates(self) -> tuple[list[_Chunk], bool]:
+        """The batch the oldest chunk would run in now, and whether it can still grow."""
+        head = self._queue[0]
+        if not self._config.enabled:
+            return [head], False
+        batch, rows = [], 0
+        for chunk in self._queue:
+            if chunk.signature != head.signature:
+                continue
+            if rows + chunk.rows > self._max_batch_size:
+                return batch, False
+            batch.append(chunk)
+            rows += chunk.rows
+        return batch, rows < self._max_batch_size
+
+    async def _next_batch(self) -> list[_Chunk] | None:
+        """Wait until a batch is due; ``None`` once stopping with nothing left."""
+        assert self._wakeup is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wakeup.clear()
+            self._drop_cancelled()
+            if not self._queue:
+                if self._stopping:
+                    return None
+                await self._wakeup.wait()
+                continue
+            batch, can_grow = self._candidates()
+            remaining_s = self._queue[0].enqueued_at_s + self._config.max_queue_delay_s - loop.time()
+            if not can_grow or self._stopping or remaining_s <= 0:
+                self._take(batch)
+                return batch
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout=remaining_s)
+
+    # -- running ----------------------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        assert self._slots is not None
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                await self._slots.acquire()
+                batch = await self._next_batch()
+                if batch is None:
+                    self._slots.release()
+                    break
+                task = loop.create_task(self._run_batch(batch))
+                self._running[task] = batch
+                task.add_done_callback(self._on_batch_done)
+            if self._running:
+                await asyncio.gather(*self._running, return_exceptions=True)
+        except Exception:
+            logger.exception("model '%s': batcher worker failed", self.model_name)
+            unanswered = [*self._queue, *(chunk for chunks in self._running.values() for chunk in chunks)]
+            self._fail(unanswered, ModelUnavailable(f"model '{self.model_name}': batcher failed"))
+            raise
+
+    def _on_batch_done(self, task: asyncio.Task[None]) -> None:
+        self._running.pop(task, None)
+        assert self._slots is not None
+        self._slots.release()
+
+    def _fail(self, chunks: list[_Chunk], error: ServingError) -> None:
+        for chunk in chunks:
+            chunk.queued = False
+            _set_exception(chunk.future, error)
+        self._queue.clear()
+        self._queued_rows = 0
+
+    async def _run_batch(self, chunks: list[_Chunk]) -> None:
+        loop = asyncio.get_running_loop()
+        chunks = [chunk for chunk in chunks if not chunk.future.done()]
+        if not chunks:
+            return
+        started_s = loop.time()
+        for chunk in chunks:
+            self._observe_wait(started_s - chunk.enqueued_at_s)
+        result = await self._call(chunks)
+        if result.error is None:
+            assert result.outputs is not None
+            start = 0
+            for chunk in chunks:
+                _set_result(
+                    chunk.future, {k: v[start : start + chunk.rows] for k, v in result.outputs.items()}
+                )
+                start += chunk.rows
+            return
+        if len(chunks) == 1:
+            _set_exception(chunks[0].future, self._as_serving_error(result.error))
+            return
+        logger.warning(
+            "model '%s': a merged batch of %d requests failed (%s); running each alone",
+            self.model_name,
+            len(chunks),
+            result.error,
+        )
+        for chunk in chunks:
+            if chunk.future.done():
+                continue
+            alone = await self._call([chunk])
+            if alone.error is None:
+                assert alone.outputs is not None
+                _set_result(chunk.future, alone.outputs)
+            else:
+                _set_exception(chunk.future, self._as_serving_error(alone.error))
+
+    async def _call(self, chunks: list[_Chunk]) -> _CallResult:
+        """One backend call in the executor, reported to the observer."""
+        if len(chunks) == 1:
+            inputs = chunks[0].inputs
+        else:
+            inputs = {name: np.concatenate([c.inputs[name] for c in chunks]) for name in chunks[0].inputs}
+        rows = sum(chunk.rows for chunk in chunks)
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(self._executor, self._call_backend, inputs, rows)
+        if self._observer is not None:
+            try:
+                self._observer.on_batch(self.model_name, rows, len(chunks), result.seconds)
+            except Exception:
+                logger.exception("model '%s': batch observer failed", self.model_name)
+        return result
+
+    def _call_backend(self, inputs: Arrays, rows: int) -> _CallResult:
+        """Runs in the executor; never raises, so the event loop sees one kind of answer."""
+        started_s = time.perf_counter()
+        try:
+            outputs = dict(self._predict(inputs))
+            self._check_outputs(outputs, rows)
+        except Exception as error:
+            return _CallResult(None, error, time.perf_counter() - started_s)
+        return _CallResult(outputs, None, time.perf_counter() - started_s)
+
+    def _check_outputs(self, outputs: Arrays, rows: int) -> None:
+        for name, array in outputs.items():
+            if not isinstance(array, np.ndarray) or array.ndim == 0:
+                raise BackendFault(
+                    f"model '{self.model_name}': backend output '{name}' is {type(array).__name__} "
+                    f"{getattr(array, 'shape', '')}; expected an array with {rows} rows"
+                )
+            if array.shape[0] != rows:
+                raise BackendFault(
+                    f"model '{self.model_name}': backend output '{name}' has {array.shape[0]} rows; "
+                    f"expected {rows}, one per input row of the batch"
+                )
+
+    def _as_serving_error(self, error: BaseException) -> ServingError:
+        if isinstance(error, ServingError):
+            return error
+        logger.error(
+            "model '%s': backend failed", self.model_name, exc_info=(type(error), error, error.__traceback__)
+        )
+        return BackendFault(f"model '{self.model_name}': backend failed: {type(error).__name__}: {error}")
+
+    def _observe_wait(self, seconds: float) -> None:
+        if self._observer is None:
+            return
+        try:
+            self._observer.on_queue_wait(self.model_name, seconds)
+        except Exception:
+            logger.exception("model '%s': batch observer failed", self.model_name)

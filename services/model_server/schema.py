@@ -1,0 +1,321 @@
+"""Checking a request's Arrow columns against a model's inputs, and turning outputs back into Arrow.
+
+These are the product's documented input rules. A request is one record batch whose columns are
+named after the model's inputs; each column becomes one numpy array of shape ``(rows, *shape)``
+and exactly the declared dtype.
+
+Columns
+    A request carries exactly the model's inputs: a missing column, an extra column or a column
+    name given twice is refused, naming the expected and the received columns.
+
+Types (the values at the innermost level)
+    - float16/32/64 inputs accept any integer or floating-point values. Narrowing float64 to
+      float32 is accepted on purpose: Spark's ``double`` columns commonly feed float32 models.
+    - integer inputs accept integer values when every value fits the declared type (the error
+      names the column, the allowed range and the received range); floating-point values are
+      refused rather than silently truncated.
+    - bool inputs accept bool values only.
+    - strings, binary, decimals, dates and timestamps, structs, maps, dictionaries: refused.
+
+Shapes
+    - A scalar input (shape ``()``) is a primitive column.
+    - An input of per-row shape ``(d1, ..., dk)`` is either k nested levels of ``list``,
+      ``large_list`` or ``fixed_size_list`` with exactly those lengths, or one level of list whose
+      length is ``d1 * ... * dk`` (a flat row, reshaped by the server; Spark's ``array<float>``).
+    - A free dimension (-1) takes its length from the data and must be the same for every row of
+      the batch; one free dimension can also be inferred from the flat form.
+    - A wrong or ragged length is refused, naming the expected length, the received length and
+      the first offending row.
+
+Values
+    - A null anywhere (a null row, a null list, a null element) is refused, naming the first row
+      holding one. NaN and infinities pass through untouched.
+    - A batch of zero rows is valid and gives arrays of shape ``(0, *dims)``, free dims being 0.
+
+No value is converted row by row in Python: lists are checked through their offsets and the
+innermost values are reshaped in one piece. Where the received type is already the declared one
+the arrays are zero-copy, read-only views of the request's buffers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from services.model_server.config import TensorSpec
+from services.model_server.errors import BackendFault, InvalidInput
+
+FREE_DIM = -1
+
+
+def batch_to_inputs(
+    batch: pa.RecordBatch, model_name: str, inputs: Sequence[TensorSpec]
+) -> dict[str, np.ndarray]:
+    """Check ``batch`` against the model's inputs and return one array per input, by name."""
+    prefix = f"model '{model_name}': "
+    _check_column_names(batch.schema.names, [spec.name for spec in inputs], prefix)
+    return {
+        spec.name: _ColumnConverter(prefix, spec).convert(
+            batch.column(batch.schema.get_field_index(spec.name))
+        )
+        for spec in inputs
+    }
+
+
+def outputs_to_batch(outputs: Mapping[str, np.ndarray], specs: Sequence[TensorSpec]) -> pa.RecordBatch:
+    """One record batch of the outputs in ``specs`` order: a scalar output becomes a primitive
+    column, a vector a ``fixed_size_list``, a higher-rank tensor nested ``fixed_size_list``s."""
+    columns: list[pa.Array] = []
+    rows: int | None = None
+    first_name = ""
+    for spec in specs:
+        if spec.name not in outputs:
+            raise BackendFault(
+                f"backend returned no output '{spec.name}'; expected outputs "
+                f"{[s.name for s in specs]}, received {sorted(outputs)}"
+            )
+        array = np.asarray(outputs[spec.name])
+        _check_output_shape(array, spec)
+        if rows is None:
+            rows, first_name = int(array.shape[0]), spec.name
+        elif array.shape[0] != rows:
+            raise BackendFault(
+                f"backend output '{spec.name}' has {array.shape[0]} rows but output '{first_name}' "
+                f"has {rows}; every output must have one row per input row"
+            )
+        columns.append(_tensor_to_arrow(array.astype(spec.dtype, copy=False)))
+    return pa.RecordBatch.from_arrays(columns, names=[spec.name for spec in specs])
+
+
+def _check_column_names(received: list[str], expected: list[str], prefix: str) -> None:
+    duplicates = sorted(name for name, count in Counter(received).items() if count > 1)
+    if duplicates:
+        raise InvalidInput(
+            f"{prefix}column(s) {duplicates} appear more than once; expected each of the inputs "
+            f"{expected} exactly once, received columns {received}"
+        )
+    missing = [name for name in expected if name not in received]
+    if missing:
+        raise InvalidInput(
+            f"{prefix}missing input column(s) {missing}; expected columns {expected}, received {received}"
+        )
+    extra = [name for name in received if name not in expected]
+    if extra:
+        raise InvalidInput(
+            f"{prefix}unexpected column(s) {extra}; a request carries exactly the model's inputs "
+            f"{expected}, received {received}"
+        )
+
+
+def _is_list_type(arrow_type: pa.DataType) -> bool:
+    return (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or pa.types.is_fixed_size_list(arrow_type)
+    )
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return (
+        "("
+        + ", ".join("*" if dim == FREE_DIM else str(dim) for dim in shape)
+        + ("," if len(shape) == 1 else "")
+        + ")"
+    )
+
+
+class _ColumnConverter:
+    """Converts one column; holds what every error message about it has to say."""
+
+    def __init__(self, prefix: str, spec: TensorSpec) -> None:
+        self.spec = spec
+        self.prefix = f"{prefix}column '{spec.name}': "
+        self.target = np.dtype(spec.dtype)
+
+    def convert(self, column: pa.Array) -> np.ndarray:
+        rows = len(column)
+        depth, leaf_type = self._list_depth(column.type)
+        self._check_value_type(leaf_type, column.type)
+        shape = self.spec.shape
+        if depth != len(shape) and not (depth == 1 and len(shape) > 1):
+            raise self._error(f"expected {self._describe()}, received type {column.type}")
+        self._check_no_nulls(column, per_row=1, top=True)
+        if depth == len(shape):
+            dims, leaf = self._unnest(column)
+        else:
+            dims, leaf = self._unflatten(column)
+        per_row = math.prod(dims)
+        values = self._values_to_numpy(leaf, per_row)
+        return values.reshape((rows, *dims))
+
+    def _error(self, detail: str) -> InvalidInput:
+        return InvalidInput(self.prefix + detail)
+
+    def _describe(self) -> str:
+        shape = self.spec.shape
+        if not shape:
+            return f"a column of {self.spec.dtype} scalars"
+        free = " (* = free, one length for the whole batch)" if FREE_DIM in shape else ""
+        text = f"{self.spec.dtype} tensors of per-row shape {_shape_text(shape)}{free}: "
+        if len(shape) == 1:
+            return text + "a list column"
+        text += f"{len(shape)} nested levels of lists"
+        if shape.count(FREE_DIM) <= 1:
+            flat = "n" if FREE_DIM in shape else str(math.prod(shape))
+            text += f", or one flat list of {flat} values"
+        return text
+
+    @staticmethod
+    def _list_depth(arrow_type: pa.DataType) -> tuple[int, pa.DataType]:
+        depth = 0
+        while _is_list_type(arrow_type):
+            arrow_type = arrow_type.value_type
+            depth += 1
+        return depth, arrow_type
+
+    def _check_value_type(self, leaf_type: pa.DataType, column_type: pa.DataType) -> None:
+        kind = self.target.kind
+        if kind == "f":
+            accepted = pa.types.is_integer(leaf_type) or pa.types.is_floating(leaf_type)
+            allowed = "integer or floating-point"
+        elif kind in "iu":
+            accepted = pa.types.is_integer(leaf_type)
+            allowed = "integer"
+        else:
+            accepted = pa.types.is_boolean(leaf_type)
+            allowed = "boolean"
+        if not accepted:
+            raise self._error(
+                f"expected {self._describe()} holding {allowed} values, received type {column_type} "
+                f"(values of type {leaf_type})"
+            )
+
+    def _check_no_nulls(self, array: pa.Array, per_row: int, *, top: bool = False) -> None:
+        """``per_row`` is how many elements of ``array`` make one row (all levels above are uniform)."""
+        if array.null_count == 0:
+            return
+        index = pc.index(pc.is_null(array), True).as_py()
+        where = "row" if top else "value inside row"
+        raise self._error(f"expected no nulls, received a null {where} {index // max(per_row, 1)}")
+
+    @staticmethod
+    def _lengths_and_values(array: pa.Array) -> tuple[np.ndarray | int, pa.Array]:
+        """Lengths of the lists (an int when fixed) and their values, honouring slice offsets."""
+        if pa.types.is_fixed_size_list(array.type):
+            return array.type.list_size, array.flatten()
+        offsets = array.offsets.to_numpy()
+        if len(array) == 0:
+            return np.zeros(0, dtype=np.int64), array.values.slice(0, 0)
+        start, end = int(offsets[0]), int(offsets[-1])
+        return np.diff(offsets), array.values.slice(start, end - start)
+
+    def _unnest(self, column: pa.Array) -> tuple[list[int], pa.Array]:
+        dims: list[int] = []
+        current, per_row = column, 1
+        for level, wanted in enumerate(self.spec.shape):
+            lengths, values = self._lengths_and_values(current)
+            dims.append(self._resolve_dim(wanted, lengths, len(current), per_row, level))
+            per_row *= dims[-1]
+            current = values
+            self._check_no_nulls(current, per_row)
+        return dims, current
+
+    def _unflatten(self, column: pa.Array) -> tuple[list[int], pa.Array]:
+        shape = self.spec.shape
+        if shape.count(FREE_DIM) > 1:
+            raise self._error(
+                f"expected {self._describe()}, received a flat list of type {column.type}: a flat list "
+                "can carry at most one free dimension; send nested lists"
+            )
+        lengths, values = self._lengths_and_values(column)
+        known = math.prod(dim for dim in shape if dim != FREE_DIM)
+        if FREE_DIM not in shape:
+            flat = self._resolve_dim(known, lengths, len(column), 1, 0)
+            dims = list(shape)
+        else:
+            flat = self._resolve_dim(FREE_DIM, lengths, len(column), 1, 0)
+            if (known == 0 and flat != 0) or (known != 0 and flat % known != 0):
+                raise self._error(
+                    f"expected {self._describe()}, received flat lists of length {flat}, "
+                    f"which is not a multiple of {known}"
+                )
+            free = flat // known if known else 0
+            dims = [free if dim == FREE_DIM else dim for dim in shape]
+        self._check_no_nulls(values, flat)
+        return dims, values
+
+    def _resolve_dim(
+        self, wanted: int, lengths: np.ndarray | int, count: int, per_row: int, level: int
+    ) -> int:
+        """The length of one list level, checked: ``count`` lists, ``per_row`` of them per row."""
+        where = f" at nesting level {level + 1}" if len(self.spec.shape) > 1 else ""
+        if isinstance(lengths, int):
+            if wanted not in (FREE_DIM, lengths):
+                raise self._error(
+                    f"expected {self._describe()}; received fixed-size lists of length {lengths}{where}, "
+                    f"expected length {wanted}"
+                )
+            return lengths
+        if count == 0:
+            return 0 if wanted == FREE_DIM else wanted
+        if wanted == FREE_DIM:
+            first = int(lengths[0])
+            bad = np.flatnonzero(lengths != first)
+            if bad.size:
+                index = int(bad[0])
+                raise self._error(
+                    f"expected lists of one length for every row of the batch{where} (a free dimension "
+                    f"of {_shape_text(self.spec.shape)}); row 0 has length {first}, received length "
+                    f"{int(lengths[index])} in row {index // per_row}"
+                )
+            return first
+        bad = np.flatnonzero(lengths != wanted)
+        if bad.size:
+            index = int(bad[0])
+            raise self._error(
+                f"expected {self._describe()}; expected lists of length {wanted}{where}, received length "
+                f"{int(lengths[index])} in row {index // per_row}"
+            )
+        return wanted
+
+    def _values_to_numpy(self, leaf: pa.Array, per_row: int) -> np.ndarray:
+        values = leaf.to_numpy(zero_copy_only=False)
+        narrowing = not np.can_cast(values.dtype, self.target, casting="safe")
+        if self.target.kind in "iu" and narrowing and values.size:
+            info = np.iinfo(self.target)
+            low, high = int(values.min()), int(values.max())
+            if low < info.min or high > info.max:
+                outside = (values < info.min) | (values > info.max)
+                index = int(np.flatnonzero(outside)[0])
+                raise self._error(
+                    f"expected {self.spec.dtype} values in [{info.min}, {info.max}], received values in "
+                    f"[{low}, {high}] (first out of range in row {index // max(per_row, 1)})"
+                )
+        return values.astype(self.target, copy=False)
+
+
+def _check_output_shape(array: np.ndarray, spec: TensorSpec) -> None:
+    shape = spec.shape
+    per_row = tuple(array.shape[1:])
+    matches = array.ndim == len(shape) + 1 and all(
+        wanted in (FREE_DIM, got) for wanted, got in zip(shape, per_row, strict=True)
+    )
+    if not matches:
+        raise BackendFault(
+            f"backend output '{spec.name}' has shape {array.shape}; expected (rows, *{_shape_text(shape)})"
+        )
+
+
+def _tensor_to_arrow(array: np.ndarray) -> pa.Array:
+    """Nest fixed-size lists around the flat values; numeric values are not copied when contiguous."""
+    array = np.ascontiguousarray(array)
+    result = pa.array(array.reshape(-1))
+    for axis in range(array.ndim - 1, 0, -1):
+        dim, length = array.shape[axis], math.prod(array.shape[:axis])
+        result = pa.Array.from_buffers(pa.list_(result.type, dim), length, [None], children=[result])
+    return result
