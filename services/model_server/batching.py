@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -226,7 +227,7 @@ class DynamicBatcher:
             stop = min(start + self._max_batch_size, rows)
             part = inputs if (start, stop) == (0, rows) else {k: v[start:stop] for k, v in inputs.items()}
             chunk = _Chunk(part, stop - start, signature, loop.create_future(), now)
-            chunk.future.add_done_callback(lambda _future, chunk=chunk: self._on_chunk_done(chunk))
+            chunk.future.add_done_callback(functools.partial(self._on_chunk_done, chunk))
             chunks.append(chunk)
         self._queue.extend(chunks)
         self._queued_rows += rows
@@ -234,7 +235,7 @@ class DynamicBatcher:
         self._wakeup.set()
         return chunks
 
-    def _on_chunk_done(self, chunk: _Chunk) -> None:
+    def _on_chunk_done(self, chunk: _Chunk, _future: asyncio.Future[Arrays]) -> None:
         """A chunk cancelled while queued leaves the queue at once, freeing its rows."""
         if chunk.queued and chunk.future.cancelled():
             chunk.queued = False
@@ -261,7 +262,8 @@ class DynamicBatcher:
         head = self._queue[0]
         if not self._config.enabled:
             return [head], False
-        batch, rows = [], 0
+        batch: list[_Chunk] = []
+        rows = 0
         for chunk in self._queue:
             if chunk.signature != head.signature:
                 continue
