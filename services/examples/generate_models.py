@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,22 +107,24 @@ def generate_example_repository(
     for name, (build, seed, config) in EXAMPLES.items():
         keras.utils.set_random_seed(seed)
         model = build()
-        _write_model(root, name, config, overwrite, lambda folder, m=model: m.save(folder / KERAS_FILE_NAME))
+        _write_model(root, name, config, overwrite, partial(_save_keras, model))
         names.append(name)
         if include_savedmodel and name == "tabular_mlp":
             exported = f"{name}{SAVEDMODEL_SUFFIX}"
             # Same layers and weights; outputs as a dict so the signature names the output
             # "probabilities" like the .keras model does (a bare tensor would be "output_0").
             named = keras.Model(model.input, {"probabilities": model.output}, name=exported)
-            _write_model(
-                root,
-                exported,
-                config,
-                overwrite,
-                lambda folder, m=named: m.export(str(folder), format="tf_saved_model", verbose=False),
-            )
+            _write_model(root, exported, config, overwrite, partial(_save_savedmodel, named))
             names.append(exported)
     return names
+
+
+def _save_keras(model: keras.Model, version_dir: Path) -> None:
+    model.save(version_dir / KERAS_FILE_NAME)
+
+
+def _save_savedmodel(model: keras.Model, version_dir: Path) -> None:
+    model.export(str(version_dir), format="tf_saved_model", verbose=False)
 
 
 def _write_model(
@@ -158,6 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--savedmodel", action="store_true", help="also write tabular_mlp as a TensorFlow SavedModel"
     )
     args = parser.parse_args(argv)
+    if "tensorflow" not in sys.modules:
+        # Weights are generated on the CPU: the same seeded values on any machine, and no GPU
+        # memory taken from a model server that may be running on this node.
+        from services.model_server.device import pin_device
+
+        pin_device("cpu")
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     names = generate_example_repository(

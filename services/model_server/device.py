@@ -21,8 +21,9 @@ logger = logging.getLogger(__name__)
 def visible_devices_for(device: str) -> str:
     """The ``CUDA_VISIBLE_DEVICES`` value that exposes exactly ``device`` ("" hides every GPU)."""
     if not DEVICE_PATTERN.match(device):
-        raise ValueError(f'invalid device {device!r}; expected "cpu" or "gpu:N" (e.g. gpu:0)')
-    return "" if device == "cpu" else device.split(":", 1)[1]
+        raise ValueError(f'invalid device {device!r}; expected "cpu", "gpu:N" or "sim:N" (e.g. gpu:0)')
+    # A simulated device ("sim:N") is a CPU process that only carries the device's number.
+    return device.split(":", 1)[1] if device.startswith("gpu:") else ""
 
 
 def pin_device(device: str) -> None:
@@ -36,6 +37,9 @@ def pin_device(device: str) -> None:
             f"cannot pin the process to {device!r}: tensorflow is already imported, so "
             "CUDA_VISIBLE_DEVICES would be ignored; call pin_device before importing tensorflow"
         )
+    # CUDA numbers devices fastest-first by default; NVML, nvidia-smi and Spark's discovery
+    # script number them by PCI bus. Same order here, so gpu:N is the device they call N.
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     os.environ["CUDA_VISIBLE_DEVICES"] = visible
     # Memory growth lets several models (and the CUDA context) share one device without one
     # allocation up front reserving all of it.

@@ -86,6 +86,9 @@ def scan_repository(root: Path, only: Sequence[str] = ()) -> RepositoryScan:
         except _Unservable as exc:
             logger.warning("model %s cannot be served: %s", name, exc)
             failures[name] = str(exc)
+        except OSError as exc:
+            logger.warning("model %s cannot be served: %s", name, exc)
+            failures[name] = f"cannot read {root / name}: {exc}"
     return RepositoryScan(sources=tuple(sources), failures=failures)
 
 

@@ -262,3 +262,15 @@ def test_version_folder_without_a_model_is_refused_listing_what_it_holds(tmp_pat
         ModelLoadError, match=r"expected model\.keras or saved_model\.pb; found \['notes\.txt'\]"
     ):
         load_model(source)
+
+
+def test_model_with_a_lambda_layer_is_refused_by_safe_mode(tmp_path: Path) -> None:
+    features = keras.Input(shape=(2,), name="features")
+    doubled = keras.layers.Lambda(lambda x: x * 2, name="doubled")(features)
+    (tmp_path / "lambda_model" / "1").mkdir(parents=True)
+    keras.Model(features, doubled).save(tmp_path / "lambda_model" / "1" / "model.keras")
+    (source,) = scan_repository(tmp_path).sources
+
+    with pytest.raises(ModelLoadError, match="safe_mode") as raised:
+        load_model(source)
+    assert "model 'lambda_model' version 1" in str(raised.value)
