@@ -40,6 +40,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def run_generate_models(args: argparse.Namespace) -> int:
     configure_logging("INFO")
+    from services.model_server.device import pin_device
+
+    pin_device("cpu")  # generating small models needs no GPU; never take a GPU's memory for it
     from services.examples.generate_models import generate_example_repository
 
     names = generate_example_repository(

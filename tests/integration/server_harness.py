@@ -129,3 +129,24 @@ def keras_reference(repository: Path, model: str, inputs: dict[str, np.ndarray])
     if isinstance(result, list | tuple):
         return {n: np.asarray(v) for n, v in zip(output_names, result, strict=True)}
     return {output_names[0]: np.asarray(result)}
+
+
+def client_process_main(target: str, model: str, seed: int, batches: int, rows: int) -> dict[int, np.ndarray]:
+    """Run in a separate client process: stream ``batches`` of seeded rows, return outputs by batch id."""
+    rng = np.random.default_rng(seed)
+    inputs = {i: rng.normal(size=(rows + i, 64)).astype(np.float32) for i in range(batches)}
+    answers = stream_predict(
+        target, [request(model, batch_of({"features": x}), batch_id=i) for i, x in inputs.items()]
+    )
+    outputs = {}
+    for batch_id, answer in answers.items():
+        if answer.outputs is None:
+            raise RuntimeError(f"batch {batch_id} failed: {answer.code.name} {answer.message}")
+        outputs[batch_id] = column_to_numpy(answer.outputs.column("probabilities"))
+    return outputs
+
+
+def client_inputs(seed: int, batches: int, rows: int) -> dict[int, np.ndarray]:
+    """The inputs ``client_process_main`` sends, recomputed for checking."""
+    rng = np.random.default_rng(seed)
+    return {i: rng.normal(size=(rows + i, 64)).astype(np.float32) for i in range(batches)}

@@ -1,0 +1,57 @@
+"""SIGTERM drains: every accepted request is answered and the process exits 0 in the grace period."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from server_harness import _CODES, batch_of, request
+
+from services.model_server.launcher import launch_server
+from udfserve.protocol import inference_pb2_grpc as pb_grpc
+
+GRACE_PERIOD_S = 20.0
+BATCHES = 40
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_stream_answers_every_request_and_exits_zero(
+    example_repository: Path, socket_dir: Path, tmp_path: Path
+) -> None:
+    server = launch_server(
+        example_repository,
+        socket=socket_dir / "drain.sock",
+        port=None,
+        http_port=None,
+        extra_args=["--models", "sequence_bilstm", "--grace-period-s", str(GRACE_PERIOD_S)],
+        log_path=tmp_path / "server.log",
+    )
+    rng = np.random.default_rng(0)
+    requests = [
+        request("sequence_bilstm", batch_of({"lines": rng.normal(size=(256, 16, 32)).astype(np.float32)}), i)
+        for i in range(BATCHES)
+    ]
+    answers: dict[int, grpc.StatusCode] = {}
+    rows: dict[int, int] = {}
+    with grpc.insecure_channel(server.grpc_target()) as channel:
+        stream = pb_grpc.InferenceStub(channel).Predict(iter(requests), timeout=120)
+        for response in stream:
+            if not answers:
+                os.kill(server.pid, signal.SIGTERM)
+                signalled_at = time.monotonic()
+            code = _CODES[response.error.code] if response.HasField("error") else grpc.StatusCode.OK
+            answers[response.batch_id] = code
+            rows[response.batch_id] = len(response.arrow_ipc)
+    exit_code = server.process.wait(timeout=GRACE_PERIOD_S + 10)
+    assert exit_code == 0
+    assert time.monotonic() - signalled_at < GRACE_PERIOD_S + 10
+    assert sorted(answers) == list(range(BATCHES)), "every request sent on the stream got an answer"
+    assert set(answers.values()) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}
+    assert grpc.StatusCode.OK in answers.values()
+    assert all(rows[i] > 0 for i, code in answers.items() if code == grpc.StatusCode.OK)
+    assert "draining" in server.log_tail()
