@@ -10,7 +10,8 @@ Columns
 
 Types (the values at the innermost level)
     - float16/32/64 inputs accept any integer or floating-point values. Narrowing float64 to
-      float32 is accepted on purpose: Spark's ``double`` columns commonly feed float32 models.
+      float32 is accepted on purpose: Spark's ``double`` columns commonly feed float32 models;
+      a value beyond the range of the narrower type becomes an infinity, as in numpy.
     - integer inputs accept integer values when every value fits the declared type (the error
       names the column, the allowed range and the received range); floating-point values are
       refused rather than silently truncated.
@@ -296,7 +297,8 @@ class _ColumnConverter:
                     f"expected {self.spec.dtype} values in [{info.min}, {info.max}], received values in "
                     f"[{low}, {high}] (first out of range in row {index // max(per_row, 1)})"
                 )
-        return values.astype(self.target, copy=False)
+        with np.errstate(over="ignore"):  # documented: too large for a narrower float becomes +-inf
+            return values.astype(self.target, copy=False)
 
 
 def _check_output_shape(array: np.ndarray, spec: TensorSpec) -> None:
