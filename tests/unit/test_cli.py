@@ -1,0 +1,72 @@
+"""The `udfserve` command line: flags, environment variables and their precedence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.cli import build_parser
+from services.model_server.config import ServerConfig
+from services.settings_cli import SettingsError, settings_from_args
+
+
+def serve_config(*argv: str) -> ServerConfig:
+    return settings_from_args(ServerConfig, build_parser().parse_args(["serve", *argv]))
+
+
+def test_serve_help_documents_every_setting_with_its_flag_and_variable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    help_text = capsys.readouterr().out
+    for field in ServerConfig.model_fields:
+        assert "--" + field.replace("_", "-") in help_text
+        assert "UDFSERVE_" + field.upper() in help_text.replace("\n", "").replace(" ", "")
+
+
+def test_a_flag_wins_over_the_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UDFSERVE_PORT", "9100")
+    assert serve_config("--model-repository", "/models", "--port", "9200").port == 9200
+
+
+def test_the_environment_variable_applies_when_no_flag_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UDFSERVE_MODEL_REPOSITORY", "/srv/models")
+    monkeypatch.setenv("UDFSERVE_MODELS", "tabular_mlp, multi_io")
+    config = serve_config()
+    assert config.model_repository == Path("/srv/models")
+    assert config.models == ("tabular_mlp", "multi_io")
+
+
+def test_an_invalid_environment_value_names_the_variable_and_the_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("UDFSERVE_PORT", "eighty")
+    with pytest.raises(SettingsError) as raised:
+        serve_config("--model-repository", "/models")
+    assert "UDFSERVE_PORT" in str(raised.value) and "--port" in str(raised.value)
+    assert "eighty" in str(raised.value)
+
+
+def test_an_invalid_device_says_what_is_expected() -> None:
+    with pytest.raises(SettingsError) as raised:
+        serve_config("--model-repository", "/models", "--device", "tpu:0")
+    assert "tpu:0" in str(raised.value) and "gpu:N" in str(raised.value)
+
+
+def test_port_off_disables_the_tcp_listener() -> None:
+    config = serve_config("--model-repository", "/m", "--port", "off", "--socket", "/tmp/s.sock")
+    assert config.port is None
+
+
+def test_no_listener_at_all_is_refused() -> None:
+    with pytest.raises(SettingsError) as raised:
+        serve_config("--model-repository", "/m", "--port", "off")
+    assert "nothing to listen on" in str(raised.value)
+
+
+def test_a_model_name_with_a_path_separator_is_refused() -> None:
+    with pytest.raises(SettingsError) as raised:
+        serve_config("--model-repository", "/m", "--models", "../etc")
+    assert "invalid model name" in str(raised.value)
