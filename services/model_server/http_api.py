@@ -48,7 +48,7 @@ def create_admin_app(models: ModelTable, metrics: ServerMetrics, device: str) ->
         A model that failed to load does not make the server unready (the others serve); it is
         listed under ``failed`` with its error.
         """
-        states = {m.name: m.state for m in models.all()}
+        states: dict[str, str] = {m.name: m.state for m in models.all()}
         failed = {m.name: m.error for m in models.all() if m.state == "failed"}
         if models.draining:
             reason = "draining"

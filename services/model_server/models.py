@@ -111,7 +111,7 @@ class ModelTable:
             served.executor = ThreadPoolExecutor(
                 max_workers=self._config.inference_threads, thread_name_prefix=f"infer-{source.name}"
             )
-            served.batcher = DynamicBatcher(
+            batcher = DynamicBatcher(
                 source.name,
                 model.predict,
                 max_batch_size=source.config.max_batch_size,
@@ -121,8 +121,9 @@ class ModelTable:
                 observer=self._metrics,
                 max_concurrent_batches=self._config.inference_threads,
             )
-            served.batcher.start()
-            self._metrics.track_queue(source.name, lambda b=served.batcher: b.queued_rows)
+            batcher.start()
+            served.batcher = batcher
+            self._metrics.track_queue(source.name, lambda: batcher.queued_rows)
             served.state = "ready"
             self._metrics.model_ready.labels(model=source.name, version=str(source.version)).set(1)
             logger.info(
