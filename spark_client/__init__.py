@@ -1,0 +1,34 @@
+"""The Spark side of udfserve: UDFs that call the node's model server, with a CPU fallback.
+
+    from spark_client import remote_predict, predict_arrow, ClientConfig
+
+    df.withColumn("p", remote_predict("tabular_mlp", "features"))
+    predict_arrow(df, "tabular_mlp")
+
+The names are resolved lazily: importing the package pulls in neither PySpark nor gRPC, and
+nothing here ever imports TensorFlow or the server side (only the CPU fallback does, when used).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark_client.config import ClientConfig
+    from spark_client.udf import predict_arrow, remote_predict
+
+__all__ = ["ClientConfig", "predict_arrow", "remote_predict"]
+
+_HOMES = {
+    "ClientConfig": "spark_client.config",
+    "remote_predict": "spark_client.udf",
+    "predict_arrow": "spark_client.udf",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'spark_client' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_HOMES[name]), name)

@@ -1,0 +1,92 @@
+"""The client's settings: one immutable object, built in the driver and shipped inside the UDF.
+
+Nothing here reads the environment: Spark reuses Python workers across tasks, so whatever a
+task needs from the executor's environment (``UDFSERVE_ADDRESS``, the discovery file) is read
+at task time by ``routing.py`` from the mapping it is given, and never written.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+"""The server's default limit (``ServerConfig.max_message_bytes``); both sides must agree."""
+
+_TARGET_PATTERN = re.compile(
+    r"^(unix:|unix-abstract:|dns:|ipv4:|ipv6:|[^\s/:]+:\d+$|\[[0-9a-fA-F:.]+\]:\d+$)"
+)
+
+
+def check_target(value: str, what: str) -> str:
+    """Refuse what gRPC could not dial: a unix socket URI or ``host:port``."""
+    value = value.strip()
+    if not value or not _TARGET_PATTERN.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a gRPC target; expected 'unix:///path/to/socket' or 'host:port'"
+        )
+    return value
+
+
+class ClientConfig(BaseModel):
+    """How a UDF finds a model server and talks to it, and what it does when none answers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    address: str | None = Field(
+        default=None,
+        description="gRPC target of the server ('unix:///path' or 'host:port'); beats every other way "
+        "of finding a server",
+    )
+    discovery_file: str | None = Field(
+        default=None,
+        description="the node's discovery file; default: UDFSERVE_DISCOVERY_FILE, then "
+        "<UDFSERVE_RUNTIME_DIR or /tmp/udfserve>/discovery.json on the executor",
+    )
+    model_version: int = Field(default=0, ge=0, description="0 = the version the server serves")
+    rows_per_request: int = Field(default=4096, gt=0, description="rows of one PredictRequest")
+    max_in_flight: int = Field(
+        default=4, ge=1, le=64, description="batches of one partition held at once (sent, unanswered)"
+    )
+    request_timeout_s: float = Field(
+        default=120.0, gt=0, description="longest wait for the answer to the oldest batch in flight"
+    )
+    connect_timeout_s: float = Field(default=5.0, gt=0, description="longest wait to connect to a server")
+    fallback: Literal["cpu", "error"] = Field(
+        default="cpu", description="when no server answers: predict in-process on the CPU, or fail the task"
+    )
+    model_repository: str | None = Field(
+        default=None,
+        description="where the CPU fallback finds the model; default: the repository named in the "
+        "node's discovery file",
+    )
+    max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1 << 16)
+    initial_backoff_s: float = Field(default=0.01, gt=0, description="first wait after RESOURCE_EXHAUSTED")
+    max_backoff_s: float = Field(default=1.0, gt=0, description="longest wait between two resends")
+    max_retry_time_s: float = Field(
+        default=60.0, gt=0, description="give up resending one batch after this long; then fall back"
+    )
+    prefer_unix_socket: bool = Field(default=True, description="dial the unix socket before the TCP port")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        return None if value is None else check_target(value, "address")
+
+    @field_validator("discovery_file", "model_repository")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("expected a path or None, received an empty string")
+        return value
+
+    @model_validator(mode="after")
+    def _backoff(self) -> ClientConfig:
+        if self.max_backoff_s < self.initial_backoff_s:
+            raise ValueError(
+                f"max_backoff_s ({self.max_backoff_s}) must be at least initial_backoff_s "
+                f"({self.initial_backoff_s})"
+            )
+        return self

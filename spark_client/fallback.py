@@ -1,0 +1,108 @@
+"""In-process CPU inference for the batches no server answered.
+
+TensorFlow and ``services`` are imported here only, and only when a batch needs it: an executor
+whose server answers never loads a model. The GPUs are hidden before TensorFlow is imported, so
+a fallback never competes with the node's model servers for GPU memory. The model is read from
+the same repository the servers load and run through the same backend and the same Arrow
+conversions (``services.model_server.schema``), so the fallback computes what a server computes;
+it is loaded once per Python worker process and kept for the tasks that follow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from spark_client.errors import ServerUnavailable
+from spark_client.metadata import ModelSpec, spec_from_tensors
+
+logger = logging.getLogger(__name__)
+
+_models: dict[tuple[str, str, int], tuple[Any, int]] = {}
+_models_lock = threading.Lock()
+
+
+def hide_gpus() -> None:
+    """Make CUDA invisible to TensorFlow before it is imported; too late once it is, which is logged."""
+    if "tensorflow" in sys.modules:
+        logger.warning(
+            "tensorflow is already imported in this Python worker; the CPU fallback cannot hide the GPUs "
+            "from it and runs on whatever devices it already sees"
+        )
+        return
+    from services.model_server.device import pin_device
+
+    pin_device("cpu")
+
+
+def load_cpu_model(repository: Path, model: str, version: int = 0) -> tuple[Any, int]:
+    """The model loaded on the CPU and its ``max_batch_size``, once per worker process."""
+    key = (str(repository), model, version)
+    with _models_lock:
+        cached = _models.get(key)
+        if cached is not None:
+            return cached
+        hide_gpus()
+        from services.model_server.errors import ModelLoadError
+        from services.model_server.repository import load_model, scan_repository
+
+        try:
+            scan = scan_repository(repository, only=[model])
+        except OSError as exc:
+            raise ServerUnavailable(f"CPU fallback for model {model!r}: {exc}") from exc
+        if model in scan.failures:
+            raise ServerUnavailable(f"CPU fallback cannot load model {model!r}: {scan.failures[model]}")
+        source = scan.sources[0]
+        if version and version != source.version:
+            if version not in source.available_versions:
+                raise ServerUnavailable(
+                    f"CPU fallback: model {model!r} has versions {list(source.available_versions)} in "
+                    f"{repository}, not the requested version {version}"
+                )
+            source = dataclasses.replace(source, version=version, path=source.path.parent / str(version))
+        try:
+            loaded = load_model(source)
+        except ModelLoadError as exc:
+            raise ServerUnavailable(f"CPU fallback cannot load model {model!r}: {exc}") from exc
+        logger.info("CPU fallback loaded model %s version %d from %s", model, source.version, repository)
+        _models[key] = (loaded, source.config.max_batch_size)
+        return _models[key]
+
+
+def cpu_model_spec(repository: Path, model: str, version: int = 0) -> ModelSpec:
+    """The model's inputs and outputs as the loaded model declares them."""
+    loaded, _ = load_cpu_model(repository, model, version)
+    return spec_from_tensors(
+        loaded.name,
+        loaded.version,
+        [(t.name, t.dtype, t.shape) for t in loaded.inputs],
+        [(t.name, t.dtype, t.shape) for t in loaded.outputs],
+    )
+
+
+def predict_on_cpu(repository: Path, model: str, version: int, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Answer one request batch as a server would, in chunks of the model's ``max_batch_size``."""
+    from services.model_server.errors import InvalidInput
+    from services.model_server.schema import batch_to_inputs, outputs_to_batch
+    from spark_client.errors import RequestRejected
+
+    loaded, max_batch_size = load_cpu_model(repository, model, version)
+    pieces = []
+    for start in range(0, batch.num_rows, max_batch_size):
+        chunk = batch.slice(start, max_batch_size)
+        try:
+            inputs = batch_to_inputs(chunk, loaded.name, loaded.inputs)
+        except InvalidInput as exc:
+            raise RequestRejected(
+                f"CPU fallback refused a batch: {exc.message}", "INVALID_ARGUMENT"
+            ) from None
+        pieces.append(outputs_to_batch(loaded.predict(inputs), loaded.outputs))
+    if len(pieces) == 1:
+        return pieces[0]
+    return pa.concat_batches(pieces)

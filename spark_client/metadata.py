@@ -1,0 +1,125 @@
+"""What the client knows of a model: its inputs and outputs, and the Arrow and Spark types they map to.
+
+Fetched once in the driver (``GetModelMetadata``, or from the loaded model on the CPU
+fallback) and frozen into the UDF, so that every task sends the same column names and every
+path (server or fallback) produces the same Arrow types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+_ARROW_TYPES = {
+    "float16": pa.float16(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+    "int8": pa.int8(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "uint8": pa.uint8(),
+    "bool": pa.bool_(),
+}
+
+_SPARK_VALUE_TYPES = {"float16": pa.float32(), "uint8": pa.int16()}
+
+_SPARK_TYPES = {
+    "float16": "float",
+    "float32": "float",
+    "float64": "double",
+    "int8": "tinyint",
+    "int16": "smallint",
+    "int32": "int",
+    "int64": "bigint",
+    "uint8": "smallint",
+    "bool": "boolean",
+}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One input or output: numpy dtype name and per-row shape (-1 for a free dimension)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    def arrow_type(self) -> pa.DataType:
+        """The type the server answers with: nested fixed-size lists around the values."""
+        arrow_type = _value_type(self)
+        for dim in reversed(self.shape):
+            arrow_type = pa.list_(arrow_type, dim) if dim >= 0 else pa.list_(arrow_type)
+        return arrow_type
+
+    def spark_arrow_type(self) -> pa.DataType:
+        """The type Spark accepts: variable-size lists (Spark has no fixed-size arrays), and
+        the nearest Spark numeric type for the ones Spark lacks (float16, uint8)."""
+        arrow_type = _SPARK_VALUE_TYPES.get(self.dtype) or _value_type(self)
+        for _ in self.shape:
+            arrow_type = pa.list_(arrow_type)
+        return arrow_type
+
+    def spark_type(self) -> str:
+        """DDL of the Spark column holding this tensor: a scalar, an array, an array of arrays..."""
+        ddl = _SPARK_TYPES[self.dtype]
+        for _ in self.shape:
+            ddl = f"array<{ddl}>"
+        return ddl
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    version: int
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+    def output_schema(self) -> pa.Schema:
+        return pa.schema([pa.field(t.name, t.arrow_type(), nullable=False) for t in self.outputs])
+
+    def empty_outputs(self) -> pa.RecordBatch:
+        """Zero rows of the outputs, for an empty Spark batch: no call is made for it."""
+        return pa.RecordBatch.from_arrays(
+            [pa.array([], type=t.arrow_type()) for t in self.outputs], names=list(self.output_names)
+        )
+
+    def return_type(self) -> str:
+        """The Spark DDL type of the UDF's result: a scalar, an array, or a struct of several outputs."""
+        if len(self.outputs) == 1:
+            return self.outputs[0].spark_type()
+        return "struct<" + ", ".join(f"`{t.name}`: {t.spark_type()}" for t in self.outputs) + ">"
+
+
+def spec_from_tensors(
+    name: str,
+    version: int,
+    inputs: Iterable[tuple[str, str, Iterable[int]]],
+    outputs: Iterable[tuple[str, str, Iterable[int]]],
+) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        version=version,
+        inputs=tuple(Tensor(n, d, tuple(int(x) for x in s)) for n, d, s in inputs),
+        outputs=tuple(Tensor(n, d, tuple(int(x) for x in s)) for n, d, s in outputs),
+    )
+
+
+def _value_type(tensor: Tensor) -> pa.DataType:
+    try:
+        return _ARROW_TYPES[np.dtype(tensor.dtype).name]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(
+            f"tensor {tensor.name!r} has dtype {tensor.dtype!r}; expected one of {sorted(_ARROW_TYPES)}"
+        ) from exc

@@ -1,0 +1,99 @@
+"""Spark's Arrow batches re-cut into requests of ``rows_per_request`` rows, and the answers cut back.
+
+Spark hands a partition over in batches whose size it chooses (``maxRecordsPerBatch``, the
+parquet reader's batch size); the server is most efficient with requests of a steady size. The
+``Rechunker`` slices big batches (zero-copy) and joins small ones, remembers the batches it
+read, and turns the ordered stream of answers back into one answer per Spark batch, so each
+output lines up row for row with its input.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import pyarrow as pa
+
+Carry = TypeVar("Carry")
+
+
+@dataclass
+class _Waiting(Generic[Carry]):
+    carry: Carry
+    rows: int
+
+
+class Rechunker(Generic[Carry]):
+    """Use ``requests`` as the input of a predictor and ``answers`` on its output, in the same thread.
+
+    ``carry`` is whatever the caller needs back with each Spark batch's answer (the original
+    batch for ``mapInArrow``, nothing for a pandas UDF).
+    """
+
+    def __init__(self, rows_per_request: int, max_request_bytes: int, empty_answer: pa.RecordBatch) -> None:
+        self._rows_per_request = rows_per_request
+        self._max_request_bytes = max_request_bytes
+        self._empty_answer = empty_answer
+        self._waiting: deque[_Waiting[Carry]] = deque()
+
+    def requests(self, batches: Iterable[tuple[Carry, pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
+        """Requests of ``rows_per_request`` rows at most (fewer when too many bytes), never empty."""
+        pending: list[pa.RecordBatch] = []
+        pending_rows = pending_limit = 0
+        for carry, batch in batches:
+            self._waiting.append(_Waiting(carry, batch.num_rows))
+            if batch.num_rows == 0:
+                continue
+            limit = self._row_limit(batch)
+            if pending and (pending[0].schema != batch.schema or limit != pending_limit):
+                yield _join(pending)
+                pending, pending_rows = [], 0
+            pending_limit = limit
+            start = 0
+            while start < batch.num_rows:
+                take = min(limit - pending_rows, batch.num_rows - start)
+                pending.append(batch.slice(start, take))
+                pending_rows += take
+                start += take
+                if pending_rows == limit:
+                    yield _join(pending)
+                    pending, pending_rows = [], 0
+        if pending:
+            yield _join(pending)
+
+    def answers(self, results: Iterable[pa.RecordBatch]) -> Iterator[tuple[Carry, pa.RecordBatch]]:
+        """One answer per Spark batch read by ``requests``, in order, row for row."""
+        buffered: list[pa.RecordBatch] = []
+        buffered_rows = 0
+        for result in results:
+            buffered.append(result)
+            buffered_rows += result.num_rows
+            while self._waiting and self._waiting[0].rows <= buffered_rows:
+                waiting = self._waiting.popleft()
+                if waiting.rows == 0:
+                    yield waiting.carry, self._empty_answer
+                    continue
+                joined = _join(buffered)
+                yield waiting.carry, joined.slice(0, waiting.rows)
+                rest = joined.slice(waiting.rows)
+                buffered = [rest] if rest.num_rows else []
+                buffered_rows = rest.num_rows
+        while self._waiting and self._waiting[0].rows == 0:
+            yield self._waiting.popleft().carry, self._empty_answer
+        if self._waiting or buffered_rows:
+            raise RuntimeError(
+                f"answers and requests disagree: {buffered_rows} answered rows left over, "
+                f"{sum(w.rows for w in self._waiting)} requested rows unanswered"
+            )
+
+    def _row_limit(self, batch: pa.RecordBatch) -> int:
+        bytes_per_row = max(1, batch.nbytes // max(batch.num_rows, 1))
+        # Half the message limit leaves room for the IPC framing and for slices whose buffers
+        # are larger than their rows.
+        return max(1, min(self._rows_per_request, (self._max_request_bytes // 2) // bytes_per_row))
+
+
+def _join(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)

@@ -1,0 +1,161 @@
+"""Which model server a task talks to.
+
+In order: the UDF's own ``address``; the Spark conf ``spark.udfserve.address`` (read in the
+driver when the UDF is built, see ``apply_spark_conf``); the executor's ``UDFSERVE_ADDRESS``
+variable (read at task time); the node's discovery file. From the discovery file, a task to
+which Spark assigned GPUs takes the server of its first GPU; any other task takes the ready
+servers in device order, round-robin by partition id. The unix socket is dialled before the
+TCP port.
+
+Everything here is a pure function of the config, the environment mapping and the task's
+placement, so it is tested without Spark and nothing leaks from one task into the next.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from spark_client.config import ClientConfig, check_target
+from udfserve.discovery import (
+    DiscoveryError,
+    NodeDiscovery,
+    ServerEntry,
+    default_discovery_path,
+    read_discovery,
+)
+
+logger = logging.getLogger(__name__)
+
+ADDRESS_ENV = "UDFSERVE_ADDRESS"
+SPARK_CONF_ADDRESS = "spark.udfserve.address"
+SPARK_CONF_DISCOVERY_FILE = "spark.udfserve.discoveryFile"
+SPARK_CONF_MODEL_REPOSITORY = "spark.udfserve.modelRepository"
+
+
+class NoServerFound(LookupError):
+    """Nothing names a server for this task; the message says where the client looked."""
+
+
+@dataclass(frozen=True)
+class TaskPlacement:
+    """What Spark tells a task about where it runs."""
+
+    partition_id: int = 0
+    gpu_addresses: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Route:
+    """The gRPC targets of one server, in the order to dial them, and how they were found."""
+
+    targets: tuple[str, ...]
+    origin: str
+
+
+def apply_spark_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientConfig:
+    """Fill what the config leaves open from the Spark conf, in the driver, once.
+
+    The explicit config wins; the conf's values are frozen into the config that ships with the UDF.
+    """
+    update: dict[str, str] = {}
+    if config.address is None and conf.get(SPARK_CONF_ADDRESS):
+        update["address"] = check_target(conf[SPARK_CONF_ADDRESS], SPARK_CONF_ADDRESS)
+    if config.discovery_file is None and conf.get(SPARK_CONF_DISCOVERY_FILE):
+        update["discovery_file"] = conf[SPARK_CONF_DISCOVERY_FILE]
+    if config.model_repository is None and conf.get(SPARK_CONF_MODEL_REPOSITORY):
+        update["model_repository"] = conf[SPARK_CONF_MODEL_REPOSITORY]
+    return config.model_copy(update=update) if update else config
+
+
+def discovery_path(config: ClientConfig, environ: Mapping[str, str]) -> Path:
+    """The discovery file of this node: the config's, else the environment's default."""
+    if config.discovery_file:
+        return Path(config.discovery_file)
+    return default_discovery_path(environ)
+
+
+def resolve_route(config: ClientConfig, environ: Mapping[str, str], placement: TaskPlacement) -> Route:
+    """The server this task should call; raises ``NoServerFound`` saying where it looked."""
+    if config.address:
+        return Route(targets=(config.address,), origin="the configured address")
+    if environ.get(ADDRESS_ENV):
+        target = check_target(environ[ADDRESS_ENV], f"environment variable {ADDRESS_ENV}")
+        return Route(targets=(target,), origin=f"environment variable {ADDRESS_ENV}")
+    path = discovery_path(config, environ)
+    try:
+        discovery = read_discovery(path)
+    except DiscoveryError as exc:
+        raise NoServerFound(
+            f"no address configured (ClientConfig.address, {SPARK_CONF_ADDRESS}, {ADDRESS_ENV}) and {exc}"
+        ) from exc
+    server = choose_server(discovery, placement, path)
+    targets = ordered_targets(server, config.prefer_unix_socket)
+    if not targets:
+        raise NoServerFound(
+            f"discovery file {path}: server {server.device} lists no unix socket or TCP address"
+        )
+    return Route(targets=targets, origin=f"discovery file {path}, server {server.device}")
+
+
+def choose_server(discovery: NodeDiscovery, placement: TaskPlacement, path: Path | str) -> ServerEntry:
+    """The server of the task's first GPU, else round-robin by partition over the ready servers."""
+    ready = sorted(discovery.ready_servers(), key=_device_order)
+    if not ready:
+        states = {s.device: s.state for s in discovery.servers}
+        raise NoServerFound(f"discovery file {path} lists no ready server (servers and states: {states})")
+    if placement.gpu_addresses:
+        wanted = placement.gpu_addresses[0]
+        for server in ready:
+            if server.device_index is not None and str(server.device_index) == wanted.strip():
+                return server
+        logger.warning(
+            "Spark assigned GPU %s to partition %d but discovery file %s lists no ready server for it "
+            "(ready: %s); choosing round-robin instead",
+            wanted,
+            placement.partition_id,
+            path,
+            [s.device for s in ready],
+        )
+    return ready[placement.partition_id % len(ready)]
+
+
+def ordered_targets(server: ServerEntry, prefer_unix_socket: bool) -> tuple[str, ...]:
+    targets = server.grpc_targets()  # unix socket first
+    return tuple(targets if prefer_unix_socket else reversed(targets))
+
+
+def fallback_repository(config: ClientConfig, environ: Mapping[str, str]) -> tuple[Path, str]:
+    """Where the CPU fallback loads the model from, and how that was decided.
+
+    The config's (or the Spark conf's) ``model_repository`` wins; else the repository the
+    node's servers load, as the discovery file says. Raises ``LookupError`` naming both.
+    """
+    if config.model_repository:
+        return Path(config.model_repository), "the configured model_repository"
+    path = discovery_path(config, environ)
+    try:
+        discovery = read_discovery(path)
+    except DiscoveryError as exc:
+        raise LookupError(
+            f"the CPU fallback needs the model files: set ClientConfig.model_repository (or "
+            f"{SPARK_CONF_MODEL_REPOSITORY}), or run the node supervisor; {exc}"
+        ) from exc
+    if not discovery.model_repository:
+        raise LookupError(
+            f"the CPU fallback needs the model files: discovery file {path} names no model_repository; "
+            "set ClientConfig.model_repository"
+        )
+    return Path(discovery.model_repository), f"discovery file {path}"
+
+
+def _device_order(server: ServerEntry) -> tuple[int, int, str]:
+    index = server.device_index if server.device_index is not None else -1
+    return (0 if server.device == "cpu" else 1, index, server.device)
+
+
+def placement_from_resources(partition_id: int, resources: Mapping[str, Sequence[str]]) -> TaskPlacement:
+    """A placement from the plain parts of Spark's ``TaskContext`` (partition id, resource addresses)."""
+    return TaskPlacement(partition_id=partition_id, gpu_addresses=tuple(resources.get("gpu", ())))

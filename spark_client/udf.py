@@ -1,0 +1,303 @@
+"""The public UDFs: ``remote_predict`` (a pandas UDF) and ``predict_arrow`` (``mapInArrow``).
+
+Both are built in the driver: the config is completed from the Spark conf, the model's inputs
+and outputs are fetched from a server once, and the function Spark ships to the executors is
+a closure over that immutable ``PredictJob``. The executors resolve their own server at task
+time (``routing.py``), from their own environment, read and never written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Tuple, Union  # noqa: UP035 (pyspark reads these hints)
+
+import pandas as pd
+import pyarrow as pa
+
+from spark_client.config import ClientConfig
+from spark_client.convert import (
+    answer_to_pandas,
+    answer_to_spark_columns,
+    pandas_to_request,
+    struct_fields_to_request,
+)
+from spark_client.errors import ModelMetadataError, ServerUnavailable
+from spark_client.metadata import ModelSpec, Tensor
+from spark_client.partition import PredictJob, predict_partition
+from spark_client.rechunk import Rechunker
+from spark_client.routing import (
+    SPARK_CONF_ADDRESS,
+    SPARK_CONF_DISCOVERY_FILE,
+    SPARK_CONF_MODEL_REPOSITORY,
+    NoServerFound,
+    TaskPlacement,
+    apply_spark_conf,
+    fallback_repository,
+    placement_from_resources,
+    resolve_route,
+)
+from spark_client.transport import ConnectFailed, connect, fetch_model_spec
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import DataType
+
+logger = logging.getLogger(__name__)
+
+ColumnOrName = Union["Column", str]
+
+
+def remote_predict(
+    model: str,
+    *input_columns: ColumnOrName,
+    return_type: DataType | str | None = None,
+    config: ClientConfig | None = None,
+    **config_overrides: Any,
+) -> Any:
+    """A pandas UDF predicting ``model`` on the node's model server, or on the CPU when none answers.
+
+    With ``input_columns`` it returns the Column (``df.withColumn("p", remote_predict("m", "x"))``);
+    without, the UDF itself, to be called with the columns. The columns map to the model's inputs
+    in order; a model with several inputs also takes one struct column whose fields are named
+    after its inputs. ``return_type`` defaults to what the model declares: a scalar, an array
+    for a vector, a struct of the outputs when there are several. ``config_overrides`` are
+    ``ClientConfig`` fields (``rows_per_request=8192``, ``fallback="error"``, ...).
+    """
+    from pyspark.sql.functions import pandas_udf
+
+    job = build_job(model, config, config_overrides)
+    resolved_type = return_type if return_type is not None else spark_return_type(job.spec)
+    as_struct = _is_struct(resolved_type)
+    if len(job.spec.outputs) > 1 and not as_struct:
+        raise ValueError(
+            f"model {model!r} has outputs {list(job.spec.output_names)}; expected a struct return type with "
+            f"those fields, received {resolved_type!r}"
+        )
+    function = _pandas_function(job, as_struct)
+    udf = pandas_udf(function, returnType=resolved_type)  # type: ignore[call-overload]
+    return udf(*input_columns) if input_columns else udf
+
+
+def predict_arrow(
+    df: DataFrame,
+    model: str,
+    input_columns: Sequence[str] | None = None,
+    output_columns: Sequence[str] | None = None,
+    *,
+    config: ClientConfig | None = None,
+    **config_overrides: Any,
+) -> DataFrame:
+    """``df`` with the model's outputs appended as columns, through ``mapInArrow`` (no pandas).
+
+    ``input_columns`` name the columns feeding the model's inputs, in order (default: the
+    columns named like the inputs), or one struct column with a field per input;
+    ``output_columns`` name the appended columns (default: the model's output names).
+    """
+    job = build_job(model, config, config_overrides)
+    spec = job.spec
+    inputs = list(input_columns) if input_columns is not None else list(spec.input_names)
+    if not (len(inputs) == len(spec.inputs) or len(inputs) == 1):
+        raise ValueError(
+            f"model {model!r} has inputs {list(spec.input_names)}; expected {len(spec.inputs)} input "
+            f"column(s) or one struct column, received {inputs}"
+        )
+    missing = [c for c in inputs if c not in df.columns]
+    if missing:
+        raise ValueError(f"input column(s) {missing} are not in the DataFrame; its columns are {df.columns}")
+    outputs = list(output_columns) if output_columns is not None else list(spec.output_names)
+    if len(outputs) != len(spec.outputs):
+        raise ValueError(
+            f"model {model!r} has outputs {list(spec.output_names)}; expected {len(spec.outputs)} output "
+            f"column name(s), received {outputs}"
+        )
+    clash = [c for c in outputs if c in df.columns]
+    if clash:
+        raise ValueError(
+            f"output column(s) {clash} already exist in the DataFrame; name them output_columns=..."
+        )
+    schema = _appended_schema(df, outputs, spec)
+    return df.mapInArrow(_arrow_function(job, inputs, outputs), schema)
+
+
+def build_job(model: str, config: ClientConfig | None, overrides: Mapping[str, Any]) -> PredictJob:
+    """The immutable job of a UDF: the config completed from the Spark conf, the model's spec."""
+    base = config or ClientConfig()
+    if overrides:
+        base = ClientConfig.model_validate({**base.model_dump(), **overrides})
+    full = apply_spark_conf(base, _spark_conf())
+    return PredictJob(model=model, spec=fetch_spec_in_driver(model, full), config=full)
+
+
+def fetch_spec_in_driver(model: str, config: ClientConfig) -> ModelSpec:
+    """The model's spec from a server the driver can reach, else from the repository on the CPU.
+
+    Reading it from the repository imports TensorFlow in the driver; it is the price of a driver
+    with no server in reach and ``fallback="cpu"``.
+    """
+    environ = os.environ
+    tried: list[str] = []
+    try:
+        route = resolve_route(config, environ, TaskPlacement())
+    except NoServerFound as exc:
+        cause = str(exc)
+    else:
+        cause = ""
+        for target in route.targets:
+            tried.append(target)
+            try:
+                channel = connect(target, config)
+            except ConnectFailed as exc:
+                cause = str(exc)
+                continue
+            return fetch_model_spec(channel, target, model, config.model_version, config.request_timeout_s)
+    if config.fallback == "error":
+        raise ServerUnavailable(
+            f"cannot describe model {model!r}: no model server reachable from the driver (addresses tried: "
+            f"{', '.join(tried) or 'none'}; cause: {cause}) and fallback='error'"
+        )
+    try:
+        repository, origin = fallback_repository(config, environ)
+    except LookupError as exc:
+        raise ModelMetadataError(
+            f"cannot describe model {model!r}: no model server reachable from the driver ({cause}) and {exc}"
+        ) from None
+    logger.warning(
+        "no model server reachable from the driver (%s); reading model %r's inputs and outputs from %s (%s)",
+        cause,
+        model,
+        repository,
+        origin,
+    )
+    from spark_client.fallback import cpu_model_spec
+
+    return cpu_model_spec(repository, model, config.model_version)
+
+
+# -- what runs in the executors --------------------------------------------------------------
+
+
+def task_placement() -> TaskPlacement:
+    """The running task's partition id and the GPU addresses Spark assigned to it."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return TaskPlacement()
+    resources = {name: list(info.addresses) for name, info in context.resources().items()}
+    return placement_from_resources(context.partitionId(), resources)
+
+
+def _pandas_function(job: PredictJob, as_struct: bool) -> Any:
+    # Spark infers the iterator form from these hints; it passes a tuple for several columns
+    # and the bare Series (or DataFrame, for a struct) for one.
+    def predict(batches: Iterator[PandasArgs]) -> Iterator[pd.Series]:
+        yield from _predict_pandas(job, batches, as_struct)
+
+    def predict_struct(batches: Iterator[PandasArgs]) -> Iterator[pd.DataFrame]:
+        yield from _predict_pandas(job, batches, as_struct)
+
+    return predict_struct if as_struct else predict
+
+
+PandasArgs = Tuple[Union[pd.Series, pd.DataFrame], ...]  # noqa: UP006, UP007
+
+
+def _predict_pandas(job: PredictJob, batches: Iterator[Any], as_struct: bool) -> Iterator[Any]:
+    rechunker: Rechunker[None] = Rechunker(
+        job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
+    )
+    requests = (
+        (None, pandas_to_request(item if isinstance(item, tuple) else (item,), job.spec)) for item in batches
+    )
+    answers = predict_partition(job, rechunker.requests(requests), os.environ, task_placement())
+    for _, answer in rechunker.answers(answers):
+        yield answer_to_pandas(answer, as_struct)
+
+
+def _arrow_function(job: PredictJob, inputs: list[str], outputs: list[str]) -> Any:
+    def predict(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rechunker: Rechunker[pa.RecordBatch] = Rechunker(
+            job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
+        )
+        requests = ((batch, _arrow_request(batch, inputs, job.spec)) for batch in batches)
+        answers = predict_partition(job, rechunker.requests(requests), os.environ, task_placement())
+        for original, answer in rechunker.answers(answers):
+            columns = answer_to_spark_columns(answer, job.spec)
+            yield pa.RecordBatch.from_arrays(
+                [*original.columns, *columns], names=[*original.schema.names, *outputs]
+            )
+
+    return predict
+
+
+def _arrow_request(batch: pa.RecordBatch, inputs: list[str], spec: ModelSpec) -> pa.RecordBatch:
+    names = list(spec.input_names)
+    if len(inputs) == 1 and len(names) > 1:
+        arrays = struct_fields_to_request(batch.column(inputs[0]), spec)
+    else:
+        arrays = [batch.column(name) for name in inputs]
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+# -- driver helpers ----------------------------------------------------------------------------
+
+
+def _spark_conf() -> dict[str, str]:
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        return {}
+    conf = {}
+    for key in (SPARK_CONF_ADDRESS, SPARK_CONF_DISCOVERY_FILE, SPARK_CONF_MODEL_REPOSITORY):
+        value = spark.conf.get(key, None)
+        if value:
+            conf[key] = value
+    return conf
+
+
+def _is_struct(return_type: DataType | str) -> bool:
+    if isinstance(return_type, str):
+        return return_type.strip().lower().startswith("struct")
+    from pyspark.sql.types import StructType
+
+    return isinstance(return_type, StructType)
+
+
+def _appended_schema(df: DataFrame, outputs: list[str], spec: ModelSpec) -> Any:
+    from pyspark.sql.types import StructField, StructType
+
+    fields = list(df.schema.fields)
+    for name, tensor in zip(outputs, spec.outputs, strict=True):
+        fields.append(StructField(name, spark_type(tensor), nullable=True))
+    return StructType(fields)
+
+
+def spark_return_type(spec: ModelSpec) -> DataType:
+    """What the model declares: a scalar, an array for a vector, a struct of several outputs."""
+    from pyspark.sql.types import StructField, StructType
+
+    if len(spec.outputs) == 1:
+        return spark_type(spec.outputs[0])
+    return StructType([StructField(t.name, spark_type(t), nullable=True) for t in spec.outputs])
+
+
+def spark_type(tensor: Tensor) -> DataType:
+    from pyspark.sql import types
+
+    scalar: DataType = {
+        "float16": types.FloatType,
+        "float32": types.FloatType,
+        "float64": types.DoubleType,
+        "int8": types.ByteType,
+        "int16": types.ShortType,
+        "int32": types.IntegerType,
+        "int64": types.LongType,
+        "uint8": types.ShortType,
+        "bool": types.BooleanType,
+    }[tensor.dtype]()
+    for _ in tensor.shape:
+        scalar = types.ArrayType(scalar, containsNull=False)
+    return scalar
