@@ -5,7 +5,7 @@ import warnings
 
 from udfserve.protocol.v1 import inference_pb2 as udfserve_dot_protocol_dot_v1_dot_inference__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.75.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in udfserve/protocol/v1/inference_pb2_grpc.py depends on'
+        + f' but the generated code in udfserve/protocol/v1/inference_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class InferenceStub:
+class InferenceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -51,7 +51,7 @@ class InferenceStub:
                 _registered_method=True)
 
 
-class InferenceServicer:
+class InferenceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Predict(self, request_iterator, context):
@@ -105,7 +105,7 @@ def add_InferenceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Inference:
+class Inference(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
