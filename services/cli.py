@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import udfserve
 from services.model_server.config import ServerConfig
+from services.node.config import NodeConfig
 from services.settings_cli import SettingsError, add_settings_arguments, settings_from_args
 
 logger = logging.getLogger("udfserve")
@@ -38,6 +39,12 @@ def run_serve(args: argparse.Namespace) -> int:
     return asyncio.run(serve(config))
 
 
+def run_node(args: argparse.Namespace) -> int:
+    from services.node.command import run_node as run
+
+    return run(args)
+
+
 def run_generate_models(args: argparse.Namespace) -> int:
     configure_logging("INFO")
     from services.model_server.device import pin_device
@@ -57,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="udfserve",
-        description="GPU-resident model servers for Spark UDFs. Every flag of `serve` can also be set "
-        "with the UDFSERVE_<FLAG> environment variable; a flag wins over the variable.",
+        description="GPU-resident model servers for Spark UDFs. Every flag of `serve` and `node` can also "
+        "be set with the UDFSERVE_<FLAG> environment variable; a flag wins over the variable.",
     )
     parser.add_argument("--version", action="version", version=f"udfserve {udfserve.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -72,6 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_settings_arguments(serve, ServerConfig)
     serve.set_defaults(handler=run_serve)
+
+    node = commands.add_parser(
+        "node",
+        help="supervise one model server per device of this node",
+        description="Run the node supervisor: one model server per NVIDIA device (found through NVML), "
+        "or per --devices entry (cpu, GPU indices, or simulated sim:N devices), restarted with back-off "
+        "if it dies; writes the discovery file the Spark client reads and a Prometheus targets file. "
+        "SIGTERM stops every server gracefully, removes both files and exits 0.",
+    )
+    add_settings_arguments(node, NodeConfig)
+    node.set_defaults(handler=run_node)
 
     models = commands.add_parser("models", help="model repository tools")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")

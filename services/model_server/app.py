@@ -27,6 +27,7 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.model_server.config import ServerConfig
+from services.model_server.gpu_metrics import GpuCollector
 from services.model_server.grpc_api import InferenceServicer
 from services.model_server.http_api import create_admin_app
 from services.model_server.metrics import ServerMetrics
@@ -80,6 +81,7 @@ class RunningServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = ServerMetrics(config.device, config.device_uuid)
+        self.metrics.register([GpuCollector(config.device, config.device_uuid)])
         self.models = ModelTable(config, self.metrics)
         self.health = health.aio.HealthServicer()
         self.servicer = InferenceServicer(self.models, self.metrics, config.max_message_bytes)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-DEVICE_PATTERN = re.compile(r"^(cpu|gpu:\d+)$")
+DEVICE_PATTERN = re.compile(r"^(cpu|gpu:\d+|sim:\d+)$")
 SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 
 
@@ -90,7 +90,10 @@ class ServerConfig(BaseSettings):
     models: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(), description="load only these models (default: all)"
     )
-    device: str = Field(default="cpu", description='"cpu" or "gpu:N"; the process is pinned to it')
+    device: str = Field(
+        default="cpu",
+        description='"cpu", "gpu:N" or "sim:N" (a CPU process labelled as device N); pinned to it',
+    )
     device_uuid: str | None = Field(default=None, description="NVML uuid of the device, for metrics labels")
     socket: Path | None = Field(default=None, description="unix socket path for gRPC (none if unset)")
     socket_mode: str = Field(
@@ -120,7 +123,7 @@ class ServerConfig(BaseSettings):
     @classmethod
     def _device(cls, value: str) -> str:
         if not DEVICE_PATTERN.match(value):
-            raise ValueError(f'invalid device {value!r}; expected "cpu" or "gpu:N" (e.g. gpu:0)')
+            raise ValueError(f'invalid device {value!r}; expected "cpu", "gpu:N" or "sim:N" (e.g. gpu:0)')
         return value
 
     @field_validator("models", mode="before")

@@ -128,9 +128,17 @@ def launch_server(
     log_path: Path | None = None,
     ready_timeout_s: float = 120.0,
     wait: bool = True,
+    ready_file: Path | None = None,
 ) -> ServerProcess:
-    """Start ``udfserve serve`` as a child; by default wait until its health service says SERVING."""
-    ready_file = Path(tempfile.mkdtemp(prefix="udfserve-ready-")) / "ready.json"
+    """Start ``udfserve serve`` as a child; by default wait until its health service says SERVING.
+
+    ``ready_file`` (default: a new temporary folder) is removed first: a child killed earlier
+    leaves its file behind, and its addresses must not be taken for the new child's.
+    """
+    if ready_file is None:
+        ready_file = Path(tempfile.mkdtemp(prefix="udfserve-ready-")) / "ready.json"
+    else:
+        ready_file.unlink(missing_ok=True)
     command = server_command(
         model_repository,
         device=device,

@@ -1,0 +1,98 @@
+"""The supervisor's own small HTTP surface: ``/metrics``, ``/health/live``, ``/health/ready``.
+
+A standard-library HTTP server on a thread: the supervisor imports neither TensorFlow nor a
+web framework, so it starts in a fraction of a second and stays small. It exports only what
+the supervisor knows (restarts, which servers are ready); each server exports its own figures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+logger = logging.getLogger(__name__)
+
+
+class SupervisorMetrics:
+    """Metrics of the supervisor process, in a registry of their own."""
+
+    def __init__(self, devices: list[str]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.restarts = Counter(
+            "udfserve_server_restarts",
+            "Model servers started again after they exited or failed to start, by device.",
+            ["device"],
+            registry=self.registry,
+        )
+        self.server_ready = Gauge(
+            "udfserve_server_ready",
+            "1 while the device's model server is ready and listed in the discovery file.",
+            ["device"],
+            registry=self.registry,
+        )
+        for device in devices:
+            # Present from the start, so a rate() over restarts has a zero to begin from.
+            self.restarts.labels(device=device)
+            self.server_ready.labels(device=device).set(0)
+
+
+Health = Callable[[], tuple[bool, dict[str, object]]]
+
+
+class AdminServer:
+    """Serves the supervisor's metrics and health on ``host:port`` from a daemon thread."""
+
+    def __init__(self, host: str, port: int, metrics: SupervisorMetrics, health: Health) -> None:
+        handler = _handler_class(metrics.registry, health)
+        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="supervisor-http", daemon=True
+        )
+
+    @property
+    def address(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"{host}:{port}"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+def _handler_class(registry: CollectorRegistry, health: Health) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif self.path == "/health/live":
+                self._reply_json(200, {"status": "alive"})
+            elif self.path == "/health/ready":
+                ready, detail = health()
+                self._reply_json(200 if ready else 503, {"ready": ready, **detail})
+            else:
+                self._reply_json(404, {"error": f"no such path {self.path}; try /metrics or /health/ready"})
+
+        def _reply_json(self, status: int, body: dict[str, object]) -> None:
+            self._reply(status, json.dumps(body).encode(), "application/json")
+
+        def _reply(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            logger.debug("http %s", format % args)
+
+    return Handler

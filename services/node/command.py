@@ -1,0 +1,40 @@
+"""``udfserve node``: detect the devices, plan one server per device, supervise them."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+import prometheus_client
+
+from services.node.config import NodeConfig
+from services.node.devices import DeviceError, detect_gpus, plan_devices
+from services.node.lock import NodeLockHeld
+from services.node.supervisor import Supervisor
+from services.settings_cli import settings_from_args
+
+logger = logging.getLogger("udfserve.node")
+
+EXIT_CONFIG_ERROR = 2
+EXIT_LOCK_HELD = 3
+
+
+def run_node(args: argparse.Namespace) -> int:
+    """Run the node supervisor until SIGTERM; the exit code (0 after a clean stop)."""
+    from services.cli import configure_logging
+
+    config = settings_from_args(NodeConfig, args)
+    configure_logging(config.log_level)
+    detection = detect_gpus()
+    try:
+        devices = plan_devices(config.devices, detection)
+    except DeviceError as exc:
+        logger.error("%s", exc)
+        return EXIT_CONFIG_ERROR
+    prometheus_client.disable_created_metrics()
+    try:
+        return asyncio.run(Supervisor(config, devices, detection).run())
+    except NodeLockHeld as exc:
+        logger.error("refusing to start: %s", exc)
+        return EXIT_LOCK_HELD

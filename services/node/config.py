@@ -1,0 +1,190 @@
+"""Settings of the node supervisor (``udfserve node``).
+
+Precedence: a command-line flag, then the ``UDFSERVE_<FIELD>`` environment variable, then the
+default. The prefix is the one ``udfserve serve`` uses, on purpose: the variables both
+commands share mean the same thing (``UDFSERVE_MODEL_REPOSITORY``, ``UDFSERVE_MODELS``,
+``UDFSERVE_GRACE_PERIOD_S``, ``UDFSERVE_LOG_LEVEL``), and ``UDFSERVE_RUNTIME_DIR`` and
+``UDFSERVE_DISCOVERY_FILE`` are the very variables the Spark client reads to find the
+discovery file, so a node and its executors configured from one environment agree. Fields
+that only the supervisor has are named so that they cannot be mistaken for a server's
+(``server_port_base``, ``supervisor_http_port``, ...).
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from services.model_server.config import validate_model_name
+from services.node.devices import DeviceError, check_devices_syntax
+from udfserve.discovery import (
+    DEFAULT_RUNTIME_DIR,
+    DISCOVERY_FILE_ENV,
+    RUNTIME_DIR_ENV,
+    default_discovery_path,
+)
+
+UNIX_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
+LONGEST_SOCKET_NAME = len("server-sim999.sock") + 1
+
+
+def _port_or_off(value: object) -> object:
+    if isinstance(value, str) and value.strip().lower() in {"off", "none", ""}:
+        return None
+    return value
+
+
+class NodeConfig(BaseSettings):
+    """One node supervisor. Fields map to ``--flag-name`` and ``UDFSERVE_FLAG_NAME``."""
+
+    model_config = SettingsConfigDict(env_prefix="UDFSERVE_", extra="forbid", frozen=True)
+
+    model_repository: Path = Field(description="model repository every server loads")
+    models: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(), description="load only these models, comma separated (default: all)"
+    )
+    devices: str = Field(
+        default="auto",
+        description='"auto" (a server per NVIDIA GPU, else one on the CPU), "cpu", GPU indices "0,1", '
+        'or simulated devices "sim:0,sim:1" (CPU processes announced as GPUs 0 and 1)',
+    )
+    runtime_dir: Path = Field(
+        default=DEFAULT_RUNTIME_DIR,
+        description="folder of the lock, the servers' unix sockets and logs, the Prometheus targets file",
+    )
+    discovery_file: Path | None = Field(
+        default=None, description="where to write the discovery file (default: <runtime dir>/discovery.json)"
+    )
+    node_name: str = Field(default="", description="node label in discovery and metrics (default: host name)")
+    server_host: str = Field(default="127.0.0.1", description="host the servers' gRPC TCP listeners bind")
+    server_port_base: int | None = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="gRPC TCP port: 0 lets each server pick a free one, N gives server i port N+i, "
+        "off: unix sockets only",
+    )
+    server_http_host: str = Field(default="127.0.0.1", description="host the servers' HTTP admin apps bind")
+    server_http_port_base: int = Field(
+        default=0, ge=0, le=65535, description="HTTP admin port: 0 picks free ports, N gives server i N+i"
+    )
+    supervisor_http_host: str = Field(default="127.0.0.1", description="host of the supervisor's HTTP app")
+    supervisor_http_port: int = Field(
+        default=7490, ge=0, le=65535, description="port of the supervisor's /metrics and /health (0: free)"
+    )
+    advertise_host: str | None = Field(
+        default=None,
+        description="host written into the Prometheus targets file (default: the bound host, or "
+        "the host name when bound to 0.0.0.0)",
+    )
+    start_timeout_s: float = Field(default=180.0, gt=0, description="time a server has to become ready")
+    restart_backoff_initial_s: float = Field(
+        default=1.0, ge=0, description="delay before the first restart of a server that died"
+    )
+    restart_backoff_max_s: float = Field(default=60.0, ge=0, description="the delay doubles up to this")
+    restart_backoff_reset_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="a server that was ready this long before it died restarts after the initial delay",
+    )
+    grace_period_s: float = Field(
+        default=10.0, ge=0, description="servers' time to drain on SIGTERM; SIGKILL 5 s after it"
+    )
+    server_args: str = Field(
+        default="",
+        description="more `udfserve serve` flags for every server, given with '=', e.g. "
+        "--server-args='--inference-threads 2'",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="log level of the supervisor and of every server"
+    )
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_models(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        return value
+
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(validate_model_name(v) for v in value)
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, value: str) -> str:
+        try:
+            return check_devices_syntax(value)
+        except DeviceError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("server_port_base", mode="before")
+    @classmethod
+    def _port_off(cls, value: object) -> object:
+        return _port_or_off(value)
+
+    @field_validator("server_args")
+    @classmethod
+    def _shell_words(cls, value: str) -> str:
+        try:
+            shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"server_args {value!r} is not a valid shell word list: {exc}") from None
+        return value
+
+    @field_validator("model_repository")
+    @classmethod
+    def _repository_exists(cls, value: Path) -> Path:
+        if not value.is_dir():
+            raise ValueError(f"model repository {value} is not a folder")
+        return value.resolve()
+
+    @model_validator(mode="after")
+    def _socket_paths_fit(self) -> NodeConfig:
+        longest = len(str(self.runtime_dir.absolute())) + 1 + LONGEST_SOCKET_NAME
+        if longest > UNIX_SOCKET_PATH_MAX:
+            raise ValueError(
+                f"runtime_dir {self.runtime_dir} is too long for unix socket paths: "
+                f"<runtime dir>/server-<device>.sock must fit in {UNIX_SOCKET_PATH_MAX} bytes, "
+                f"it would take up to {longest}"
+            )
+        if self.restart_backoff_max_s < self.restart_backoff_initial_s:
+            raise ValueError(
+                f"restart_backoff_max_s ({self.restart_backoff_max_s}) is below "
+                f"restart_backoff_initial_s ({self.restart_backoff_initial_s})"
+            )
+        return self
+
+    @property
+    def node(self) -> str:
+        return self.node_name or socket.gethostname()
+
+    @property
+    def discovery_path(self) -> Path:
+        """The discovery file, resolved exactly as the Spark client resolves it."""
+        environ = {RUNTIME_DIR_ENV: str(self.runtime_dir)}
+        if self.discovery_file is not None:
+            environ[DISCOVERY_FILE_ENV] = str(self.discovery_file)
+        return default_discovery_path(environ)
+
+    @property
+    def lock_path(self) -> Path:
+        return self.runtime_dir / "node.lock"
+
+    @property
+    def targets_path(self) -> Path:
+        return self.runtime_dir / "prometheus-targets.json"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.runtime_dir / "logs"
+
+    @property
+    def server_extra_args(self) -> list[str]:
+        return shlex.split(self.server_args)

@@ -1,0 +1,315 @@
+"""The node supervisor: one model server per device, a discovery file, restarts with back-off.
+
+For each device slot a task starts the server (``<runtime>/server-<device>.sock``, TCP and
+HTTP ports 0 unless base ports are set), waits for the gRPC health service to say SERVING,
+lists its models, then waits for the process to exit. Every change of state rewrites the
+discovery file and the Prometheus targets file atomically: a server that is not ready stays
+listed with its state ("starting", "restarting", "stopping") and without addresses, so the
+Spark client, which only uses ready servers, never dials a dead one. A server that exits is
+started again after a back-off that doubles up to a maximum and goes back to the initial
+delay once a server has stayed up long enough.
+
+SIGTERM or SIGINT: every server is marked "stopping" and sent SIGTERM (it drains within its
+grace period), SIGKILL follows if one is still alive 5 s after the grace period; then the
+discovery and targets files are removed, the lock is released, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from services.model_server.launcher import ServerProcess, ServerStartError, launch_server, wait_until_serving
+from services.node.admin import AdminServer, SupervisorMetrics
+from services.node.config import NodeConfig
+from services.node.devices import DeviceSlot, GpuDetection
+from services.node.lock import NodeLock
+from services.node.targets import server_target, supervisor_target, write_targets
+from udfserve.discovery import NodeDiscovery, ServerEntry, ServerState, write_discovery
+from udfserve.protocol import inference_pb2 as pb
+from udfserve.protocol import inference_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+KILL_MARGIN_S = 5.0  # past a server's own grace period, before SIGKILL
+LIST_MODELS_TIMEOUT_S = 10.0
+
+
+class ServerSlot:
+    """One device's server as the supervisor tracks it across restarts."""
+
+    def __init__(self, device: DeviceSlot, position: int, config: NodeConfig) -> None:
+        self.device = device
+        self.socket_path = config.runtime_dir / f"server-{device.slug}.sock"
+        self.ready_file = config.runtime_dir / f"server-{device.slug}.ready.json"
+        self.log_path = config.log_dir / f"server-{device.slug}.log"
+        base = config.server_port_base
+        self.port: int | None = None if base is None else (base + position if base else 0)
+        http_base = config.server_http_port_base
+        self.http_port = http_base + position if http_base else 0
+        self.state: ServerState = "starting"
+        self.process: ServerProcess | None = None
+        self.models: list[str] = []
+
+    def entry(self) -> ServerEntry:
+        ready = self.state == "ready" and self.process is not None
+        return ServerEntry(
+            device=self.device.device,
+            device_index=self.device.index,
+            device_uuid=self.device.uuid,
+            unix_socket=str(self.socket_path),
+            tcp_address=self.process.tcp_address if ready and self.process else None,
+            http_address=self.process.http_address if ready and self.process else None,
+            pid=self.process.pid if self.process is not None else None,
+            models=list(self.models) if ready else [],
+            state=self.state,
+        )
+
+
+def ready_models(target: str, timeout_s: float = LIST_MODELS_TIMEOUT_S) -> list[str]:
+    """Names of the models a server has loaded, asked over its gRPC ListModels."""
+    with grpc.insecure_channel(target) as channel:
+        response = pb_grpc.InferenceStub(channel).ListModels(pb.ListModelsRequest(), timeout=timeout_s)
+    return sorted(m.name for m in response.models if m.state == pb.MODEL_STATE_READY)
+
+
+class Supervisor:
+    """Runs the node's servers until SIGTERM/SIGINT; ``run`` returns the exit code."""
+
+    def __init__(self, config: NodeConfig, devices: list[DeviceSlot], detection: GpuDetection) -> None:
+        if not devices:
+            raise ValueError("a supervisor needs at least one device to serve on")
+        self.config = config
+        self.detection = detection
+        self.slots = [ServerSlot(device, i, config) for i, device in enumerate(devices)]
+        self.metrics = SupervisorMetrics([s.device.device for s in self.slots])
+        self.lock = NodeLock(config.lock_path)
+        self._stopping = asyncio.Event()
+        self._closed = False
+        self._exit_code = 0
+        self._admin: AdminServer | None = None
+
+    async def run(self) -> int:
+        """Take the node's lock (NodeLockHeld if another supervisor has it), serve, clean up."""
+        self.lock.acquire()
+        try:
+            return await self._run_locked()
+        finally:
+            self.lock.release()
+
+    async def _run_locked(self) -> int:
+        config = self.config
+        loop = asyncio.get_running_loop()
+        # Each slot keeps a thread blocked on its child; shutdown must never queue behind them.
+        executor = ThreadPoolExecutor(max_workers=2 * len(self.slots) + 4, thread_name_prefix="supervisor")
+        loop.set_default_executor(executor)
+        config.runtime_dir.mkdir(parents=True, exist_ok=True)
+        self._admin = AdminServer(
+            config.supervisor_http_host, config.supervisor_http_port, self.metrics, self.health
+        )
+        self._admin.start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        logger.info(
+            "node %s: %s; serving on %s; discovery file %s; supervisor http://%s",
+            config.node,
+            self.detection.describe(),
+            ", ".join(s.device.device for s in self.slots),
+            config.discovery_path,
+            self._admin.address,
+        )
+        try:
+            self._publish()
+            tasks = [
+                asyncio.create_task(self._run_slot(slot), name=slot.device.device) for slot in self.slots
+            ]
+            for task in tasks:
+                task.add_done_callback(self._on_slot_done)
+            await self._stopping.wait()
+            await self._stop_servers(tasks)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            self._closed = True
+            config.discovery_path.unlink(missing_ok=True)
+            config.targets_path.unlink(missing_ok=True)
+            for slot in self.slots:
+                slot.ready_file.unlink(missing_ok=True)  # left behind by a server that was killed
+            self._admin.stop()
+            executor.shutdown(wait=False)
+        logger.info("node supervisor stopped")
+        return self._exit_code
+
+    def health(self) -> tuple[bool, dict[str, object]]:
+        """Ready when every server is ready; called from the admin thread."""
+        states = {slot.device.device: slot.state for slot in self.slots}
+        detail: dict[str, object] = {
+            "node": self.config.node,
+            "servers": states,
+            "gpus_found": self.detection.count,
+            "gpu_detection": self.detection.reason or "ok",
+        }
+        return all(state == "ready" for state in states.values()), detail
+
+    def _on_signal(self, signum: int) -> None:
+        if self._stopping.is_set():
+            logger.info("received %s again; still stopping", signal.Signals(signum).name)
+            return
+        logger.info("received %s: stopping every server", signal.Signals(signum).name)
+        self._stopping.set()
+
+    def _on_slot_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        logger.error("supervising %s failed; stopping the node", task.get_name(), exc_info=task.exception())
+        self._exit_code = 1
+        self._stopping.set()
+
+    async def _run_slot(self, slot: ServerSlot) -> None:
+        config = self.config
+        delay_s = config.restart_backoff_initial_s
+        launches = 0
+        while not self._stopping.is_set():
+            if launches:
+                self.metrics.restarts.labels(device=slot.device.device).inc()
+            launches += 1
+            slot.process = self._launch(slot)
+            self._set_state(slot, "starting" if launches == 1 else "restarting")
+            ready_since = await self._wait_ready(slot)
+            if ready_since is not None:
+                code = await asyncio.to_thread(slot.process.process.wait)
+                self.metrics.server_ready.labels(device=slot.device.device).set(0)
+                if self._stopping.is_set():
+                    logger.info(
+                        "model server on %s (pid %d) exited with code %d",
+                        slot.device.device,
+                        slot.process.pid,
+                        code,
+                    )
+                    break
+                if time.monotonic() - ready_since >= config.restart_backoff_reset_s:
+                    delay_s = config.restart_backoff_initial_s
+                logger.warning(
+                    "model server on %s (pid %d) exited with code %d; restarting in %.1f s; log %s",
+                    slot.device.device,
+                    slot.process.pid,
+                    code,
+                    delay_s,
+                    slot.log_path,
+                )
+            elif self._stopping.is_set():
+                break
+            slot.process = None
+            self._set_state(slot, "restarting")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=delay_s)
+            delay_s = min(delay_s * 2, config.restart_backoff_max_s)
+
+    def _launch(self, slot: ServerSlot) -> ServerProcess:
+        config = self.config
+        extra = [
+            "--grace-period-s", str(config.grace_period_s),
+            "--log-level", config.log_level,
+            "--host", config.server_host,
+            "--http-host", config.server_http_host,
+        ]  # fmt: skip
+        if slot.device.uuid:
+            extra += ["--device-uuid", slot.device.uuid]
+        if config.models:
+            extra += ["--models", ",".join(config.models)]
+        process = launch_server(
+            config.model_repository,
+            device=slot.device.device,
+            socket=slot.socket_path,
+            port=slot.port,
+            http_port=slot.http_port,
+            extra_args=extra + config.server_extra_args,
+            log_path=slot.log_path,
+            wait=False,
+            ready_file=slot.ready_file,
+        )
+        logger.info("started model server on %s: pid %d", slot.device.device, process.pid)
+        return process
+
+    async def _wait_ready(self, slot: ServerSlot) -> float | None:
+        """Wait for the server to serve; the monotonic time it became ready, or None if it did not."""
+        process = slot.process
+        assert process is not None
+        try:
+            await asyncio.to_thread(wait_until_serving, process, self.config.start_timeout_s)
+            models = await asyncio.to_thread(ready_models, process.grpc_target())
+        except (ServerStartError, grpc.RpcError) as exc:
+            if not self._stopping.is_set():
+                logger.warning("model server on %s did not become ready: %s", slot.device.device, exc)
+            await asyncio.to_thread(process.kill)
+            return None
+        slot.models = models
+        self._set_state(slot, "ready")
+        if slot.state == "ready":
+            self.metrics.server_ready.labels(device=slot.device.device).set(1)
+            logger.info(
+                "model server on %s ready: pid %d, %s, models %s",
+                slot.device.device,
+                process.pid,
+                " ".join(a for a in (process.unix_socket, process.tcp_address) if a),
+                ", ".join(models) or "none",
+            )
+        return time.monotonic()
+
+    async def _stop_servers(self, tasks: list[asyncio.Task[None]]) -> None:
+        for slot in self.slots:
+            slot.state = "stopping"
+        self._publish()
+        for slot in self.slots:
+            if slot.process is not None:
+                slot.process.process.send_signal(signal.SIGTERM)
+        _, pending = await asyncio.wait(tasks, timeout=self.config.grace_period_s + KILL_MARGIN_S)
+        if pending:
+            for slot in self.slots:
+                if slot.process is not None and slot.process.process.returncode is None:
+                    logger.warning(
+                        "model server on %s (pid %d) still running %.1f s after SIGTERM; killing it",
+                        slot.device.device,
+                        slot.process.pid,
+                        self.config.grace_period_s + KILL_MARGIN_S,
+                    )
+                    slot.process.process.kill()
+            await asyncio.wait(pending)
+
+    def _set_state(self, slot: ServerSlot, state: ServerState) -> None:
+        if self._stopping.is_set():
+            return  # "stopping" is final
+        slot.state = state
+        self._publish()
+
+    def _publish(self) -> None:
+        """Rewrite the discovery file and the Prometheus targets file from the slots' states."""
+        if self._closed:
+            return
+        config = self.config
+        entries = [slot.entry() for slot in self.slots]
+        write_discovery(
+            config.discovery_path,
+            NodeDiscovery(
+                node=config.node,
+                supervisor_pid=os.getpid(),
+                model_repository=str(config.model_repository),
+                metrics_targets_file=str(config.targets_path),
+                servers=entries,
+            ),
+        )
+        targets = [
+            server_target(entry, config.node, config.advertise_host)
+            for entry in entries
+            if entry.state == "ready" and entry.http_address
+        ]
+        if self._admin is not None:
+            targets.append(supervisor_target(self._admin.address, config.node, config.advertise_host))
+        write_targets(config.targets_path, targets)

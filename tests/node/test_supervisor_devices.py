@@ -1,0 +1,103 @@
+"""`udfserve node` on two simulated devices: discovery, restarts, metrics, the node lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from node_harness import (
+    NodeProcess,
+    entry_for,
+    node_command,
+    pid_exists,
+    predict_tabular,
+    sample,
+    samples,
+    scrape,
+)
+
+
+def test_each_simulated_device_has_a_ready_server_in_the_discovery_file(two_device_node: NodeProcess) -> None:
+    discovery = two_device_node.wait_all_ready(2)
+    assert discovery.supervisor_pid == two_device_node.pid
+    assert discovery.metrics_targets_file == str(two_device_node.targets_path)
+    by_device = {s.device: s for s in discovery.servers}
+    assert sorted(by_device) == ["sim:0", "sim:1"]
+    for index, device in enumerate(["sim:0", "sim:1"]):
+        entry = by_device[device]
+        assert entry.device_index == index
+        assert entry.unix_socket == str(two_device_node.runtime_dir / f"server-sim{index}.sock")
+        assert entry.tcp_address and entry.http_address and entry.pid
+        assert entry.models == ["tabular_mlp"]
+    assert by_device["sim:0"].pid != by_device["sim:1"].pid
+
+
+def test_a_killed_server_is_restarted_and_listed_again_with_a_new_pid(two_device_node: NodeProcess) -> None:
+    node = two_device_node
+    node.wait_all_ready(2)
+    victim = node.server("sim:0")
+    other = node.server("sim:1")
+    supervisor = node.supervisor_http_address()
+    restarts_before = sample(scrape(supervisor), "udfserve_server_restarts_total", device="sim:0")
+    assert victim.pid is not None and restarts_before is not None
+
+    os.kill(victim.pid, signal.SIGKILL)
+    discovery = node.wait_for(
+        lambda d: entry_for(d, "sim:0").state == "ready" and entry_for(d, "sim:0").pid != victim.pid,
+        "sim:0 ready again with a new pid",
+    )
+
+    restarted = entry_for(discovery, "sim:0")
+    assert not pid_exists(victim.pid)
+    assert restarted.pid is not None and pid_exists(restarted.pid)
+    assert restarted.models == ["tabular_mlp"]
+    predict_tabular(restarted.unix_socket or "")
+    assert entry_for(discovery, "sim:1") == other  # the other server was left alone
+    metrics = scrape(node.supervisor_http_address())
+    assert sample(metrics, "udfserve_server_restarts_total", device="sim:0") == restarts_before + 1
+    assert sample(metrics, "udfserve_server_restarts_total", device="sim:1") == 0
+    assert sample(metrics, "udfserve_server_ready", device="sim:0") == 1
+
+
+def test_every_server_is_scraped_through_the_prometheus_targets_file(two_device_node: NodeProcess) -> None:
+    discovery = two_device_node.wait_all_ready(2)
+    for entry in discovery.servers:
+        predict_tabular(entry.unix_socket or "")
+    targets = json.loads(two_device_node.targets_path.read_text())
+
+    servers = [t for t in targets if t["labels"]["role"] == "model_server"]
+    assert sorted(t["labels"]["device"] for t in servers) == ["sim:0", "sim:1"]
+    for target in servers:
+        device = target["labels"]["device"]
+        assert target["labels"]["device_index"] == device.removeprefix("sim:")
+        assert target["targets"] == [entry_for(discovery, device).http_address]
+        text = scrape(target["targets"][0])
+        assert (sample(text, "udfserve_requests_total", model="tabular_mlp", code="OK") or 0) >= 1
+        assert (sample(text, "udfserve_rows_total", model="tabular_mlp") or 0) >= 5
+        assert sample(text, "udfserve_server_info", device=device) == 1
+        assert sample(text, "udfserve_gpu_devices") == 0
+        # no NVML here: the per-device GPU gauges are absent, not zero
+        assert not samples(text, "udfserve_gpu_memory_used_bytes")
+        assert not samples(text, "udfserve_gpu_utilization_percent")
+    [supervisor] = [t for t in targets if t["labels"]["role"] == "supervisor"]
+    assert "udfserve_server_restarts_total" in scrape(supervisor["targets"][0])
+
+
+def test_a_second_supervisor_on_the_same_runtime_dir_refuses_to_start(
+    two_device_node: NodeProcess, example_repository: Path
+) -> None:
+    before = two_device_node.wait_all_ready(2)
+    second = subprocess.run(
+        node_command(two_device_node.runtime_dir, example_repository, "sim:0"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert second.returncode != 0
+    lock = two_device_node.runtime_dir / "node.lock"
+    assert f"pid {two_device_node.pid}" in second.stderr and str(lock) in second.stderr, second.stderr
+    after = two_device_node.wait_all_ready(2)
+    assert [s.pid for s in after.servers] == [s.pid for s in before.servers]

@@ -1,0 +1,55 @@
+"""Stopping `udfserve node`, and a server that stays down while its back-off runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from node_harness import NodeProcess, entry_for, pid_exists, stop_node
+
+
+def test_sigterm_stops_every_server_removes_the_files_and_exits_0(
+    example_repository: Path, short_dir: Path
+) -> None:
+    node = NodeProcess(short_dir / "rt", example_repository, "sim:0,sim:1")
+    try:
+        discovery = node.wait_all_ready(2)
+        server_pids = [s.pid for s in discovery.servers]
+        assert all(pid is not None for pid in server_pids)
+
+        exit_code = node.terminate()
+
+        assert exit_code == 0, node.log()
+        assert [pid for pid in server_pids if pid is not None and pid_exists(pid)] == []
+        assert not node.discovery_path.exists()
+        assert not node.targets_path.exists()
+        assert "exited with code 0" in node.log()  # each server drained and exited on its own
+    finally:
+        stop_node(node)
+
+
+def test_a_dead_server_is_out_of_the_targets_and_not_ready_until_its_back_off_ends(
+    example_repository: Path, short_dir: Path
+) -> None:
+    node = NodeProcess(short_dir / "rt", example_repository, "cpu", ["--restart-backoff-initial-s", "3600"])
+    try:
+        ready = entry_for(node.wait_all_ready(1), "cpu")
+        assert ready.device_index is None and ready.pid is not None
+
+        os.kill(ready.pid, signal.SIGKILL)
+        discovery = node.wait_for(
+            lambda d: entry_for(d, "cpu").state == "restarting", "the cpu server marked restarting"
+        )
+
+        down = entry_for(discovery, "cpu")
+        assert discovery.ready_servers() == []
+        assert (down.pid, down.tcp_address, down.http_address, down.models) == (None, None, None, [])
+        roles = [t["labels"]["role"] for t in json.loads(node.targets_path.read_text())]
+        assert roles == ["supervisor"]
+        # SIGTERM during the hour-long back-off stops the node at once
+        assert node.terminate() == 0, node.log()
+        assert not node.discovery_path.exists()
+    finally:
+        stop_node(node)
