@@ -33,7 +33,8 @@ def test_sigterm_stops_every_server_removes_the_files_and_exits_0(
 def test_a_dead_server_is_out_of_the_targets_and_not_ready_until_its_back_off_ends(
     example_repository: Path, short_dir: Path
 ) -> None:
-    node = NodeProcess(short_dir / "rt", example_repository, "cpu", ["--restart-backoff-initial-s", "3600"])
+    hour = ["--restart-backoff-initial-s", "3600", "--restart-backoff-max-s", "3600"]
+    node = NodeProcess(short_dir / "rt", example_repository, "cpu", hour)
     try:
         ready = entry_for(node.wait_all_ready(1), "cpu")
         assert ready.device_index is None and ready.pid is not None
