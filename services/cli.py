@@ -59,6 +59,13 @@ def run_generate_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_demo(args: argparse.Namespace) -> int:
+    configure_logging("INFO")
+    from services.demo import main as demo_main
+
+    return demo_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pathlib import Path
 
@@ -90,6 +97,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_settings_arguments(node, NodeConfig)
     node.set_defaults(handler=run_node)
+
+    demo = commands.add_parser(
+        "demo",
+        help="run the end-to-end demo job",
+        description="Generate the example models if absent, start `udfserve node` on this machine's "
+        "devices, score a generated DataFrame through remote_predict on local Spark, print a report "
+        "(rows/s, rows answered by the servers and by the CPU fallback, model loads, sample "
+        "predictions, metrics addresses) and stop everything it started.",
+    )
+    from services.demo import add_arguments as add_demo_arguments
+
+    add_demo_arguments(demo)
+    demo.set_defaults(handler=run_demo)
 
     models = commands.add_parser("models", help="model repository tools")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
