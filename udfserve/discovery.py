@@ -40,7 +40,7 @@ class ServerEntry(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    device: str = Field(description='"cpu" or "gpu:N"')
+    device: str = Field(description='"cpu", "gpu:N" or "sim:N" (a CPU process announced as device N)')
     device_index: int | None = Field(default=None, description="GPU index as Spark and NVML see it")
     device_uuid: str | None = None
     unix_socket: str | None = Field(default=None, description="path of the gRPC unix socket")

@@ -25,7 +25,8 @@ def test_sigterm_stops_every_server_removes_the_files_and_exits_0(
         assert [pid for pid in server_pids if pid is not None and pid_exists(pid)] == []
         assert not node.discovery_path.exists()
         assert not node.targets_path.exists()
-        assert "exited with code 0" in node.log()  # each server drained and exited on its own
+        for entry in discovery.servers:  # each server drained and exited 0 on its own
+            assert f"model server on {entry.device} (pid {entry.pid}) exited with code 0" in node.log()
     finally:
         stop_node(node)
 
