@@ -58,7 +58,7 @@ class AdminServer:
     @property
     def address(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"{host}:{port}"
+        return f"{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     def start(self) -> None:
         self._thread.start()
