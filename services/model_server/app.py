@@ -30,6 +30,7 @@ from services.model_server.config import ServerConfig
 from services.model_server.gpu_metrics import GpuCollector
 from services.model_server.grpc_api import InferenceServicer
 from services.model_server.http_api import create_admin_app
+from services.model_server.kserve_api import add_kserve_service
 from services.model_server.metrics import ServerMetrics
 from services.model_server.models import ModelTable, ServedModel
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
@@ -92,6 +93,7 @@ class RunningServer:
         ]
         self.grpc_server = grpc.aio.server(options=options)
         pb_grpc.add_InferenceServicer_to_server(self.servicer, self.grpc_server)
+        add_kserve_service(self.grpc_server, self.models, self.metrics, config.max_message_bytes)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         self.addresses: BoundAddresses | None = None
         self._http_server: _UvicornWithoutSignals | None = None

@@ -1,0 +1,492 @@
+"""The KServe v2 (Triton) gRPC face of a model server, on the same port as the Arrow service.
+
+Clients of the Triton ecosystem (``tritonclient``, ``perf_analyzer``, KServe's own clients)
+talk to udfserve without knowing it: ``inference.GRPCInferenceService`` as ``tritonclient``
+ships it is served from the same ``grpc.aio`` server, so one address answers both protocols.
+Requests go through the model's dynamic batcher, metrics and limits exactly as Arrow batches
+do, so both kinds of clients are merged into the same backend calls.
+
+Tensors (decoded by ``udfserve.kserve_codec``, the rules the Spark client also uses)
+    The first dimension of every input is the batch (rows) and must agree between inputs; the
+    others must equal the model's per-row shape (``-1`` free). A per-row scalar is advertised
+    the way Triton writes it, ``dims: [1]`` reshaped to ``[]``, so ``[rows, 1]`` and ``[rows]``
+    are both accepted and outputs come back as ``[rows, 1]``. Datatypes are coerced to the
+    model's as on the Arrow path: float inputs accept integer and floating-point values (FP64
+    narrowed to FP32), integer inputs accept integers that fit, BOOL only BOOL; BYTES is
+    refused naming the input, since every served model takes numbers. Outputs are answered in
+    ``raw_output_contents``.
+
+Status codes are Triton's: INVALID_ARGUMENT for a request that does not match the model,
+NOT_FOUND for an unknown model or version, UNAVAILABLE while a model loads or the server
+drains, and UNAVAILABLE with Triton's "Exceeds maximum queue size" for a full queue (the Arrow
+path answers RESOURCE_EXHAUSTED there), INTERNAL only for a backend fault. On a stream an error
+is answered in ``error_message`` and the stream goes on, unless the client sent the
+``triton_grpc_error: true`` header, which ends the stream with the status as Triton does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as kpb
+from tritonclient.grpc import service_pb2_grpc as kpb_grpc
+
+import udfserve
+from services.model_server.config import TensorSpec
+from services.model_server.errors import (
+    BackendFault,
+    InvalidInput,
+    QueueFull,
+    ServingError,
+)
+from services.model_server.grpc_api import MAX_IN_FLIGHT_PER_STREAM, UNKNOWN_MODEL_LABEL
+from services.model_server.metrics import ServerMetrics
+from services.model_server.models import ModelTable, ServedModel
+from udfserve import kserve_codec as codec
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+SERVER_NAME = "udfserve"
+EXTENSIONS = ("model_configuration",)
+"""KServe extensions served beyond the core protocol (Triton's name for ModelConfig)."""
+
+TRITON_GRPC_ERROR_HEADER = "triton_grpc_error"
+"""Header with which a Triton client asks a stream to end with the status of its first error."""
+
+QUEUE_FULL_PREFIX = "Exceeds maximum queue size"
+"""Triton's words for a full queue; clients of Triton recognise back-pressure by them."""
+
+DATATYPE_OF_DTYPE = {
+    "bool": "BOOL",
+    "uint8": "UINT8",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float16": "FP16",
+    "float32": "FP32",
+    "float64": "FP64",
+}
+"""Every dtype of ``config.SUPPORTED_DTYPES`` as a KServe datatype."""
+
+_PROTO_TYPE_OF_DTYPE = {dtype: mc.DataType.Value(f"TYPE_{name}") for dtype, name in DATATYPE_OF_DTYPE.items()}
+
+
+@dataclass(frozen=True)
+class _Failure:
+    code: grpc.StatusCode
+    message: str
+
+
+# -- tensors -------------------------------------------------------------------------------
+def _advertised_dims(spec: TensorSpec) -> list[int]:
+    """Per-row dims as Triton writes them: a per-row scalar is ``[1]`` (reshaped to ``[]``)."""
+    return list(spec.shape) if spec.shape else [1]
+
+
+def _shape_matches(received: tuple[int, ...], spec: TensorSpec) -> bool:
+    if not spec.shape:
+        return received in ((), (1,))
+    return len(received) == len(spec.shape) and all(
+        wanted in (codec.FREE_DIM, got) for wanted, got in zip(spec.shape, received, strict=True)
+    )
+
+
+def _check_datatype(datatype: str, spec: TensorSpec, what: str) -> None:
+    """Refuse before decoding what no coercion can turn into the model's dtype."""
+    expected = DATATYPE_OF_DTYPE[spec.dtype]
+    if datatype == "BYTES":
+        raise InvalidInput(
+            f"{what}: expected datatype {expected}, received BYTES; this model takes numbers, not strings"
+        )
+    if datatype not in codec.NUMPY_DTYPE_OF:
+        raise InvalidInput(
+            f"{what}: expected datatype {expected}, received {datatype!r}, which is not a KServe datatype "
+            f"udfserve reads ({', '.join(codec.NUMPY_DTYPE_OF)})"
+        )
+
+
+def request_to_inputs(
+    request: kpb.ModelInferRequest, model: str, specs: tuple[TensorSpec, ...]
+) -> tuple[dict[str, np.ndarray], int]:
+    """Check the request's tensors against the model's inputs; arrays of the declared dtype, and rows."""
+    prefix = f"model {model!r}: "
+    expected = [spec.name for spec in specs]
+    received = [tensor.name for tensor in request.inputs]
+    if sorted(received) != sorted(expected) or len(set(received)) != len(received):
+        raise InvalidInput(f"{prefix}expected exactly the inputs {expected}, received {received}")
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(
+            f"{prefix}received {len(raw)} raw_input_contents for {len(request.inputs)} inputs; expected one "
+            "per input, in the order of the inputs"
+        )
+    by_name = {spec.name: spec for spec in specs}
+    arrays: dict[str, np.ndarray] = {}
+    rows_of: dict[str, int] = {}
+    for index, tensor in enumerate(request.inputs):
+        spec = by_name[tensor.name]
+        what = f"{prefix}input {tensor.name!r}"
+        _check_datatype(tensor.datatype, spec, what)
+        shape = tuple(int(dim) for dim in tensor.shape)
+        if not shape or not _shape_matches(shape[1:], spec):
+            raise InvalidInput(
+                f"{what}: expected shape {[-1, *_advertised_dims(spec)]} (rows, then the per-row shape; "
+                f"-1 is free), received shape {list(shape)}"
+            )
+        if raw and tensor.HasField("contents"):
+            raise InvalidInput(
+                f"{what}: carries typed contents while the request uses raw_input_contents; expected one or "
+                "the other for the whole request"
+            )
+        try:
+            if raw:
+                array = codec.tensor_from_raw(raw[index], tensor.datatype, shape, what)
+            else:
+                array = codec.tensor_from_contents(tensor.contents, tensor.datatype, shape, what)
+            if not spec.shape:
+                array = array.reshape(shape[0])
+            arrays[tensor.name] = codec.coerce(array, DATATYPE_OF_DTYPE[spec.dtype], what)
+        except codec.KServeCodecError as exc:
+            raise InvalidInput(str(exc)) from None
+        rows_of[tensor.name] = shape[0]
+    if len(set(rows_of.values())) > 1:
+        raise InvalidInput(
+            f"{prefix}expected the same batch dimension (rows) in every input, received {rows_of}"
+        )
+    return arrays, next(iter(rows_of.values()), 0)
+
+
+def outputs_to_response(
+    outputs: dict[str, np.ndarray],
+    specs: tuple[TensorSpec, ...],
+    rows: int,
+    response: kpb.ModelInferResponse,
+) -> int:
+    """Fill the response's output tensors in raw form; returns the bytes of raw contents."""
+    total_bytes = 0
+    for spec in specs:
+        array = outputs.get(spec.name)
+        if array is None:
+            raise BackendFault(f"backend returned no output {spec.name!r}; received {sorted(outputs)}")
+        if array.shape[0] != rows or not _shape_matches(tuple(array.shape[1:]), spec):
+            raise BackendFault(
+                f"backend output {spec.name!r} has shape {list(array.shape)}; expected [{rows}, "
+                f"*{list(spec.shape)}]"
+            )
+        shape = [rows, *array.shape[1:]] if spec.shape else [rows, 1]
+        raw = codec.tensor_to_raw(np.asarray(array, dtype=spec.dtype))
+        response.outputs.add(name=spec.name, datatype=DATATYPE_OF_DTYPE[spec.dtype], shape=shape)
+        response.raw_output_contents.append(raw)
+        total_bytes += len(raw)
+    return total_bytes
+
+
+def _requested_outputs(
+    request: kpb.ModelInferRequest, model: str, specs: tuple[TensorSpec, ...]
+) -> tuple[TensorSpec, ...]:
+    if not request.outputs:
+        return specs
+    by_name = {spec.name: spec for spec in specs}
+    chosen = []
+    for output in request.outputs:
+        what = f"model {model!r}: requested output {output.name!r}"
+        if output.name not in by_name:
+            raise InvalidInput(f"{what} is not an output of the model; expected one of {list(by_name)}")
+        if any(key.startswith("shared_memory") or key == "classification" for key in output.parameters):
+            raise InvalidInput(
+                f"{what}: parameters {sorted(output.parameters)} ask for shared memory or classification, "
+                "which udfserve does not serve; expected plain tensors"
+            )
+        chosen.append(by_name[output.name])
+    return tuple(chosen)
+
+
+def _empty_outputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
+    return {spec.name: np.zeros((0, *(max(d, 0) for d in spec.shape)), dtype=spec.dtype) for spec in specs}
+
+
+def _parse_version(version: str, model: str) -> int:
+    if not version:
+        return 0
+    if not version.isdigit():
+        raise InvalidInput(
+            f"model {model!r}: version {version!r} is not a version number; expected digits, or empty for "
+            "the served version"
+        )
+    return int(version)
+
+
+# -- metadata ------------------------------------------------------------------------------
+def model_metadata(served: ServedModel) -> kpb.ModelMetadataResponse:
+    assert served.model is not None and served.source is not None
+    model = served.model
+
+    def tensors(specs: tuple[TensorSpec, ...]) -> list[kpb.ModelMetadataResponse.TensorMetadata]:
+        return [
+            kpb.ModelMetadataResponse.TensorMetadata(
+                name=s.name, datatype=DATATYPE_OF_DTYPE[s.dtype], shape=[-1, *_advertised_dims(s)]
+            )
+            for s in specs
+        ]
+
+    return kpb.ModelMetadataResponse(
+        name=served.name,
+        versions=[str(served.source.version)],
+        platform=model.platform,
+        inputs=tensors(model.inputs),
+        outputs=tensors(model.outputs),
+    )
+
+
+def model_config(served: ServedModel) -> mc.ModelConfig:
+    """The model as a Triton ``config.pbtxt`` would describe it: what perf_analyzer reads."""
+    assert served.model is not None and served.source is not None
+    model, config = served.model, served.source.config
+
+    def reshape(spec: TensorSpec) -> mc.ModelTensorReshape | None:
+        return None if spec.shape else mc.ModelTensorReshape(shape=[])
+
+    batching = config.dynamic_batching
+    return mc.ModelConfig(
+        name=served.name,
+        platform=model.platform,
+        backend=model.platform,
+        version_policy=mc.ModelVersionPolicy(
+            specific=mc.ModelVersionPolicy.Specific(versions=[served.source.version])
+        ),
+        max_batch_size=config.max_batch_size,
+        input=[
+            mc.ModelInput(
+                name=s.name,
+                data_type=_PROTO_TYPE_OF_DTYPE[s.dtype],
+                dims=_advertised_dims(s),
+                reshape=reshape(s),
+            )
+            for s in model.inputs
+        ],
+        output=[
+            mc.ModelOutput(
+                name=s.name,
+                data_type=_PROTO_TYPE_OF_DTYPE[s.dtype],
+                dims=_advertised_dims(s),
+                reshape=reshape(s),
+            )
+            for s in model.outputs
+        ],
+        dynamic_batching=(
+            mc.ModelDynamicBatching(max_queue_delay_microseconds=round(batching.max_queue_delay_s * 1e6))
+            if batching.enabled
+            else None
+        ),
+    )
+
+
+# -- the service ---------------------------------------------------------------------------
+class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
+    """``inference.GRPCInferenceService`` over the models of this process.
+
+    RPCs not overridden here (statistics, repository control, shared memory, trace and log
+    settings) answer UNIMPLEMENTED, as the generated base class does.
+    """
+
+    def __init__(self, models: ModelTable, metrics: ServerMetrics, max_message_bytes: int) -> None:
+        self._models = models
+        self._metrics = metrics
+        self._max_response_bytes = max_message_bytes - 1024  # room for the protobuf envelope
+
+    # -- health and metadata ---------------------------------------------------------------
+    async def ServerLive(self, request: kpb.ServerLiveRequest, context: grpc.aio.ServicerContext):
+        return kpb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: kpb.ServerReadyRequest, context: grpc.aio.ServicerContext):
+        """Ready once loading is over, some model serves, and the server is not draining: the
+        same rule as the overall gRPC health status."""
+        models = self._models
+        ready = (
+            models.loading_done.is_set()
+            and not models.draining
+            and any(m.state == "ready" for m in models.all())
+        )
+        return kpb.ServerReadyResponse(ready=ready)
+
+    async def ModelReady(self, request: kpb.ModelReadyRequest, context: grpc.aio.ServicerContext):
+        """False for a model that is unknown, loading, failed or draining, as Triton answers."""
+        try:
+            version = _parse_version(request.version, request.name)
+        except InvalidInput as exc:
+            await context.abort(exc.code, exc.message)
+        try:
+            self._models.ready(request.name, version)
+        except ServingError:
+            return kpb.ModelReadyResponse(ready=False)
+        return kpb.ModelReadyResponse(ready=True)
+
+    async def ServerMetadata(self, request: kpb.ServerMetadataRequest, context: grpc.aio.ServicerContext):
+        return kpb.ServerMetadataResponse(
+            name=SERVER_NAME, version=udfserve.__version__, extensions=list(EXTENSIONS)
+        )
+
+    async def ModelMetadata(self, request: kpb.ModelMetadataRequest, context: grpc.aio.ServicerContext):
+        try:
+            served = self._models.ready(request.name, _parse_version(request.version, request.name))
+        except ServingError as exc:
+            await context.abort(exc.code, exc.message)
+        return model_metadata(served)
+
+    async def ModelConfig(self, request: kpb.ModelConfigRequest, context: grpc.aio.ServicerContext):
+        try:
+            served = self._models.ready(request.name, _parse_version(request.version, request.name))
+        except ServingError as exc:
+            await context.abort(exc.code, exc.message)
+        return kpb.ModelConfigResponse(config=model_config(served))
+
+    # -- inference -------------------------------------------------------------------------
+    async def ModelInfer(
+        self, request: kpb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.ModelInferResponse:
+        answer = await self._infer(request)
+        if isinstance(answer, _Failure):
+            await context.abort(answer.code, answer.message)
+        return answer
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[kpb.ModelInferRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[kpb.ModelStreamInferResponse]:
+        """Requests of one stream run concurrently (up to ``MAX_IN_FLIGHT_PER_STREAM``) and are
+        answered as they complete; the response's ``id`` names the request."""
+        metadata = dict(context.invocation_metadata() or ())
+        end_on_error = str(metadata.get(TRITON_GRPC_ERROR_HEADER, "")).lower() == "true"
+
+        async def answer(request: kpb.ModelInferRequest) -> tuple[kpb.ModelInferRequest, object]:
+            return request, await self._infer(request)
+
+        async for request, result in _answer_concurrently(request_iterator, answer, MAX_IN_FLIGHT_PER_STREAM):
+            if isinstance(result, _Failure):
+                if end_on_error:
+                    await context.abort(result.code, result.message)
+                yield kpb.ModelStreamInferResponse(
+                    error_message=result.message,
+                    infer_response=kpb.ModelInferResponse(
+                        model_name=request.model_name, model_version=request.model_version, id=request.id
+                    ),
+                )
+            else:
+                yield kpb.ModelStreamInferResponse(infer_response=result)
+
+    async def _infer(self, request: kpb.ModelInferRequest) -> kpb.ModelInferResponse | _Failure:
+        """Answer one request; never raises: failures are returned with their status."""
+        started = time.perf_counter()
+        model_label, rows = UNKNOWN_MODEL_LABEL, 0
+        try:
+            served = self._models.ready(
+                request.model_name, _parse_version(request.model_version, request.model_name)
+            )
+            model_label = served.name
+            self._metrics.in_flight.labels(model=model_label).inc()
+            try:
+                response, rows = await self._run(served, request)
+            finally:
+                self._metrics.in_flight.labels(model=model_label).dec()
+            answer: kpb.ModelInferResponse | _Failure = response
+            code = grpc.StatusCode.OK
+        except QueueFull as exc:
+            code = grpc.StatusCode.UNAVAILABLE
+            answer = _Failure(code, f"{QUEUE_FULL_PREFIX}: {exc.message}")
+        except ServingError as exc:
+            code = exc.code
+            answer = _Failure(code, exc.message)
+        except Exception as exc:
+            logger.exception(
+                "unexpected failure answering model %r request %r", request.model_name, request.id
+            )
+            code = grpc.StatusCode.INTERNAL
+            answer = _Failure(code, f"{type(exc).__name__}: {exc}")
+        self._metrics.observe_request(model_label, code.name, time.perf_counter() - started, rows)
+        return answer
+
+    async def _run(
+        self, served: ServedModel, request: kpb.ModelInferRequest
+    ) -> tuple[kpb.ModelInferResponse, int]:
+        assert served.model is not None and served.batcher is not None and served.source is not None
+        model = served.model
+        output_specs = _requested_outputs(request, served.name, model.outputs)
+        inputs, rows = request_to_inputs(request, served.name, model.inputs)
+        outputs = await served.batcher.submit(inputs) if rows else _empty_outputs(model.outputs)
+        response = kpb.ModelInferResponse(
+            model_name=served.name, model_version=str(served.source.version), id=request.id
+        )
+        size_bytes = outputs_to_response(outputs, output_specs, rows, response)
+        if size_bytes > self._max_response_bytes:
+            raise InvalidInput(
+                f"model {served.name!r}: the answer to {rows} rows is {size_bytes} bytes, over the "
+                f"{self._max_response_bytes} byte message limit; send fewer rows per request"
+            )
+        return response, rows
+
+
+async def _answer_concurrently(
+    requests: AsyncIterator[T], answer: Callable[[T], Awaitable[R]], limit: int
+) -> AsyncIterator[R]:
+    """Answers of ``requests`` in completion order, at most ``limit`` running at once.
+
+    Beyond the limit the stream is not read, so HTTP/2 flow control pushes back on the client.
+    """
+    results: asyncio.Queue[R | BaseException | None] = asyncio.Queue()
+    slots = asyncio.Semaphore(limit)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def run(request: T) -> None:
+        try:
+            await results.put(await answer(request))
+        finally:
+            slots.release()
+
+    async def read() -> None:
+        try:
+            async for request in requests:
+                await slots.acquire()
+                task = asyncio.create_task(run(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.wait(set(tasks))
+            await results.put(None)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # the stream broke (client gone, oversized message)
+            await results.put(exc)
+
+    reader = asyncio.create_task(read())
+    try:
+        while True:
+            item = await results.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        reader.cancel()
+        for task in list(tasks):
+            task.cancel()
+
+
+def add_kserve_service(
+    server: grpc.aio.Server, models: ModelTable, metrics: ServerMetrics, max_message_bytes: int
+) -> KServeServicer:
+    """Serve the KServe v2 protocol from ``server``, beside the Arrow service."""
+    servicer = KServeServicer(models, metrics, max_message_bytes)
+    kpb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    return servicer

@@ -1,0 +1,435 @@
+"""The KServe v2 / Triton gRPC protocol, spoken by tritonclient to a real udfserve process.
+
+The server serves the Arrow service and the KServe service on one port; the answers of both
+come from the same batcher, so KServe predictions are checked against the Arrow path's.
+FP64, INT64 and BOOL reach real model inputs through copies of the example models whose
+config.yaml declares those dtypes (the TensorFlow backend casts inside the graph).
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+import yaml
+from server_harness import batch_of, column_to_numpy, metric_value, request, scrape, stream_predict
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from services.model_server.launcher import ServerProcess, launch_server
+from udfserve.kserve_codec import arrow_batch_to_infer_request, infer_response_to_arrow, specs_from_config
+
+SMALL_QUEUE_ROWS = 8
+
+
+@pytest.fixture(scope="module")
+def kserve_server(
+    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    repository = tmp_path_factory.mktemp("kserve-repo")
+    for name in ("tabular_mlp", "multi_io"):
+        shutil.copytree(example_repository / name, repository / name)
+    variants = {
+        "multi_io_bool": (
+            "multi_io",
+            {"inputs": [{"name": "category", "dtype": "bool"}, {"name": "numeric", "shape": [8]}]},
+        ),
+        "multi_io_wide": (
+            "multi_io",
+            {
+                "inputs": [
+                    {"name": "category", "dtype": "int64"},
+                    {"name": "numeric", "dtype": "float64", "shape": [8]},
+                ],
+                "outputs": [
+                    {"name": "score", "dtype": "float64"},
+                    {"name": "embedding", "dtype": "float64", "shape": [4]},
+                ],
+            },
+        ),
+        "small_queue": (
+            "sequence_bilstm",
+            {
+                "max_batch_size": SMALL_QUEUE_ROWS,
+                "dynamic_batching": {"max_queue_delay_s": 0.001, "max_queue_rows": 2 * SMALL_QUEUE_ROWS},
+            },
+        ),
+    }
+    for name, (origin, config) in variants.items():
+        shutil.copytree(example_repository / origin, repository / name)
+        (repository / name / "config.yaml").write_text(yaml.safe_dump({"name": name, **config}))
+    process = launch_server(
+        repository, socket=socket_dir / "kserve.sock", log_path=repository.parent / "kserve.log"
+    )
+    yield process
+    process.terminate()
+
+
+@pytest.fixture(scope="module")
+def client(kserve_server: ServerProcess) -> Iterator[triton.InferenceServerClient]:
+    assert kserve_server.tcp_address is not None
+    with triton.InferenceServerClient(kserve_server.tcp_address) as triton_client:
+        yield triton_client
+
+
+def tensor(name: str, values: np.ndarray, datatype: str | None = None) -> triton.InferInput:
+    datatype = (
+        datatype
+        or {
+            "float32": "FP32",
+            "float64": "FP64",
+            "int32": "INT32",
+            "int64": "INT64",
+            "bool": "BOOL",
+            "object": "BYTES",
+        }[values.dtype.name]
+    )
+    infer_input = triton.InferInput(name, list(values.shape), datatype)
+    return infer_input.set_data_from_numpy(values)
+
+
+def features(rows: int) -> np.ndarray:
+    return np.random.default_rng(rows).normal(size=(rows, 64)).astype(np.float32)
+
+
+def multi_io_inputs(rows: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(rows)
+    return rng.normal(size=(rows, 8)).astype(np.float32), rng.integers(0, 16, size=rows).astype(np.int32)
+
+
+def arrow_answer(server: ServerProcess, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The same model's answer through the Arrow protocol of the same server."""
+    answer = stream_predict(server.grpc_target(), [request(model, batch_of(inputs))])[0]
+    assert answer.outputs is not None, answer.message
+    return {name: column_to_numpy(answer.outputs.column(name)) for name in answer.outputs.schema.names}
+
+
+def refusal(client: triton.InferenceServerClient, model: str, inputs: list[triton.InferInput]):
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer(model, inputs)
+    return raised.value
+
+
+# -- health and metadata -----------------------------------------------------------------------
+def test_server_is_live_and_ready(client: triton.InferenceServerClient) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+
+
+def test_a_served_model_is_ready_and_an_unknown_one_is_not(client: triton.InferenceServerClient) -> None:
+    assert client.is_model_ready("tabular_mlp")
+    assert client.is_model_ready("tabular_mlp", "1")
+    assert not client.is_model_ready("tabular_mlp", "7")
+    assert not client.is_model_ready("no_such_model")
+
+
+def test_server_metadata_names_udfserve_and_the_configuration_extension(
+    client: triton.InferenceServerClient,
+) -> None:
+    metadata = client.get_server_metadata()
+    assert metadata.name == "udfserve"
+    assert "model_configuration" in metadata.extensions
+
+
+def test_model_metadata_gives_datatypes_and_shapes_with_a_batch_dimension(
+    client: triton.InferenceServerClient,
+) -> None:
+    metadata = client.get_model_metadata("multi_io")
+    assert metadata.versions == ["1"]
+    inputs = {t.name: (t.datatype, list(t.shape)) for t in metadata.inputs}
+    outputs = {t.name: (t.datatype, list(t.shape)) for t in metadata.outputs}
+    assert inputs == {"category": ("INT32", [-1, 1]), "numeric": ("FP32", [-1, 8])}
+    assert outputs == {"score": ("FP32", [-1, 1]), "embedding": ("FP32", [-1, 4])}
+
+
+def test_model_config_gives_max_batch_size_dims_and_the_queue_delay(
+    client: triton.InferenceServerClient,
+) -> None:
+    config = client.get_model_config("tabular_mlp").config
+    assert config.max_batch_size == 1024
+    assert [(i.name, list(i.dims)) for i in config.input] == [("features", [64])]
+    assert [(o.name, list(o.dims)) for o in config.output] == [("probabilities", [8])]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+
+
+def test_metadata_of_an_unknown_model_is_not_found(client: triton.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException) as raised:
+        client.get_model_metadata("no_such_model")
+    assert raised.value.status() == "StatusCode.NOT_FOUND"
+    assert "no_such_model" in raised.value.message()
+
+
+# -- inference, one dtype at a time ------------------------------------------------------------
+def test_fp32_inference_equals_the_arrow_path(
+    client: triton.InferenceServerClient, kserve_server: ServerProcess
+) -> None:
+    x = features(5)
+    result = client.infer("tabular_mlp", [tensor("features", x)], request_id="fp32")
+    expected = arrow_answer(kserve_server, "tabular_mlp", {"features": x})["probabilities"]
+    assert result.get_response().id == "fp32"
+    np.testing.assert_allclose(result.as_numpy("probabilities"), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_fp64_is_narrowed_for_a_float32_input(client: triton.InferenceServerClient) -> None:
+    x = features(4)
+    narrowed = client.infer("tabular_mlp", [tensor("features", x.astype(np.float64))])
+    native = client.infer("tabular_mlp", [tensor("features", x)])
+    assert narrowed.as_numpy("probabilities").dtype == np.float32
+    np.testing.assert_allclose(
+        narrowed.as_numpy("probabilities"), native.as_numpy("probabilities"), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_int32_scalar_input_equals_the_arrow_path(
+    client: triton.InferenceServerClient, kserve_server: ServerProcess
+) -> None:
+    numeric, category = multi_io_inputs(6)
+    result = client.infer("multi_io", [tensor("numeric", numeric), tensor("category", category)])
+    expected = arrow_answer(kserve_server, "multi_io", {"numeric": numeric, "category": category})
+    assert result.as_numpy("score").shape == (6, 1)
+    np.testing.assert_allclose(result.as_numpy("score")[:, 0], expected["score"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result.as_numpy("embedding"), expected["embedding"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_scalar_input_may_also_come_as_rows_by_one(client: triton.InferenceServerClient) -> None:
+    numeric, category = multi_io_inputs(3)
+    flat = client.infer("multi_io", [tensor("numeric", numeric), tensor("category", category)])
+    column = client.infer("multi_io", [tensor("numeric", numeric), tensor("category", category[:, None])])
+    np.testing.assert_allclose(column.as_numpy("score"), flat.as_numpy("score"), rtol=1e-6)
+
+
+def test_int64_within_range_is_accepted_for_an_int32_input(client: triton.InferenceServerClient) -> None:
+    numeric, category = multi_io_inputs(4)
+    wide = client.infer(
+        "multi_io", [tensor("numeric", numeric), tensor("category", category.astype(np.int64))]
+    )
+    native = client.infer("multi_io", [tensor("numeric", numeric), tensor("category", category)])
+    np.testing.assert_allclose(wide.as_numpy("embedding"), native.as_numpy("embedding"), rtol=1e-6)
+
+
+def test_int64_beyond_int32_is_refused_naming_the_range(client: triton.InferenceServerClient) -> None:
+    numeric, _ = multi_io_inputs(2)
+    category = np.array([1, 2**40], dtype=np.int64)
+    error = refusal(client, "multi_io", [tensor("numeric", numeric), tensor("category", category)])
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'category'" in error.message() and "2147483647" in error.message()
+    assert str(2**40) in error.message()
+
+
+def test_fp64_and_int64_inputs_and_fp64_outputs_of_a_model_declaring_them(
+    client: triton.InferenceServerClient,
+) -> None:
+    numeric, category = multi_io_inputs(5)
+    wide = client.infer(
+        "multi_io_wide",
+        [tensor("numeric", numeric.astype(np.float64)), tensor("category", category.astype(np.int64))],
+    )
+    native = client.infer("multi_io", [tensor("numeric", numeric), tensor("category", category)])
+    assert wide.as_numpy("embedding").dtype == np.float64
+    np.testing.assert_allclose(wide.as_numpy("embedding"), native.as_numpy("embedding"), rtol=1e-5, atol=1e-6)
+
+
+def test_bool_input_of_a_model_declaring_it(client: triton.InferenceServerClient) -> None:
+    numeric, _ = multi_io_inputs(4)
+    flags = np.array([True, False, False, True])
+    as_bool = client.infer("multi_io_bool", [tensor("numeric", numeric), tensor("category", flags)])
+    as_int = client.infer(
+        "multi_io", [tensor("numeric", numeric), tensor("category", flags.astype(np.int32))]
+    )
+    np.testing.assert_allclose(as_bool.as_numpy("embedding"), as_int.as_numpy("embedding"), rtol=1e-6)
+
+
+def test_typed_contents_fields_are_read_like_raw_contents(
+    client: triton.InferenceServerClient, kserve_server: ServerProcess
+) -> None:
+    numeric, category = multi_io_inputs(3)
+    typed = service_pb2.ModelInferRequest(model_name="multi_io")
+    typed.inputs.add(name="numeric", datatype="FP32", shape=[3, 8]).contents.fp32_contents.extend(
+        numeric.reshape(-1).tolist()
+    )
+    typed.inputs.add(name="category", datatype="INT32", shape=[3]).contents.int_contents.extend(
+        category.tolist()
+    )
+    with grpc.insecure_channel(kserve_server.grpc_target()) as channel:
+        response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(typed, timeout=30)
+    raw = client.infer("multi_io", [tensor("numeric", numeric), tensor("category", category)])
+    embedding = next(i for i, o in enumerate(response.outputs) if o.name == "embedding")
+    received = np.frombuffer(response.raw_output_contents[embedding], dtype=np.float32).reshape(3, 4)
+    np.testing.assert_allclose(received, raw.as_numpy("embedding"), rtol=1e-6)
+
+
+def test_only_the_requested_outputs_are_answered(client: triton.InferenceServerClient) -> None:
+    numeric, category = multi_io_inputs(2)
+    result = client.infer(
+        "multi_io",
+        [tensor("numeric", numeric), tensor("category", category)],
+        outputs=[triton.InferRequestedOutput("score")],
+    )
+    assert [o.name for o in result.get_response().outputs] == ["score"]
+
+
+def test_zero_rows_get_zero_rows_back(client: triton.InferenceServerClient) -> None:
+    result = client.infer("tabular_mlp", [tensor("features", np.zeros((0, 64), np.float32))])
+    assert result.as_numpy("probabilities").shape == (0, 8)
+
+
+# -- errors ------------------------------------------------------------------------------------
+def test_a_wrong_shape_names_the_input_the_expected_and_the_received_shape(
+    client: triton.InferenceServerClient,
+) -> None:
+    error = refusal(client, "tabular_mlp", [tensor("features", np.zeros((2, 63), np.float32))])
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'features'" in error.message() and "[-1, 64]" in error.message() and "[2, 63]" in error.message()
+
+
+def test_bool_for_a_float_input_is_refused_naming_both_datatypes(
+    client: triton.InferenceServerClient,
+) -> None:
+    error = refusal(client, "tabular_mlp", [tensor("features", np.zeros((2, 64), bool))])
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'features'" in error.message() and "FP32" in error.message() and "BOOL" in error.message()
+
+
+def test_floats_for_an_integer_input_are_refused_rather_than_truncated(
+    client: triton.InferenceServerClient,
+) -> None:
+    numeric, _ = multi_io_inputs(2)
+    error = refusal(
+        client, "multi_io", [tensor("numeric", numeric), tensor("category", np.array([1.5, 2.0], np.float32))]
+    )
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'category'" in error.message() and "INT32" in error.message() and "FP32" in error.message()
+
+
+def test_bytes_for_a_numeric_input_are_refused_naming_the_input(client: triton.InferenceServerClient) -> None:
+    strings = np.array([[b"0.5"] * 64] * 2, dtype=object)
+    error = refusal(client, "tabular_mlp", [tensor("features", strings)])
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'features'" in error.message() and "BYTES" in error.message() and "FP32" in error.message()
+
+
+def test_a_missing_input_is_refused_naming_the_expected_inputs(client: triton.InferenceServerClient) -> None:
+    numeric, _ = multi_io_inputs(2)
+    error = refusal(client, "multi_io", [tensor("numeric", numeric)])
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "category" in error.message() and "numeric" in error.message()
+
+
+def test_an_unknown_model_is_not_found_and_lists_the_served_models(
+    client: triton.InferenceServerClient,
+) -> None:
+    error = refusal(client, "no_such_model", [tensor("features", features(2))])
+    assert error.status() == "StatusCode.NOT_FOUND"
+    assert "no_such_model" in error.message() and "tabular_mlp" in error.message()
+
+
+def test_an_unknown_version_is_not_found(client: triton.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("tabular_mlp", [tensor("features", features(2))], model_version="7")
+    assert raised.value.status() == "StatusCode.NOT_FOUND"
+    assert "version 7" in raised.value.message()
+
+
+def test_a_full_queue_answers_triton_s_unavailable_and_the_rest_is_answered(
+    client: triton.InferenceServerClient,
+) -> None:
+    answers: queue.Queue[tuple[object, InferenceServerException | None]] = queue.Queue()
+    lines = np.random.default_rng(0).normal(size=(SMALL_QUEUE_ROWS, 16, 32)).astype(np.float32)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for i in range(120):
+            client.async_stream_infer("small_queue", [tensor("lines", lines)], request_id=str(i))
+        received = [answers.get(timeout=60) for _ in range(120)]
+    finally:
+        client.stop_stream()
+    errors = [error for _, error in received if error is not None]
+    assert errors and len(errors) < 120
+    assert all(e.message().startswith("Exceeds maximum queue size") for e in errors)
+    retried = client.infer("small_queue", [tensor("lines", lines)])
+    assert retried.as_numpy("class_probabilities").shape == (SMALL_QUEUE_ROWS, 4)
+
+
+# -- streaming ---------------------------------------------------------------------------------
+def test_streaming_answers_every_request_by_id_and_a_bad_one_alone(
+    client: triton.InferenceServerClient, kserve_server: ServerProcess
+) -> None:
+    answers: queue.Queue[tuple[object, InferenceServerException | None]] = queue.Queue()
+    inputs = {str(i): features(i + 1) for i in range(6)}
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for request_id, x in inputs.items():
+            client.async_stream_infer("tabular_mlp", [tensor("features", x)], request_id=request_id)
+        client.async_stream_infer("tabular_mlp", [tensor("features", np.zeros((1, 3), np.float32))])
+        received = [answers.get(timeout=60) for _ in range(len(inputs) + 1)]
+    finally:
+        client.stop_stream()
+    results = {r.get_response().id: r for r, error in received if error is None}
+    errors = [error for _, error in received if error is not None]
+    assert sorted(results) == sorted(inputs)
+    assert len(errors) == 1 and "[1, 3]" in errors[0].message()
+    for request_id, x in inputs.items():
+        expected = arrow_answer(kserve_server, "tabular_mlp", {"features": x})["probabilities"]
+        np.testing.assert_allclose(
+            results[request_id].as_numpy("probabilities"), expected, rtol=1e-5, atol=1e-6
+        )
+
+
+def test_the_triton_grpc_error_header_ends_a_stream_with_the_status(kserve_server: ServerProcess) -> None:
+    bad = service_pb2.ModelInferRequest(model_name="no_such_model", id="x")
+    with grpc.insecure_channel(kserve_server.grpc_target()) as channel:
+        stream = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+            iter([bad]), metadata=[("triton_grpc_error", "true")], timeout=30
+        )
+        with pytest.raises(grpc.RpcError) as raised:
+            list(stream)
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+# -- same server, same metrics -----------------------------------------------------------------
+def test_kserve_requests_are_counted_in_the_server_metrics(
+    client: triton.InferenceServerClient, kserve_server: ServerProcess
+) -> None:
+    assert kserve_server.http_address is not None
+    before = scrape(kserve_server.http_address)
+    client.infer("tabular_mlp", [tensor("features", features(7))])
+    refusal(client, "tabular_mlp", [tensor("features", np.zeros((1, 3), np.float32))])
+    after = scrape(kserve_server.http_address)
+    for name, labels, delta in [
+        ("udfserve_requests_total", {"model": "tabular_mlp", "code": "OK"}, 1),
+        ("udfserve_requests_total", {"model": "tabular_mlp", "code": "INVALID_ARGUMENT"}, 1),
+        ("udfserve_rows_total", {"model": "tabular_mlp"}, 7),
+    ]:
+        assert metric_value(after, name, **labels) - metric_value(before, name, **labels) == delta
+
+
+# -- the shared codec against the real server --------------------------------------------------
+@pytest.mark.parametrize("model", ["tabular_mlp", "multi_io"])
+def test_the_codec_gives_the_same_arrow_batch_as_the_arrow_protocol(
+    client: triton.InferenceServerClient, kserve_server: ServerProcess, model: str
+) -> None:
+    if model == "tabular_mlp":
+        inputs = {"features": features(4)}
+    else:
+        numeric, category = multi_io_inputs(4)
+        inputs = {"numeric": numeric.astype(np.float64), "category": category.astype(np.int64)}
+    input_specs, output_specs = specs_from_config(client.get_model_config(model).config)
+    request_message = arrow_batch_to_infer_request(batch_of(inputs), model, 1, "b7", input_specs=input_specs)
+    with grpc.insecure_channel(kserve_server.grpc_target()) as channel:
+        response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request_message, timeout=30)
+    via_kserve = infer_response_to_arrow(response, output_specs)
+    via_arrow = stream_predict(kserve_server.grpc_target(), [request(model, batch_of(inputs))])[0].outputs
+    assert via_arrow is not None and response.id == "b7"
+    assert via_kserve.schema.equals(via_arrow.schema)
+    for name in via_arrow.schema.names:
+        np.testing.assert_allclose(
+            column_to_numpy(via_kserve.column(name)),
+            column_to_numpy(via_arrow.column(name)),
+            rtol=1e-5,
+            atol=1e-6,
+        )

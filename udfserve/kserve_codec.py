@@ -1,0 +1,417 @@
+"""KServe v2 tensors as numpy arrays and Arrow batches, for both sides of the protocol.
+
+The server decodes request tensors with these functions and the Spark client builds its
+requests and reads its answers with them, so the two agree on every rule by construction.
+Messages are the ones that ``tritonclient`` ships (``tritonclient.grpc.service_pb2``).
+
+Tensors
+    Numeric and BOOL tensors travel as raw little-endian bytes (``raw_input_contents`` /
+    ``raw_output_contents``) or in the typed ``contents`` fields; both decode to one numpy
+    array without per-element Python. BOOL is one byte per value. BYTES tensors (strings) are
+    refused: every model udfserve serves takes and returns numbers.
+
+Arrow columns
+    A column is a primitive array (one value per row) or nested ``list`` / ``large_list`` /
+    ``fixed_size_list`` levels; every list of one level must have the same length in the whole
+    batch, since a KServe tensor is rectangular. Nulls are refused. When the caller knows the
+    model's per-row shape (``TensorSpec``), a column whose values per row equal the shape's
+    element count is reshaped to it (Spark's flat ``array<float>`` for a matrix input, or a
+    primitive column for a ``[1]`` input).
+
+Coercion to a declared datatype (``coerce``), the same rules as the Arrow path of the server
+    - floating-point targets accept any integer or floating-point values; narrowing FP64 to
+      FP32 is accepted on purpose and a value beyond the narrower range becomes an infinity;
+    - integer targets accept integer values when every value fits, floating point is refused
+      rather than truncated;
+    - BOOL accepts BOOL only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from tritonclient.grpc import model_config_pb2, service_pb2
+
+FREE_DIM = -1
+
+NUMPY_DTYPE_OF: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+"""KServe datatypes that map to a numpy dtype; BYTES and BF16 have none here."""
+
+DATATYPE_OF: dict[np.dtype, str] = {dtype: name for name, dtype in NUMPY_DTYPE_OF.items()}
+
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+"""The typed field of ``InferTensorContents`` each datatype uses (FP16 has none: raw only)."""
+
+_LITTLE_ENDIAN = np.little_endian
+
+
+class KServeCodecError(ValueError):
+    """A tensor or a column cannot be converted; the message names it, the expected and the received."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output as a KServe peer declares it: ``shape`` is per row (no batch dim)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...] = ()
+
+
+def specs_from_metadata(
+    metadata: service_pb2.ModelMetadataResponse,
+) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """Inputs and outputs of a batching model's metadata, the leading batch dimension removed.
+
+    Every model a Spark UDF calls takes rows, so its first dimension must be the free batch
+    dimension (``-1``); a model without one cannot be fed a batch of rows and is refused.
+    """
+
+    def per_row(
+        tensors: Sequence[service_pb2.ModelMetadataResponse.TensorMetadata],
+    ) -> tuple[TensorSpec, ...]:
+        specs = []
+        for tensor in tensors:
+            shape = tuple(int(dim) for dim in tensor.shape)
+            if not shape or shape[0] != FREE_DIM:
+                raise KServeCodecError(
+                    f"model {metadata.name!r}: tensor {tensor.name!r} has shape {list(shape)}; expected a "
+                    "leading batch dimension of -1 (a model that batches rows)"
+                )
+            specs.append(TensorSpec(tensor.name, tensor.datatype, shape[1:]))
+        return tuple(specs)
+
+    return per_row(metadata.inputs), per_row(metadata.outputs)
+
+
+def specs_from_config(
+    config: model_config_pb2.ModelConfig,
+) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """Inputs and outputs of a Triton model configuration (the ``model_configuration`` extension).
+
+    Preferred over the metadata when the peer offers it: an input keeps its ``dims`` (the shape
+    the server checks on the wire), an output takes its ``reshape`` when it has one, so a
+    per-row scalar that Triton writes as ``dims: [1]`` reshaped to ``[]`` comes back as a
+    primitive column, as the Arrow protocol answers it.
+    """
+    if config.max_batch_size <= 0:
+        raise KServeCodecError(
+            f"model {config.name!r}: max_batch_size is {config.max_batch_size}; expected a model that "
+            "batches rows (max_batch_size >= 1)"
+        )
+
+    def datatype(value: int) -> str:
+        return model_config_pb2.DataType.Name(value).removeprefix("TYPE_").replace("STRING", "BYTES")
+
+    inputs = tuple(TensorSpec(t.name, datatype(t.data_type), tuple(t.dims)) for t in config.input)
+    outputs = tuple(
+        TensorSpec(
+            t.name,
+            datatype(t.data_type),
+            tuple(t.reshape.shape) if t.HasField("reshape") else tuple(t.dims),
+        )
+        for t in config.output
+    )
+    return inputs, outputs
+
+
+# -- numpy <-> tensor bytes ------------------------------------------------------------------
+def numpy_dtype(datatype: str, what: str) -> np.dtype:
+    """The numpy dtype of a KServe datatype; ``what`` names the tensor in the error."""
+    dtype = NUMPY_DTYPE_OF.get(datatype)
+    if dtype is None:
+        supported = ", ".join(NUMPY_DTYPE_OF)
+        raise KServeCodecError(f"{what}: datatype {datatype!r} is not supported; expected one of {supported}")
+    return dtype
+
+
+def datatype_of(dtype: np.dtype, what: str) -> str:
+    datatype = DATATYPE_OF.get(np.dtype(dtype))
+    if datatype is None:
+        raise KServeCodecError(
+            f"{what}: numpy dtype {np.dtype(dtype)} has no KServe datatype; expected one of "
+            f"{', '.join(str(d) for d in DATATYPE_OF)}"
+        )
+    return datatype
+
+
+def element_count(shape: Sequence[int], what: str) -> int:
+    if any(dim < 0 for dim in shape):
+        raise KServeCodecError(f"{what}: shape {list(shape)} has a negative dimension; expected sizes >= 0")
+    return math.prod(shape)
+
+
+def tensor_from_raw(raw: bytes, datatype: str, shape: Sequence[int], what: str) -> np.ndarray:
+    """A read-only view of ``raw`` as an array of ``shape`` (no copy on little-endian hosts)."""
+    dtype = numpy_dtype(datatype, what)
+    count = element_count(shape, what)
+    expected_bytes = count * dtype.itemsize
+    if len(raw) != expected_bytes:
+        raise KServeCodecError(
+            f"{what}: shape {list(shape)} of {datatype} needs {expected_bytes} bytes of raw contents, "
+            f"received {len(raw)} bytes"
+        )
+    array = np.frombuffer(raw, dtype=dtype.newbyteorder("<"), count=count)
+    if not _LITTLE_ENDIAN:
+        array = array.astype(dtype)
+    return array.reshape(tuple(shape))
+
+
+def tensor_from_contents(
+    contents: service_pb2.InferTensorContents, datatype: str, shape: Sequence[int], what: str
+) -> np.ndarray:
+    """The typed ``contents`` field of a tensor as an array of ``shape``."""
+    dtype = numpy_dtype(datatype, what)
+    field = _CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise KServeCodecError(
+            f"{what}: {datatype} has no typed contents field; send it in raw_input_contents"
+        )
+    count = element_count(shape, what)
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise KServeCodecError(
+            f"{what}: shape {list(shape)} needs {count} values in contents.{field}, received {len(values)}"
+        )
+    return np.array(values, dtype=dtype).reshape(tuple(shape))
+
+
+def tensor_to_raw(array: np.ndarray) -> bytes:
+    """The raw little-endian bytes of ``array`` in C order (one copy, into Python bytes)."""
+    array = np.ascontiguousarray(array)
+    if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not _LITTLE_ENDIAN):
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return array.tobytes()
+
+
+def coerce(array: np.ndarray, datatype: str, what: str) -> np.ndarray:
+    """``array`` as the numpy dtype of ``datatype``, by the rules in the module docstring."""
+    target = numpy_dtype(datatype, what)
+    source = array.dtype
+    if source == target:
+        return array
+    received = DATATYPE_OF.get(source, str(source))
+    if target.kind == "f":
+        accepted, allowed = source.kind in "iuf", "integer or floating-point"
+    elif target.kind in "iu":
+        accepted, allowed = source.kind in "iu", "integer"
+    else:
+        accepted, allowed = source.kind == "b", "BOOL"
+    if not accepted:
+        raise KServeCodecError(
+            f"{what}: expected datatype {datatype} (accepting {allowed} values), received {received}"
+        )
+    if target.kind in "iu" and array.size and not np.can_cast(source, target, casting="safe"):
+        info = np.iinfo(target)
+        low, high = int(array.min()), int(array.max())
+        if low < info.min or high > info.max:
+            raise KServeCodecError(
+                f"{what}: expected {datatype} values in [{info.min}, {info.max}], received {received} "
+                f"values in [{low}, {high}]"
+            )
+    with np.errstate(over="ignore"):  # documented: beyond the narrower float range becomes +-inf
+        return array.astype(target)
+
+
+# -- Arrow <-> request / response ------------------------------------------------------------
+def _is_list_type(arrow_type: pa.DataType) -> bool:
+    return (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or pa.types.is_fixed_size_list(arrow_type)
+    )
+
+
+def column_to_tensor(column: pa.Array, what: str, spec: TensorSpec | None = None) -> np.ndarray:
+    """One column as an array of shape ``(rows, *per_row)``; reshaped and coerced to ``spec``."""
+    rows = len(column)
+    if column.null_count:
+        row = pc.index(pc.is_null(column), True).as_py()
+        raise KServeCodecError(f"{what}: expected no nulls, received a null row {row}")
+    dims: list[int] = []
+    values: pa.Array = column
+    lists = rows
+    while _is_list_type(values.type):
+        level = len(dims) + 1
+        if pa.types.is_fixed_size_list(values.type):
+            length = values.type.list_size
+        else:
+            lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False)
+            length = int(lengths[0]) if lists else 0
+            bad = np.flatnonzero(lengths != length)
+            if bad.size:
+                index = int(bad[0])
+                raise KServeCodecError(
+                    f"{what}: expected lists of one length at nesting level {level} (a tensor is "
+                    f"rectangular); row 0 has length {length}, received length {int(lengths[index])} in row "
+                    f"{index // max(lists // max(rows, 1), 1)}"
+                )
+        dims.append(length)
+        values = values.flatten()
+        lists *= length
+        if values.null_count:
+            index = pc.index(pc.is_null(values), True).as_py()
+            raise KServeCodecError(
+                f"{what}: expected no nulls, received a null value inside row "
+                f"{index // max(lists // max(rows, 1), 1)}"
+            )
+    if not (
+        pa.types.is_integer(values.type)
+        or pa.types.is_floating(values.type)
+        or pa.types.is_boolean(values.type)
+    ):
+        raise KServeCodecError(
+            f"{what}: expected numeric or boolean values, received type {column.type} (values of type "
+            f"{values.type})"
+        )
+    array = values.to_numpy(zero_copy_only=False).reshape((rows, *dims))
+    if spec is None:
+        return array
+    return coerce(_reshape_to(array, spec, what), spec.datatype, what)
+
+
+def _reshape_to(array: np.ndarray, spec: TensorSpec, what: str) -> np.ndarray:
+    rows, received = array.shape[0], tuple(array.shape[1:])
+    wanted = spec.shape
+    if rows == 0:  # an empty variable-length list column says nothing of the per-row shape
+        return array.reshape((0, *(max(dim, 0) for dim in wanted)))
+    if len(wanted) == len(received) and all(
+        w in (FREE_DIM, r) for w, r in zip(wanted, received, strict=True)
+    ):
+        return array
+    per_row = math.prod(received)
+    if FREE_DIM not in wanted and math.prod(wanted) == per_row:
+        return array.reshape((rows, *wanted))
+    raise KServeCodecError(
+        f"{what}: expected per-row shape {list(wanted)} (-1 = free), received per-row shape {list(received)} "
+        f"({per_row} values per row)"
+    )
+
+
+def arrow_batch_to_infer_request(
+    batch: pa.RecordBatch,
+    model: str,
+    version: int | str = "",
+    request_id: str = "",
+    *,
+    input_specs: Sequence[TensorSpec] | None = None,
+) -> service_pb2.ModelInferRequest:
+    """One ``ModelInferRequest`` carrying every column of ``batch`` as a raw input tensor.
+
+    With ``input_specs`` (from ``specs_from_metadata``) the batch must hold exactly those
+    inputs; each is reshaped and coerced to its declared shape and datatype, which a real
+    Triton requires (it refuses FP64 for an FP32 input). Without them the columns travel as
+    they are.
+    """
+    names = batch.schema.names
+    if input_specs is not None:
+        expected = [spec.name for spec in input_specs]
+        if sorted(names) != sorted(expected) or len(set(names)) != len(names):
+            raise KServeCodecError(
+                f"model {model!r}: expected exactly the input columns {expected}, received {names}"
+            )
+        specs: Mapping[str, TensorSpec | None] = {spec.name: spec for spec in input_specs}
+    else:
+        specs = dict.fromkeys(names)
+    request = service_pb2.ModelInferRequest(model_name=model, model_version=str(version or ""), id=request_id)
+    for index, name in enumerate(names):
+        what = f"model {model!r}: column {name!r}"
+        array = column_to_tensor(batch.column(index), what, specs[name])
+        request.inputs.add(name=name, datatype=datatype_of(array.dtype, what), shape=array.shape)
+        request.raw_input_contents.append(tensor_to_raw(array))
+    return request
+
+
+def response_tensors(response: service_pb2.ModelInferResponse) -> dict[str, np.ndarray]:
+    """Every output of a response as an array, from raw or typed contents."""
+    raw = response.raw_output_contents
+    if raw and len(raw) != len(response.outputs):
+        raise KServeCodecError(
+            f"model {response.model_name!r}: the response has {len(response.outputs)} outputs but "
+            f"{len(raw)} raw_output_contents; expected one per output"
+        )
+    tensors = {}
+    for index, tensor in enumerate(response.outputs):
+        what = f"model {response.model_name!r}: output {tensor.name!r}"
+        if tensor.datatype == "BYTES":
+            raise KServeCodecError(
+                f"{what}: BYTES outputs are not supported; expected a numeric or BOOL output"
+            )
+        if raw:
+            tensors[tensor.name] = tensor_from_raw(raw[index], tensor.datatype, tensor.shape, what)
+        else:
+            tensors[tensor.name] = tensor_from_contents(tensor.contents, tensor.datatype, tensor.shape, what)
+    return tensors
+
+
+def infer_response_to_arrow(
+    response: service_pb2.ModelInferResponse, output_specs: Sequence[TensorSpec]
+) -> pa.RecordBatch:
+    """The outputs named by ``output_specs``, in that order, as one record batch.
+
+    A per-row scalar (shape ``()``, also when the peer sends it as ``[rows, 1]``) becomes a
+    primitive column, a vector a ``fixed_size_list`` and a higher-rank tensor nested
+    ``fixed_size_list`` columns: the same columns the Arrow protocol answers with.
+    """
+    tensors = response_tensors(response)
+    columns, rows, first = [], None, ""
+    for spec in output_specs:
+        what = f"model {response.model_name!r}: output {spec.name!r}"
+        if spec.name not in tensors:
+            raise KServeCodecError(
+                f"{what}: missing from the response; expected outputs {[s.name for s in output_specs]}, "
+                f"received {sorted(tensors)}"
+            )
+        array = tensors[spec.name]
+        if array.ndim == 0:
+            raise KServeCodecError(f"{what}: expected a batch dimension, received a scalar tensor")
+        array = coerce(_reshape_to(array, spec, what), spec.datatype, what)
+        if rows is None:
+            rows, first = array.shape[0], spec.name
+        elif array.shape[0] != rows:
+            raise KServeCodecError(
+                f"{what}: has {array.shape[0]} rows but output {first!r} has {rows}; expected one row "
+                "per input row in every output"
+            )
+        columns.append(tensor_to_arrow(array))
+    return pa.RecordBatch.from_arrays(columns, names=[spec.name for spec in output_specs])
+
+
+def tensor_to_arrow(array: np.ndarray) -> pa.Array:
+    """Nested ``fixed_size_list`` levels around the flat values; no copy when contiguous."""
+    array = np.ascontiguousarray(array)
+    result = pa.array(array.reshape(-1))
+    for axis in range(array.ndim - 1, 0, -1):
+        result = pa.FixedSizeListArray.from_arrays(result, array.shape[axis])
+    return result
