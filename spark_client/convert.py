@@ -19,39 +19,43 @@ from spark_client.metadata import ModelSpec
 PandasInput = pd.Series | pd.DataFrame
 
 
-def pandas_to_request(columns: Sequence[PandasInput], spec: ModelSpec) -> pa.RecordBatch:
-    """One request batch from the UDF's argument columns.
+def match_inputs(names: Sequence[str], spec: ModelSpec, what: str) -> list[int]:
+    """For each model input, the index of the column feeding it: by name when every input has a
+    column of its name, else by position (in the order the model's metadata lists its inputs)."""
+    inputs = list(spec.input_names)
+    if all(name in names for name in inputs):
+        return [list(names).index(name) for name in inputs]
+    if len(names) == len(inputs):
+        return list(range(len(inputs)))
+    raise ValueError(
+        f"model {spec.name!r} has input(s) {inputs}; expected {what} named after them or {len(inputs)} "
+        f"of them in that order, received {list(names)}"
+    )
 
-    As many columns as the model has inputs map to them in order; a single struct column (a
-    DataFrame in pandas) maps its fields to the inputs by name.
+
+def pandas_to_request(columns: PandasInput | tuple[PandasInput, ...], spec: ModelSpec) -> pa.RecordBatch:
+    """One request batch from what a pandas UDF receives.
+
+    A Series feeds a single-input model; a DataFrame (a struct column) feeds the inputs by field
+    name, else by position; a tuple of Series feeds the inputs by position.
     """
-    names = list(spec.input_names)
-    if len(columns) == 1 and isinstance(columns[0], pd.DataFrame) and len(names) > 1:
-        frame = columns[0]
-        missing = [n for n in names if n not in frame.columns]
-        if missing:
-            raise ValueError(
-                f"model {spec.name!r}: the struct column has fields {list(frame.columns)}; expected a field "
-                f"for each input {names} (missing {missing})"
-            )
-        arrays = [series_to_arrow(frame[n]) for n in names]
-    elif len(columns) == len(names):
-        arrays = [_column_to_arrow(c, n, spec) for c, n in zip(columns, names, strict=True)]
+    if isinstance(columns, pd.DataFrame):
+        names = [str(c) for c in columns.columns]
+        order = match_inputs(names, spec, "struct fields")
+        arrays = [series_to_arrow(columns.iloc[:, i]) for i in order]
     else:
-        raise ValueError(
-            f"model {spec.name!r} has {len(names)} input(s) {names}; expected that many columns in that "
-            f"order, or one struct column with those fields; received {len(columns)} column(s)"
-        )
-    return pa.RecordBatch.from_arrays(arrays, names=names)
-
-
-def _column_to_arrow(column: PandasInput, name: str, spec: ModelSpec) -> pa.Array:
-    if isinstance(column, pd.DataFrame):
-        raise ValueError(
-            f"model {spec.name!r}: input {name!r} received a struct column with fields "
-            f"{list(column.columns)}; expected a numeric or array column"
-        )
-    return series_to_arrow(column)
+        given = columns if isinstance(columns, tuple) else (columns,)
+        order = match_inputs([f"column {i}" for i in range(len(given))], spec, "columns")
+        arrays = []
+        for i in order:
+            column = given[i]
+            if isinstance(column, pd.DataFrame):
+                raise ValueError(
+                    f"model {spec.name!r}: input {spec.input_names[len(arrays)]!r} received a struct column "
+                    f"with fields {list(column.columns)}; expected a numeric or array column"
+                )
+            arrays.append(series_to_arrow(column))
+    return pa.RecordBatch.from_arrays(arrays, names=list(spec.input_names))
 
 
 def series_to_arrow(series: pd.Series) -> pa.Array:
@@ -101,15 +105,18 @@ def answer_to_spark_columns(answer: pa.RecordBatch, spec: ModelSpec) -> list[pa.
     ]
 
 
-def struct_fields_to_request(column: pa.Array, spec: ModelSpec) -> list[pa.Array]:
-    """The fields of a struct column named after the model's inputs, in input order."""
-    struct_type = column.type
-    present = [struct_type.field(i).name for i in range(struct_type.num_fields)]
-    missing = [n for n in spec.input_names if n not in present]
-    if missing:
-        raise ValueError(
-            f"model {spec.name!r}: the struct column has fields {present}; expected a field for each input "
-            f"{list(spec.input_names)} (missing {missing})"
-        )
-    fields = column.flatten()
-    return [fields[present.index(n)] for n in spec.input_names]
+def arrow_to_request(batch: pa.RecordBatch, columns: Sequence[str], spec: ModelSpec) -> pa.RecordBatch:
+    """The request for a ``mapInArrow`` batch: the named columns, or the fields of one struct column."""
+    if len(columns) == 1 and len(spec.inputs) > 1:
+        struct = batch.column(columns[0])
+        if not pa.types.is_struct(struct.type):
+            raise ValueError(
+                f"model {spec.name!r} has inputs {list(spec.input_names)}; a single input column must be a "
+                f"struct with a field per input, received column {columns[0]!r} of type {struct.type}"
+            )
+        names = [struct.type.field(i).name for i in range(struct.type.num_fields)]
+        fields = struct.flatten()
+        arrays = [fields[i] for i in match_inputs(names, spec, "struct fields")]
+    else:
+        arrays = [batch.column(columns[i]) for i in match_inputs(list(columns), spec, "columns")]
+    return pa.RecordBatch.from_arrays(arrays, names=list(spec.input_names))

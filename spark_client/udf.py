@@ -20,8 +20,9 @@ from spark_client.config import ClientConfig
 from spark_client.convert import (
     answer_to_pandas,
     answer_to_spark_columns,
+    arrow_to_request,
+    match_inputs,
     pandas_to_request,
-    struct_fields_to_request,
 )
 from spark_client.errors import ModelMetadataError, ServerUnavailable
 from spark_client.metadata import ModelSpec, Tensor
@@ -75,9 +76,32 @@ def remote_predict(
             f"model {model!r} has outputs {list(job.spec.output_names)}; expected a struct return type with "
             f"those fields, received {resolved_type!r}"
         )
-    function = _pandas_function(job, as_struct)
-    udf = pandas_udf(function, returnType=resolved_type)  # type: ignore[call-overload]
+    udf = RemotePredictUDF(job, pandas_udf(_pandas_function(job, as_struct), returnType=resolved_type))
     return udf(*input_columns) if input_columns else udf
+
+
+class RemotePredictUDF:
+    """What ``remote_predict`` returns without columns: call it with the input columns.
+
+    For a model with several inputs the columns travel as one struct, so that the worker sees
+    their names and matches them to the model's inputs by name. ``pandas_udf`` is the
+    underlying Spark pandas UDF (one argument: a column, a struct, or the inputs in order).
+    """
+
+    def __init__(self, job: PredictJob, pandas_udf: Any) -> None:
+        self.job = job
+        self.pandas_udf = pandas_udf
+
+    @property
+    def returnType(self) -> DataType:
+        return self.pandas_udf.returnType
+
+    def __call__(self, *columns: ColumnOrName) -> Column:
+        from pyspark.sql import functions as F
+
+        if len(self.job.spec.inputs) > 1 and len(columns) > 1:
+            return self.pandas_udf(F.struct(*columns))
+        return self.pandas_udf(*columns)
 
 
 def predict_arrow(
@@ -98,11 +122,8 @@ def predict_arrow(
     job = build_job(model, config, config_overrides)
     spec = job.spec
     inputs = list(input_columns) if input_columns is not None else list(spec.input_names)
-    if not (len(inputs) == len(spec.inputs) or len(inputs) == 1):
-        raise ValueError(
-            f"model {model!r} has inputs {list(spec.input_names)}; expected {len(spec.inputs)} input "
-            f"column(s) or one struct column, received {inputs}"
-        )
+    if not (len(inputs) == 1 and len(spec.inputs) > 1):
+        match_inputs(inputs, spec, "input columns")  # raises early, in the driver
     missing = [c for c in inputs if c not in df.columns]
     if missing:
         raise ValueError(f"input column(s) {missing} are not in the DataFrame; its columns are {df.columns}")
@@ -208,9 +229,7 @@ def _predict_pandas(job: PredictJob, batches: Iterator[Any], as_struct: bool) ->
     rechunker: Rechunker[None] = Rechunker(
         job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
     )
-    requests = (
-        (None, pandas_to_request(item if isinstance(item, tuple) else (item,), job.spec)) for item in batches
-    )
+    requests = ((None, pandas_to_request(item, job.spec)) for item in batches)
     answers = predict_partition(job, rechunker.requests(requests), os.environ, task_placement())
     for _, answer in rechunker.answers(answers):
         yield answer_to_pandas(answer, as_struct)
@@ -221,7 +240,7 @@ def _arrow_function(job: PredictJob, inputs: list[str], outputs: list[str]) -> A
         rechunker: Rechunker[pa.RecordBatch] = Rechunker(
             job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
         )
-        requests = ((batch, _arrow_request(batch, inputs, job.spec)) for batch in batches)
+        requests = ((batch, arrow_to_request(batch, inputs, job.spec)) for batch in batches)
         answers = predict_partition(job, rechunker.requests(requests), os.environ, task_placement())
         for original, answer in rechunker.answers(answers):
             columns = answer_to_spark_columns(answer, job.spec)
@@ -230,15 +249,6 @@ def _arrow_function(job: PredictJob, inputs: list[str], outputs: list[str]) -> A
             )
 
     return predict
-
-
-def _arrow_request(batch: pa.RecordBatch, inputs: list[str], spec: ModelSpec) -> pa.RecordBatch:
-    names = list(spec.input_names)
-    if len(inputs) == 1 and len(names) > 1:
-        arrays = struct_fields_to_request(batch.column(inputs[0]), spec)
-    else:
-        arrays = [batch.column(name) for name in inputs]
-    return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
 # -- driver helpers ----------------------------------------------------------------------------
