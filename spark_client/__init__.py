@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from spark_client.config import ClientConfig
-    from spark_client.udf import predict_arrow, remote_predict
+    from spark_client.udf import arrow_predictor, predict_arrow, remote_predict
 
-__all__ = ["ClientConfig", "predict_arrow", "remote_predict"]
+__all__ = ["ClientConfig", "arrow_predictor", "predict_arrow", "remote_predict"]
 
 _HOMES = {
     "ClientConfig": "spark_client.config",
     "remote_predict": "spark_client.udf",
     "predict_arrow": "spark_client.udf",
+    "arrow_predictor": "spark_client.udf",
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Tuple, Union  # noqa: UP035 (pyspark reads these hints)
 
 import pandas as pd
@@ -115,31 +116,78 @@ def predict_arrow(
 ) -> DataFrame:
     """``df`` with the model's outputs appended as columns, through ``mapInArrow`` (no pandas).
 
-    ``input_columns`` name the columns feeding the model's inputs, in order (default: the
-    columns named like the inputs), or one struct column with a field per input;
-    ``output_columns`` name the appended columns (default: the model's output names).
+    ``input_columns`` name the columns feeding the model's inputs (default: the columns named
+    like the inputs), matched by name when they carry the inputs' names, else in order; or one
+    struct column with a field per input. ``output_columns`` name the appended columns (default:
+    the model's output names).
     """
-    job = build_job(model, config, config_overrides)
-    spec = job.spec
-    inputs = list(input_columns) if input_columns is not None else list(spec.input_names)
-    if not (len(inputs) == 1 and len(spec.inputs) > 1):
-        match_inputs(inputs, spec, "input columns")  # raises early, in the driver
-    missing = [c for c in inputs if c not in df.columns]
+    predictor = arrow_predictor(model, input_columns, output_columns, config=config, **config_overrides)
+    missing = [c for c in predictor.input_columns if c not in df.columns]
     if missing:
         raise ValueError(f"input column(s) {missing} are not in the DataFrame; its columns are {df.columns}")
-    outputs = list(output_columns) if output_columns is not None else list(spec.output_names)
-    if len(outputs) != len(spec.outputs):
-        raise ValueError(
-            f"model {model!r} has outputs {list(spec.output_names)}; expected {len(spec.outputs)} output "
-            f"column name(s), received {outputs}"
-        )
-    clash = [c for c in outputs if c in df.columns]
+    clash = [c for c in predictor.output_columns if c in df.columns]
     if clash:
         raise ValueError(
             f"output column(s) {clash} already exist in the DataFrame; name them output_columns=..."
         )
-    schema = _appended_schema(df, outputs, spec)
-    return df.mapInArrow(_arrow_function(job, inputs, outputs), schema)
+    from pyspark.sql.types import StructType
+
+    return df.mapInArrow(predictor, StructType([*df.schema.fields, *predictor.output_fields()]))
+
+
+def arrow_predictor(
+    model: str,
+    input_columns: Sequence[str] | None = None,
+    output_columns: Sequence[str] | None = None,
+    *,
+    config: ClientConfig | None = None,
+    **config_overrides: Any,
+) -> ArrowPredictor:
+    """The function ``predict_arrow`` runs in ``mapInArrow``, for use inside your own Arrow function
+    (to pre- or post-process in the same pass over the data)."""
+    job = build_job(model, config, config_overrides)
+    spec = job.spec
+    inputs = tuple(input_columns) if input_columns is not None else spec.input_names
+    if not (len(inputs) == 1 and len(spec.inputs) > 1):
+        match_inputs(inputs, spec, "input columns")  # raises early, in the driver
+    outputs = tuple(output_columns) if output_columns is not None else spec.output_names
+    if len(outputs) != len(spec.outputs):
+        raise ValueError(
+            f"model {model!r} has outputs {list(spec.output_names)}; expected {len(spec.outputs)} output "
+            f"column name(s), received {list(outputs)}"
+        )
+    return ArrowPredictor(job, inputs, outputs)
+
+
+@dataclass(frozen=True)
+class ArrowPredictor:
+    """Arrow batches in, the same batches with the model's outputs appended out, in order."""
+
+    job: PredictJob
+    input_columns: tuple[str, ...]
+    output_columns: tuple[str, ...]
+
+    def output_fields(self) -> list[Any]:
+        """The Spark fields of the appended columns."""
+        from pyspark.sql.types import StructField
+
+        return [
+            StructField(name, spark_type(tensor), nullable=True)
+            for name, tensor in zip(self.output_columns, self.job.spec.outputs, strict=True)
+        ]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        job = self.job
+        rechunker: Rechunker[pa.RecordBatch] = Rechunker(
+            job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
+        )
+        requests = ((batch, arrow_to_request(batch, self.input_columns, job.spec)) for batch in batches)
+        answers = predict_partition(job, rechunker.requests(requests), os.environ, task_placement())
+        for original, answer in rechunker.answers(answers):
+            columns = answer_to_spark_columns(answer, job.spec)
+            yield pa.RecordBatch.from_arrays(
+                [*original.columns, *columns], names=[*original.schema.names, *self.output_columns]
+            )
 
 
 def build_job(model: str, config: ClientConfig | None, overrides: Mapping[str, Any]) -> PredictJob:
@@ -235,22 +283,6 @@ def _predict_pandas(job: PredictJob, batches: Iterator[Any], as_struct: bool) ->
         yield answer_to_pandas(answer, as_struct)
 
 
-def _arrow_function(job: PredictJob, inputs: list[str], outputs: list[str]) -> Any:
-    def predict(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        rechunker: Rechunker[pa.RecordBatch] = Rechunker(
-            job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
-        )
-        requests = ((batch, arrow_to_request(batch, inputs, job.spec)) for batch in batches)
-        answers = predict_partition(job, rechunker.requests(requests), os.environ, task_placement())
-        for original, answer in rechunker.answers(answers):
-            columns = answer_to_spark_columns(answer, job.spec)
-            yield pa.RecordBatch.from_arrays(
-                [*original.columns, *columns], names=[*original.schema.names, *outputs]
-            )
-
-    return predict
-
-
 # -- driver helpers ----------------------------------------------------------------------------
 
 
@@ -274,15 +306,6 @@ def _is_struct(return_type: DataType | str) -> bool:
     from pyspark.sql.types import StructType
 
     return isinstance(return_type, StructType)
-
-
-def _appended_schema(df: DataFrame, outputs: list[str], spec: ModelSpec) -> Any:
-    from pyspark.sql.types import StructField, StructType
-
-    fields = list(df.schema.fields)
-    for name, tensor in zip(outputs, spec.outputs, strict=True):
-        fields.append(StructField(name, spark_type(tensor), nullable=True))
-    return StructType(fields)
 
 
 def spark_return_type(spec: ModelSpec) -> DataType:
