@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
+from compose_harness import (
     POLL_INTERVAL_S,
     ComposeNode,
     child_environment,

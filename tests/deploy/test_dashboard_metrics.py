@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import ComposeNode
+from compose_harness import ComposeNode
 from deploy_files import (
     DASHBOARD_FILE,
     ROOT,
