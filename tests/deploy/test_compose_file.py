@@ -7,6 +7,7 @@ real CLI parser, the real settings classes and the files of the repository.
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -261,3 +262,13 @@ def test_demo_uses_the_running_node_and_its_models() -> None:
     assert not options.start_node
     assert options.model_repository == Path(env["UDFSERVE_MODEL_REPOSITORY"])
     assert options.discovery_file == Path(environment_of(SERVICES["demo"])["UDFSERVE_DISCOVERY_FILE"])
+
+
+def test_compose_file_follows_the_compose_specification() -> None:
+    """A strict typed parse of the Compose Specification (unknown keys and values refused).
+
+    Merge keys are resolved first, as Compose resolves them; the parser does not know them.
+    """
+    compose_spec = pytest.importorskip("compose_spec", reason="the compose-spec package is not installed")
+    parsed = compose_spec.PyCompose.from_json(json.dumps(COMPOSE))
+    assert sorted(parsed.service_names()) == sorted(SERVICES)

@@ -230,3 +230,20 @@ def test_init_container_prepares_the_host_folder_for_the_node_user() -> None:
     script = shlex.join(argv_of(init["command"]))
     uid = daemonset_pod()["securityContext"]["runAsUser"]
     assert f"chown {uid}:{daemonset_pod()['securityContext']['runAsGroup']}" in script
+
+
+CORE_DOCUMENTS = [(p, d) for p, d in DOCUMENTS if d["apiVersion"] in {"v1", "apps/v1"}]
+
+
+@pytest.mark.parametrize(
+    ("path", "document"), CORE_DOCUMENTS, ids=[f"{p.name}:{d['kind']}" for p, d in CORE_DOCUMENTS]
+)
+def test_core_objects_validate_against_the_kubernetes_schemas(path: Path, document: dict[str, Any]) -> None:
+    """Strict validation (unknown fields refused) against the API schemas kubernetes-validate ships.
+
+    PodMonitor (a custom resource) and Kustomization have no schema there.
+    """
+    validator = pytest.importorskip(
+        "kubernetes_validate", reason="the kubernetes-validate package is not installed"
+    )
+    validator.validate(document, validator.latest_version(), strict=True)
