@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -168,13 +169,29 @@ def wait_for_ready_servers(
     raise DemoError(f"`udfserve node` had no ready server after {timeout_s:.0f} s (log: {log_path})")
 
 
+def metrics_addresses(discovery: NodeDiscovery) -> list[str]:
+    """host:port of every model server's /metrics, as Prometheus reaches them.
+
+    The targets file carries the advertised addresses (reachable from other containers of a
+    compose stack); the discovery file's addresses are the bound ones, right on the same host.
+    """
+    if discovery.metrics_targets_file:
+        with contextlib.suppress(OSError, ValueError):
+            groups = json.loads(Path(discovery.metrics_targets_file).read_text(encoding="utf-8"))
+            return [
+                target
+                for group in groups
+                if group.get("labels", {}).get("role") == "model_server"
+                for target in group.get("targets", [])
+            ]
+    return [s.http_address for s in discovery.servers if s.http_address]
+
+
 def scrape_total(discovery: NodeDiscovery, metric: str, model: str) -> float:
     """Sum of one metric over every server of the node, read from their /metrics."""
     total = 0.0
-    for server in discovery.servers:
-        if not server.http_address:
-            continue
-        with urllib.request.urlopen(f"http://{server.http_address}/metrics", timeout=10) as response:
+    for address in metrics_addresses(discovery):
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
             text = response.read().decode()
         for line in text.splitlines():
             if line.startswith(metric + "{") and f'model="{model}"' in line:
@@ -247,9 +264,8 @@ def report(options: DemoOptions, discovery: NodeDiscovery, figures: dict[str, ob
     ]
     for row_id, values in figures["samples"]:  # type: ignore[attr-defined]
         lines.append(f"  id {row_id:<4} " + " ".join(f"{v:.3f}" for v in values))
-    lines.append(
-        "metrics                " + ", ".join(f"http://{s.http_address}/metrics" for s in discovery.servers)
-    )
+    addresses = metrics_addresses(discovery)
+    lines.append("metrics                " + ", ".join(f"http://{a}/metrics" for a in addresses))
     if discovery.metrics_targets_file:
         lines.append(f"prometheus targets     {discovery.metrics_targets_file}")
     return "\n".join(lines)
