@@ -27,18 +27,6 @@ _ARROW_TYPES = {
 
 _SPARK_VALUE_TYPES = {"float16": pa.float32(), "uint8": pa.int16()}
 
-_SPARK_TYPES = {
-    "float16": "float",
-    "float32": "float",
-    "float64": "double",
-    "int8": "tinyint",
-    "int16": "smallint",
-    "int32": "int",
-    "int64": "bigint",
-    "uint8": "smallint",
-    "bool": "boolean",
-}
-
 
 @dataclass(frozen=True)
 class Tensor:
@@ -63,13 +51,6 @@ class Tensor:
             arrow_type = pa.list_(arrow_type)
         return arrow_type
 
-    def spark_type(self) -> str:
-        """DDL of the Spark column holding this tensor: a scalar, an array, an array of arrays..."""
-        ddl = _SPARK_TYPES[self.dtype]
-        for _ in self.shape:
-            ddl = f"array<{ddl}>"
-        return ddl
-
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -87,19 +68,13 @@ class ModelSpec:
         return tuple(t.name for t in self.outputs)
 
     def output_schema(self) -> pa.Schema:
-        return pa.schema([pa.field(t.name, t.arrow_type(), nullable=False) for t in self.outputs])
+        return pa.schema([pa.field(t.name, t.arrow_type()) for t in self.outputs])
 
     def empty_outputs(self) -> pa.RecordBatch:
         """Zero rows of the outputs, for an empty Spark batch: no call is made for it."""
         return pa.RecordBatch.from_arrays(
             [pa.array([], type=t.arrow_type()) for t in self.outputs], names=list(self.output_names)
         )
-
-    def return_type(self) -> str:
-        """The Spark DDL type of the UDF's result: a scalar, an array, or a struct of several outputs."""
-        if len(self.outputs) == 1:
-            return self.outputs[0].spark_type()
-        return "struct<" + ", ".join(f"`{t.name}`: {t.spark_type()}" for t in self.outputs) + ">"
 
 
 def spec_from_tensors(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from spark_client.config import ClientConfig
-from spark_client.errors import ServerUnavailable
+from spark_client.errors import RemotePredictError, ServerUnavailable
 from spark_client.metadata import ModelSpec
 from spark_client.routing import NoServerFound, TaskPlacement, fallback_repository, resolve_route
 from spark_client.transport import (
@@ -68,7 +68,7 @@ def predict_partition(
     for target in route.targets:
         failure.tried.append(target)
         try:
-            channel = connect(target, config)
+            channel, _ = connect(target, config, job.model)
         except ConnectFailed as exc:
             failure.cause = f"could not connect: {exc}"
             continue
@@ -147,7 +147,7 @@ def _conform_one(result: pa.RecordBatch, spec: ModelSpec) -> pa.RecordBatch:
     if result.schema.equals(schema):
         return result
     if result.schema.names != schema.names:
-        raise ServerUnavailable(
+        raise RemotePredictError(
             f"model {spec.name!r} answered columns {result.schema.names}; expected {schema.names}"
         )
     return pa.RecordBatch.from_arrays(

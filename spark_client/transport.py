@@ -98,41 +98,24 @@ def forget_channel(target: str, max_message_bytes: int) -> None:
         channel.close()
 
 
-def connect(target: str, config: ClientConfig) -> grpc.Channel:
-    """A connected channel to ``target``; raises ``ConnectFailed`` with the reason."""
+def connect(target: str, config: ClientConfig, model: str) -> tuple[grpc.Channel, ModelSpec]:
+    """A channel to ``target`` whose server has ``model`` ready, and the model's spec.
+
+    Asking for the model's metadata is the connection check: it fails fast when nothing
+    listens, and it proves the server can answer for this model before any batch is sent.
+    Raises ``ConnectFailed`` with the reason.
+    """
     if target.startswith("unix:"):
         path = Path(target.removeprefix("unix:").removeprefix("//"))
         if not path.exists():
             raise ConnectFailed(f"{target}: socket file {path} does not exist")
     channel = channel_for(target, config.max_message_bytes)
     try:
-        _wait_until_ready(channel, config.connect_timeout_s)
-    except ConnectFailed as exc:
+        spec = fetch_model_spec(channel, target, model, config.model_version, config.connect_timeout_s)
+    except ModelMetadataError as exc:
         forget_channel(target, config.max_message_bytes)
-        raise ConnectFailed(f"{target}: {exc}") from None
-    return channel
-
-
-def _wait_until_ready(channel: grpc.Channel, timeout_s: float) -> None:
-    """Return once READY; fail at the first failed connection attempt rather than wait out the timeout."""
-    states: queue.Queue[grpc.ChannelConnectivity] = queue.Queue()
-    channel.subscribe(states.put, try_to_connect=True)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                state = states.get(timeout=max(remaining, 0.0))
-            except queue.Empty:
-                raise ConnectFailed(f"not connected within {timeout_s:g} s") from None
-            if state is grpc.ChannelConnectivity.READY:
-                return
-            if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-                raise ConnectFailed("connection refused or reset")
-            if state is grpc.ChannelConnectivity.SHUTDOWN:
-                raise ConnectFailed("channel shut down")
-    finally:
-        channel.unsubscribe(states.put)
+        raise ConnectFailed(str(exc)) from None
+    return channel, spec
 
 
 def fetch_model_spec(

@@ -40,7 +40,7 @@ from spark_client.routing import (
     placement_from_resources,
     resolve_route,
 )
-from spark_client.transport import ConnectFailed, connect, fetch_model_spec
+from spark_client.transport import ConnectFailed, connect
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -216,11 +216,9 @@ def fetch_spec_in_driver(model: str, config: ClientConfig) -> ModelSpec:
         for target in route.targets:
             tried.append(target)
             try:
-                channel = connect(target, config)
+                return connect(target, config, model)[1]
             except ConnectFailed as exc:
                 cause = str(exc)
-                continue
-            return fetch_model_spec(channel, target, model, config.model_version, config.request_timeout_s)
     if config.fallback == "error":
         raise ServerUnavailable(
             f"cannot describe model {model!r}: no model server reachable from the driver (addresses tried: "

@@ -1,0 +1,60 @@
+"""ClientConfig: immutable, validated on construction, errors naming the field and the value."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from spark_client.config import ClientConfig
+
+
+def test_defaults_match_the_server_message_limit_and_fall_back_to_the_cpu() -> None:
+    config = ClientConfig()
+    assert config.max_message_bytes == 64 << 20
+    assert config.fallback == "cpu"
+    assert config.rows_per_request == 4096
+    assert config.max_in_flight == 4
+    assert config.prefer_unix_socket
+
+
+def test_the_config_is_frozen() -> None:
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
+        ClientConfig().rows_per_request = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "address", ["unix:///run/udfserve/gpu0.sock", "localhost:7500", "10.1.2.3:7500", "[::1]:7500"]
+)
+def test_unix_sockets_and_host_port_are_valid_addresses(address: str) -> None:
+    assert ClientConfig(address=address).address == address
+
+
+@pytest.mark.parametrize("address", ["", "localhost", "/run/udfserve/gpu0.sock", "http://host:80"])
+def test_an_address_gRPC_cannot_dial_is_refused_with_the_expected_forms(address: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match="expected 'unix:///path/to/socket' or 'host:port'"):
+        ClientConfig(address=address)
+
+
+def test_an_unknown_fallback_policy_is_refused() -> None:
+    with pytest.raises(pydantic.ValidationError, match="fallback"):
+        ClientConfig(fallback="gpu")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "field", ["rows_per_request", "max_in_flight", "request_timeout_s", "connect_timeout_s"]
+)
+def test_sizes_and_timeouts_must_be_positive(field: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=field):
+        ClientConfig(**{field: 0})
+
+
+def test_the_longest_back_off_cannot_be_shorter_than_the_first() -> None:
+    with pytest.raises(
+        pydantic.ValidationError, match=r"max_backoff_s \(0.01\) must be at least initial_backoff_s"
+    ):
+        ClientConfig(initial_backoff_s=0.5, max_backoff_s=0.01)
+
+
+def test_unknown_settings_are_refused_naming_them() -> None:
+    with pytest.raises(pydantic.ValidationError, match="rows_per_batch"):
+        ClientConfig(rows_per_batch=10)  # type: ignore[call-arg]

@@ -1,0 +1,142 @@
+"""Pandas and Arrow inputs to request batches, answers back to Spark types, return types."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from pyspark.sql import types as T
+
+from spark_client.convert import (
+    answer_to_pandas,
+    answer_to_spark_columns,
+    arrow_to_request,
+    match_inputs,
+    pandas_to_request,
+    series_to_arrow,
+)
+from spark_client.metadata import ModelSpec, Tensor
+from spark_client.udf import spark_return_type
+
+MULTI = ModelSpec(
+    "multi_io",
+    1,
+    inputs=(Tensor("category", "int32", ()), Tensor("numeric", "float32", (8,))),
+    outputs=(Tensor("score", "float32", ()), Tensor("embedding", "float32", (4,))),
+)
+SEQUENCE = ModelSpec(
+    "sequence", 1, inputs=(Tensor("lines", "float32", (2, 3)),), outputs=(Tensor("p", "float32", (2,)),)
+)
+
+
+def array_series(values: np.ndarray) -> pd.Series:
+    """What Spark hands a pandas UDF for an array column: a Series of numpy arrays (nested for 2-D)."""
+    rows = np.empty(len(values), dtype=object)
+    for i, row in enumerate(values):
+        if row.ndim == 1:
+            rows[i] = row
+        else:
+            rows[i] = np.empty(len(row), dtype=object)
+            rows[i][:] = list(row)
+    return pd.Series(rows, dtype=object)
+
+
+def test_an_array_column_becomes_a_list_array_of_the_same_values() -> None:
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    converted = series_to_arrow(array_series(values))
+    assert converted.type == pa.list_(pa.float32())
+    assert np.array_equal(np.stack(converted.to_numpy(zero_copy_only=False)), values)
+
+
+def test_a_nested_array_column_becomes_nested_lists() -> None:
+    values = np.arange(24, dtype=np.float32).reshape(4, 2, 3)
+    converted = series_to_arrow(array_series(values))
+    assert converted.type == pa.list_(pa.list_(pa.float32()))
+    assert converted.to_pylist() == values.tolist()
+
+
+def test_a_numeric_column_stays_primitive() -> None:
+    converted = series_to_arrow(pd.Series([1, 2, 3], dtype="int32"))
+    assert converted.type == pa.int32() and converted.to_pylist() == [1, 2, 3]
+
+
+def test_a_null_row_is_kept_as_a_null_for_the_server_to_name() -> None:
+    series = pd.Series([np.zeros(2, np.float32), None], dtype=object)
+    assert series_to_arrow(series).null_count == 1
+
+
+def test_struct_fields_feed_the_inputs_by_name_whatever_their_order() -> None:
+    frame = pd.DataFrame({"numeric": list(np.ones((2, 8), np.float32)), "category": [3, 4]})
+    request = pandas_to_request(frame, MULTI)
+    assert request.schema.names == ["category", "numeric"]
+    assert request.column(0).to_pylist() == [3, 4]
+
+
+def test_unnamed_columns_feed_the_inputs_in_the_models_order() -> None:
+    request = pandas_to_request((pd.Series([3, 4]), array_series(np.ones((2, 8), np.float32))), MULTI)
+    assert request.column("category").to_pylist() == [3, 4]
+
+
+def test_the_wrong_number_of_columns_is_refused_naming_the_inputs() -> None:
+    with pytest.raises(ValueError, match=r"input\(s\) \['category', 'numeric'\].*received \['column 0'\]"):
+        pandas_to_request((pd.Series([1]),), MULTI)
+
+
+def test_matching_prefers_names_over_positions() -> None:
+    assert match_inputs(["numeric", "category", "extra"], MULTI, "columns") == [1, 0]
+    assert match_inputs(["a", "b"], MULTI, "columns") == [0, 1]
+
+
+def test_an_arrow_struct_column_feeds_the_inputs_by_field_name() -> None:
+    numeric = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(16, np.float32)), 8)
+    struct = pa.StructArray.from_arrays(
+        [numeric, pa.array([1, 2], pa.int32())], names=["numeric", "category"]
+    )
+    batch = pa.RecordBatch.from_arrays([pa.array([10, 11]), struct], names=["id", "x"])
+    request = arrow_to_request(batch, ["x"], MULTI)
+    assert request.schema.names == ["category", "numeric"]
+    assert request.column(0).to_pylist() == [1, 2]
+
+
+def test_a_single_non_struct_column_for_several_inputs_is_refused() -> None:
+    batch = pa.RecordBatch.from_arrays([pa.array([1.0])], names=["x"])
+    with pytest.raises(
+        ValueError, match="must be a struct with a field per input, received column 'x' of type double"
+    ):
+        arrow_to_request(batch, ["x"], MULTI)
+
+
+def test_fixed_size_answers_become_spark_lists() -> None:
+    values = pa.array(np.arange(8, dtype=np.float32))
+    answer = pa.RecordBatch.from_arrays([pa.FixedSizeListArray.from_arrays(values, 2)], names=["p"])
+    (column,) = answer_to_spark_columns(answer, SEQUENCE)
+    assert column.type == pa.list_(pa.float32())
+    assert column.to_pylist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_several_outputs_become_a_dataframe_for_a_struct_result() -> None:
+    embedding = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(8, np.float32)), 4)
+    answer = pa.RecordBatch.from_arrays(
+        [pa.array([0.5, 0.25], pa.float32()), embedding], names=["score", "embedding"]
+    )
+    frame = answer_to_pandas(answer, as_struct=True)
+    assert list(frame.columns) == ["score", "embedding"]
+    assert frame["score"].tolist() == [0.5, 0.25]
+
+
+def test_the_return_type_is_a_scalar_an_array_or_a_struct() -> None:
+    scalar = ModelSpec("s", 1, (), (Tensor("y", "float64", ()),))
+    assert spark_return_type(scalar) == T.DoubleType()
+    assert spark_return_type(SEQUENCE) == T.ArrayType(T.FloatType(), containsNull=False)
+    assert spark_return_type(MULTI) == T.StructType(
+        [
+            T.StructField("score", T.FloatType()),
+            T.StructField("embedding", T.ArrayType(T.FloatType(), containsNull=False)),
+        ]
+    )
+
+
+def test_a_matrix_output_is_an_array_of_arrays() -> None:
+    spec = ModelSpec("m", 1, (), (Tensor("y", "int64", (2, 3)),))
+    assert spark_return_type(spec) == T.ArrayType(T.ArrayType(T.LongType(), False), False)

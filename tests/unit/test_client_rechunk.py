@@ -1,0 +1,60 @@
+"""Spark's batches re-cut into requests, and the answers cut back row for row."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from spark_client.rechunk import Rechunker
+
+EMPTY = pa.RecordBatch.from_arrays([pa.array([], pa.int64())], names=["y"])
+
+
+def batch(start: int, rows: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array(range(start, start + rows), pa.int64())], names=["x"])
+
+
+def echo(requests: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """A predictor answering y = x for each request."""
+    return [pa.RecordBatch.from_arrays([r.column(0)], names=["y"]) for r in requests]
+
+
+def run(rechunker: Rechunker[int], sizes: list[int]) -> tuple[list[int], list[tuple[int, list[int]]]]:
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    inputs = [(i, batch(start, rows)) for i, (start, rows) in enumerate(zip(starts, sizes, strict=True))]
+    requests = list(rechunker.requests(iter(inputs)))
+    answers = [(carry, answer.column(0).to_pylist()) for carry, answer in rechunker.answers(echo(requests))]
+    return [r.num_rows for r in requests], answers
+
+
+def test_big_batches_are_cut_into_requests_of_the_configured_rows() -> None:
+    sizes, answers = run(Rechunker(4, 1 << 20, EMPTY), [10])
+    assert sizes == [4, 4, 2]
+    assert answers == [(0, list(range(10)))]
+
+
+def test_small_batches_are_joined_and_each_gets_its_own_rows_back() -> None:
+    sizes, answers = run(Rechunker(5, 1 << 20, EMPTY), [2, 2, 2, 3])
+    assert sizes == [5, 4]
+    assert answers == [(0, [0, 1]), (1, [2, 3]), (2, [4, 5]), (3, [6, 7, 8])]
+
+
+def test_an_empty_batch_gets_an_empty_answer_in_its_place_without_a_request() -> None:
+    sizes, answers = run(Rechunker(3, 1 << 20, EMPTY), [0, 2, 0, 0, 2, 0])
+    assert sizes == [3, 1]
+    assert answers == [(0, []), (1, [0, 1]), (2, []), (3, []), (4, [2, 3]), (5, [])]
+
+
+def test_requests_stay_under_half_the_message_limit() -> None:
+    rows = 1000  # 8 bytes per row
+    sizes, answers = run(Rechunker(10_000, 1600, EMPTY), [rows])
+    assert max(sizes) == 100 and sum(sizes) == rows
+    assert answers == [(0, list(range(rows)))]
+
+
+def test_answers_that_do_not_cover_the_requests_are_an_error() -> None:
+    rechunker: Rechunker[int] = Rechunker(10, 1 << 20, EMPTY)
+    requests = list(rechunker.requests(iter([(0, batch(0, 5))])))
+    short = [pa.RecordBatch.from_arrays([requests[0].column(0).slice(0, 3)], names=["y"])]
+    with pytest.raises(RuntimeError, match="3 answered rows left over, 5 requested rows unanswered"):
+        list(rechunker.answers(short))

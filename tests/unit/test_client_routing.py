@@ -1,0 +1,177 @@
+"""How a task finds its model server: pure functions of config, environment and placement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_client.config import ClientConfig
+from spark_client.routing import (
+    ADDRESS_ENV,
+    SPARK_CONF_ADDRESS,
+    SPARK_CONF_DISCOVERY_FILE,
+    SPARK_CONF_MODEL_REPOSITORY,
+    NoServerFound,
+    TaskPlacement,
+    apply_spark_conf,
+    choose_server,
+    discovery_path,
+    fallback_repository,
+    placement_from_resources,
+    resolve_route,
+)
+from udfserve.discovery import (
+    DISCOVERY_FILE_ENV,
+    RUNTIME_DIR_ENV,
+    NodeDiscovery,
+    ServerEntry,
+    write_discovery,
+)
+
+
+def gpu_server(index: int, state: str = "ready") -> ServerEntry:
+    return ServerEntry(
+        device=f"gpu:{index}",
+        device_index=index,
+        unix_socket=f"/run/udfserve/gpu{index}.sock",
+        tcp_address=f"127.0.0.1:{7500 + index}",
+        state=state,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def node_file(tmp_path: Path) -> Path:
+    path = tmp_path / "discovery.json"
+    servers = [gpu_server(1), gpu_server(0), gpu_server(2, state="restarting")]
+    write_discovery(path, NodeDiscovery(model_repository="/models", servers=servers))
+    return path
+
+
+def test_an_explicit_address_beats_the_environment_and_the_discovery_file(node_file: Path) -> None:
+    config = ClientConfig(address="unix:///tmp/explicit.sock", discovery_file=str(node_file))
+    route = resolve_route(config, {ADDRESS_ENV: "10.0.0.1:7500"}, TaskPlacement())
+    assert route.targets == ("unix:///tmp/explicit.sock",)
+
+
+def test_the_spark_conf_address_is_frozen_into_the_config_unless_one_is_given() -> None:
+    conf = {SPARK_CONF_ADDRESS: "10.0.0.2:7500", SPARK_CONF_DISCOVERY_FILE: "/etc/d.json"}
+    assert apply_spark_conf(ClientConfig(), conf).address == "10.0.0.2:7500"
+    assert apply_spark_conf(ClientConfig(), conf).discovery_file == "/etc/d.json"
+    assert apply_spark_conf(ClientConfig(address="host:1"), conf).address == "host:1"
+
+
+def test_the_spark_conf_model_repository_fills_an_unset_one() -> None:
+    conf = {SPARK_CONF_MODEL_REPOSITORY: "/shared/models"}
+    assert apply_spark_conf(ClientConfig(), conf).model_repository == "/shared/models"
+    assert apply_spark_conf(ClientConfig(model_repository="/mine"), conf).model_repository == "/mine"
+
+
+def test_an_invalid_spark_conf_address_is_refused_naming_the_setting() -> None:
+    with pytest.raises(ValueError, match=SPARK_CONF_ADDRESS):
+        apply_spark_conf(ClientConfig(), {SPARK_CONF_ADDRESS: "not a target"})
+
+
+def test_the_executor_environment_address_beats_the_discovery_file(node_file: Path) -> None:
+    config = ClientConfig(discovery_file=str(node_file))
+    route = resolve_route(config, {ADDRESS_ENV: "10.0.0.1:7500"}, TaskPlacement())
+    assert route.targets == ("10.0.0.1:7500",)
+    assert ADDRESS_ENV in route.origin
+
+
+def test_an_invalid_environment_address_is_refused_naming_the_variable() -> None:
+    with pytest.raises(ValueError, match=ADDRESS_ENV):
+        resolve_route(ClientConfig(), {ADDRESS_ENV: "no port here"}, TaskPlacement())
+
+
+def test_a_task_with_a_gpu_takes_the_server_of_that_device(node_file: Path) -> None:
+    config = ClientConfig(discovery_file=str(node_file))
+    route = resolve_route(config, {}, TaskPlacement(partition_id=0, gpu_addresses=("1",)))
+    assert route.targets == ("unix:///run/udfserve/gpu1.sock", "127.0.0.1:7501")
+    assert "gpu:1" in route.origin
+
+
+def test_a_task_with_several_gpus_takes_the_server_of_the_first(node_file: Path) -> None:
+    route = resolve_route(
+        ClientConfig(discovery_file=str(node_file)),
+        {},
+        TaskPlacement(partition_id=1, gpu_addresses=("0", "1")),
+    )
+    assert route.targets[0] == "unix:///run/udfserve/gpu0.sock"
+
+
+def test_a_gpu_without_a_ready_server_falls_back_to_round_robin(node_file: Path) -> None:
+    discovery = NodeDiscovery.model_validate_json(node_file.read_text())
+    chosen = choose_server(discovery, TaskPlacement(partition_id=3, gpu_addresses=("2",)), node_file)
+    assert chosen.device == "gpu:1"  # gpu:2 is restarting; partition 3 of the ready [gpu:0, gpu:1]
+
+
+def test_tasks_without_gpus_spread_round_robin_over_ready_servers_in_device_order(node_file: Path) -> None:
+    discovery = NodeDiscovery.model_validate_json(node_file.read_text())
+    devices = [choose_server(discovery, TaskPlacement(partition_id=p), node_file).device for p in range(5)]
+    assert devices == ["gpu:0", "gpu:1", "gpu:0", "gpu:1", "gpu:0"]
+
+
+def test_devices_are_ordered_by_index_not_by_text() -> None:
+    discovery = NodeDiscovery(servers=[gpu_server(10), gpu_server(2)])
+    assert choose_server(discovery, TaskPlacement(partition_id=0), "f").device == "gpu:2"
+
+
+def test_the_unix_socket_is_dialled_first_unless_told_otherwise(node_file: Path) -> None:
+    placement = TaskPlacement(gpu_addresses=("0",))
+    preferred = resolve_route(ClientConfig(discovery_file=str(node_file)), {}, placement)
+    tcp_first = resolve_route(
+        ClientConfig(discovery_file=str(node_file), prefer_unix_socket=False), {}, placement
+    )
+    assert preferred.targets == ("unix:///run/udfserve/gpu0.sock", "127.0.0.1:7500")
+    assert tcp_first.targets == ("127.0.0.1:7500", "unix:///run/udfserve/gpu0.sock")
+
+
+def test_a_server_with_only_tcp_is_reached_over_tcp(tmp_path: Path) -> None:
+    path = tmp_path / "d.json"
+    write_discovery(path, NodeDiscovery(servers=[ServerEntry(device="cpu", tcp_address="127.0.0.1:7500")]))
+    assert resolve_route(ClientConfig(discovery_file=str(path)), {}, TaskPlacement()).targets == (
+        "127.0.0.1:7500",
+    )
+
+
+def test_the_discovery_file_defaults_to_the_executor_environment(tmp_path: Path) -> None:
+    assert discovery_path(ClientConfig(), {DISCOVERY_FILE_ENV: "/x/d.json"}) == Path("/x/d.json")
+    assert discovery_path(ClientConfig(), {RUNTIME_DIR_ENV: "/rt"}) == Path("/rt/discovery.json")
+    assert discovery_path(ClientConfig(discovery_file="/c.json"), {DISCOVERY_FILE_ENV: "/x"}) == Path(
+        "/c.json"
+    )
+
+
+def test_no_address_and_no_discovery_file_names_where_it_looked(tmp_path: Path) -> None:
+    missing = tmp_path / "absent.json"
+    with pytest.raises(NoServerFound, match=f"{ADDRESS_ENV}.*no discovery file at {missing}"):
+        resolve_route(ClientConfig(), {DISCOVERY_FILE_ENV: str(missing)}, TaskPlacement())
+
+
+def test_a_discovery_file_without_ready_servers_is_no_server(tmp_path: Path) -> None:
+    path = tmp_path / "d.json"
+    write_discovery(path, NodeDiscovery(servers=[gpu_server(0, state="starting")]))
+    with pytest.raises(NoServerFound, match=r"no ready server.*'gpu:0': 'starting'"):
+        resolve_route(ClientConfig(discovery_file=str(path)), {}, TaskPlacement())
+
+
+def test_the_fallback_reads_the_model_repository_from_the_config_first(node_file: Path) -> None:
+    config = ClientConfig(discovery_file=str(node_file), model_repository="/mine")
+    assert fallback_repository(config, {})[0] == Path("/mine")
+
+
+def test_the_fallback_reads_the_model_repository_from_the_discovery_file(node_file: Path) -> None:
+    repository, origin = fallback_repository(ClientConfig(discovery_file=str(node_file)), {})
+    assert repository == Path("/models")
+    assert str(node_file) in origin
+
+
+def test_the_fallback_without_a_repository_says_how_to_give_one(tmp_path: Path) -> None:
+    with pytest.raises(LookupError, match=r"set ClientConfig\.model_repository"):
+        fallback_repository(ClientConfig(discovery_file=str(tmp_path / "none.json")), {})
+
+
+def test_the_placement_takes_gpu_addresses_from_the_task_resources() -> None:
+    placement = placement_from_resources(7, {"gpu": ["3"], "fpga": ["0"]})
+    assert placement == TaskPlacement(partition_id=7, gpu_addresses=("3",))
