@@ -1,7 +1,8 @@
 """The dynamic batcher of one model: merges concurrent requests into few backend calls.
 
 Requests from many streams wait in one FIFO queue. A worker task takes the oldest request and
-merges the requests behind it until the next would not fit in ``max_batch_size`` rows, or until
+merges the requests behind it until the next would not fit in the batch limit (``max_batch_size``
+rows unless the backend ran out of memory, below), or until
 ``max_queue_delay_s`` has passed since the oldest was queued, whichever comes first; then one
 backend call runs in the executor and its outputs are split back by row counts. The worker
 sleeps on an ``asyncio.Event`` with a timeout computed from the oldest request's deadline: it
@@ -9,9 +10,9 @@ never polls.
 
 Decisions callers rely on:
 
-- A request larger than ``max_batch_size`` is cut into chunks of at most ``max_batch_size`` rows,
-  queued together and answered in order; it is never refused for its size. A chunk is never
-  split across two backend calls.
+- A request larger than the batch limit is cut into chunks of at most that many rows, queued
+  together and answered in order; it is never refused for its size. A chunk is split across
+  backend calls only after the backend ran out of memory (below).
 - The queue is bounded in rows (``max_queue_rows``). A request that would overflow it is refused
   whole with ``QueueFull`` (back-pressure), none of its chunks queued. An empty queue admits any
   one request, so a request larger than the whole queue is delayed, never refused forever.
@@ -21,10 +22,25 @@ Decisions callers rely on:
 - With batching disabled every chunk runs alone, still through the queue and the executor, so
   that batching on and off can be compared under the same load.
 - A request whose caller went away (its task was cancelled) is dropped before it runs.
-- When a merged batch fails, each of its requests is run again alone, so only the bad one fails
-  and the requests merged with it still get their answers. ``ServingError`` subclasses reach the
+- When a merged call fails, each request that shared it is run again alone, so only the bad one
+  fails and the requests merged with it still get their answers. ``ServingError`` subclasses reach the
   caller as they are; anything else becomes ``BackendFault`` with the exception's type and text.
 - Every output must have exactly one row per input row of the batch, else ``BackendFault``.
+
+Out of device memory. A backend reports it by raising ``DeviceOutOfMemory`` (the TensorFlow
+backend maps the framework's own resource-exhausted error to it). The call is then split in
+halves, each half run on its own and split again if it still does not fit, down to one row;
+every row is still answered exactly once and in order. A single row that does not fit alone
+fails its request with ``DeviceOutOfMemory`` (RESOURCE_EXHAUSTED) naming the model and the row.
+The batch limit (initially ``max_batch_size``) drops to the largest call that succeeded after
+the batch first ran out of memory, so later batches do not rediscover the limit with a failed
+call each (a failed allocation can cost seconds: TensorFlow's BFC allocator retries for up to
+10 s before giving up). A batch in which nothing fitted, not even one row, leaves the limit as
+it is: one row too large must not throttle everyone else's batches. The limit recovers
+additively: after ``LIMIT_RECOVERY_CALLS`` successful calls of the full limit in a row it grows
+by ``max_batch_size // LIMIT_RECOVERY_STEPS`` (at least one row), up to ``max_batch_size``; an
+out-of-memory call resets that count. Calls smaller than the limit prove nothing about it and
+do not count, so under light traffic the limit stays where it is, which costs nothing then.
 """
 
 from __future__ import annotations
@@ -38,17 +54,28 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from services.model_server.config import BatchingConfig
-from services.model_server.errors import BackendFault, ModelUnavailable, QueueFull, ServingError
+from services.model_server.errors import (
+    BackendFault,
+    DeviceOutOfMemory,
+    ModelUnavailable,
+    QueueFull,
+    ServingError,
+)
 
 logger = logging.getLogger(__name__)
 
 Arrays = dict[str, np.ndarray]
 PredictFn = Callable[[Arrays], Mapping[str, np.ndarray]]
+
+LIMIT_RECOVERY_CALLS = 64
+"""Successful calls of the full batch limit, in a row, before the limit grows one step."""
+LIMIT_RECOVERY_STEPS = 16
+"""The limit grows by ``max_batch_size // LIMIT_RECOVERY_STEPS`` rows per step (at least one)."""
 
 
 class BatchObserver(Protocol):
@@ -61,15 +88,32 @@ class BatchObserver(Protocol):
         """One backend call ran ``rows`` rows from ``requests`` chunks in ``seconds``."""
 
 
+@runtime_checkable
+class MemoryObserver(Protocol):
+    """Optionally also implemented by an observer: out-of-memory splits and the batch limit."""
+
+    def on_out_of_memory(self, model: str, rows: int) -> None:
+        """A backend call of ``rows`` rows ran out of memory; split in halves when ``rows`` > 1."""
+
+    def on_batch_limit(self, model: str, rows: int) -> None:
+        """The batch limit is now ``rows`` (reported at start and on every change)."""
+
+
 @dataclass(eq=False)
 class _Chunk:
-    """Up to ``max_batch_size`` rows of one request, answered through ``future``."""
+    """Up to the batch limit's rows of one request, answered through ``future``.
+
+    ``first_row`` is where the chunk starts in its request of ``request_rows`` rows, so that an
+    error about one row can name it as the client numbers it.
+    """
 
     inputs: Arrays
     rows: int
     signature: tuple[Any, ...]
     future: asyncio.Future[Arrays]
     enqueued_at_s: float
+    first_row: int = 0
+    request_rows: int = 0
     queued: bool = field(default=True)
 
 
@@ -80,6 +124,16 @@ class _CallResult:
     seconds: float
 
 
+@dataclass
+class _Piece:
+    """Rows ``start:stop`` of a batch, run in one backend call: their outputs or its error."""
+
+    start: int
+    stop: int
+    outputs: Arrays | None
+    error: BaseException | None
+
+
 def _set_result(future: asyncio.Future[Arrays], value: Arrays) -> None:
     if not future.done():
         future.set_result(value)
@@ -88,6 +142,26 @@ def _set_result(future: asyncio.Future[Arrays], value: Arrays) -> None:
 def _set_exception(future: asyncio.Future[Arrays], error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)
+
+
+@dataclass
+class _Split:
+    """What one batch learnt while splitting after running out of memory."""
+
+    out_of_memory: bool = False
+    largest_success_rows: int = 0
+
+
+def _rows_of_pieces(pieces: list[_Piece], start: int, stop: int) -> Arrays:
+    """The outputs of rows ``start:stop`` of a batch, from the successful pieces covering them."""
+    parts = []
+    for piece in pieces:
+        assert piece.outputs is not None
+        lo, hi = max(start, piece.start) - piece.start, min(stop, piece.stop) - piece.start
+        parts.append({name: array[lo:hi] for name, array in piece.outputs.items()})
+    if len(parts) == 1:
+        return parts[0]
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
 def _signature(inputs: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
@@ -124,6 +198,9 @@ class DynamicBatcher:
         self._config = config
         self._executor = executor
         self._observer = observer
+        self._memory_observer = observer if isinstance(observer, MemoryObserver) else None
+        self._batch_limit = max_batch_size
+        self._full_calls_at_limit = 0
         self._max_concurrent_batches = max_concurrent_batches
         self._max_queue_rows = max_queue_rows or config.max_queue_rows or 16 * max_batch_size
         self._queue: deque[_Chunk] = deque()
@@ -143,6 +220,12 @@ class DynamicBatcher:
     def max_queue_rows(self) -> int:
         return self._max_queue_rows
 
+    @property
+    def batch_limit(self) -> int:
+        """The most rows one backend call runs now: ``max_batch_size`` until the backend ran out
+        of memory, then lower until it recovers."""
+        return self._batch_limit
+
     def start(self) -> None:
         """Start the worker task on the running event loop."""
         if self._worker is not None:
@@ -150,6 +233,7 @@ class DynamicBatcher:
         self._wakeup = asyncio.Event()
         self._slots = asyncio.Semaphore(self._max_concurrent_batches)
         self._worker = asyncio.get_running_loop().create_task(self._work(), name=f"batcher-{self.model_name}")
+        self._report_limit()
 
     async def submit(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Queue one request and return its outputs, each with the request's row count."""
@@ -223,10 +307,10 @@ class DynamicBatcher:
         now = loop.time()
         signature = _signature(inputs)
         chunks = []
-        for start in range(0, rows, self._max_batch_size):
-            stop = min(start + self._max_batch_size, rows)
+        for start in range(0, rows, self._batch_limit):
+            stop = min(start + self._batch_limit, rows)
             part = inputs if (start, stop) == (0, rows) else {k: v[start:stop] for k, v in inputs.items()}
-            chunk = _Chunk(part, stop - start, signature, loop.create_future(), now)
+            chunk = _Chunk(part, stop - start, signature, loop.create_future(), now, start, rows)
             chunk.future.add_done_callback(functools.partial(self._on_chunk_done, chunk))
             chunks.append(chunk)
         self._queue.extend(chunks)
@@ -262,16 +346,18 @@ class DynamicBatcher:
         head = self._queue[0]
         if not self._config.enabled:
             return [head], False
+        limit = self._batch_limit
         batch: list[_Chunk] = []
         rows = 0
         for chunk in self._queue:
             if chunk.signature != head.signature:
                 continue
-            if rows + chunk.rows > self._max_batch_size:
+            # The head always runs, even when queued before the limit dropped below its size.
+            if batch and rows + chunk.rows > limit:
                 return batch, False
             batch.append(chunk)
             rows += chunk.rows
-        return batch, rows < self._max_batch_size
+        return batch, rows < limit
 
     async def _next_batch(self) -> list[_Chunk] | None:
         """Wait until a batch is due; ``None`` once stopping with nothing left."""
@@ -336,47 +422,146 @@ class DynamicBatcher:
         started_s = loop.time()
         for chunk in chunks:
             self._observe_wait(started_s - chunk.enqueued_at_s)
-        result = await self._call(chunks)
-        if result.error is None:
-            assert result.outputs is not None
-            start = 0
-            for chunk in chunks:
-                _set_result(
-                    chunk.future, {k: v[start : start + chunk.rows] for k, v in result.outputs.items()}
-                )
-                start += chunk.rows
-            return
-        if len(chunks) == 1:
-            _set_exception(chunks[0].future, self._as_serving_error(result.error))
+        pieces = await self._run_rows(chunks)
+        isolate = self._answer(chunks, pieces)
+        if not isolate:
             return
         logger.warning(
             "model '%s': a merged batch of %d requests failed (%s); running each alone",
             self.model_name,
-            len(chunks),
-            result.error,
+            len(isolate),
+            next(piece.error for piece in pieces if piece.error is not None),
         )
-        for chunk in chunks:
-            if chunk.future.done():
-                continue
-            alone = await self._call([chunk])
-            if alone.error is None:
-                assert alone.outputs is not None
-                _set_result(chunk.future, alone.outputs)
-            else:
-                _set_exception(chunk.future, self._as_serving_error(alone.error))
+        for chunk in isolate:
+            if not chunk.future.done():
+                self._answer([chunk], await self._run_rows([chunk]))
 
-    async def _call(self, chunks: list[_Chunk]) -> _CallResult:
-        """One backend call in the executor, reported to the observer."""
+    def _answer(self, chunks: list[_Chunk], pieces: list[_Piece]) -> list[_Chunk]:
+        """Answer every chunk from the pieces covering its rows; return the chunks that share a
+        failed call with other chunks and must be run alone to tell which of them is at fault."""
+        isolate = []
+        start = 0
+        for chunk in chunks:
+            stop = start + chunk.rows
+            covering = [piece for piece in pieces if piece.start < stop and piece.stop > start]
+            failed = next((piece for piece in covering if piece.error is not None), None)
+            if failed is None:
+                _set_result(chunk.future, _rows_of_pieces(covering, start, stop))
+            elif len(chunks) > 1 and (failed.start < start or failed.stop > stop):
+                isolate.append(chunk)
+            else:
+                assert failed.error is not None
+                _set_exception(chunk.future, self._chunk_error(chunk, failed, start))
+            start = stop
+        return isolate
+
+    def _chunk_error(self, chunk: _Chunk, failed: _Piece, chunk_start: int) -> ServingError:
+        error = failed.error
+        if isinstance(error, DeviceOutOfMemory) and failed.stop - failed.start == 1:
+            row = chunk.first_row + failed.start - chunk_start
+            return DeviceOutOfMemory(
+                f"model '{self.model_name}': out of memory on a single row: row {row} of the request's "
+                f"{chunk.request_rows} rows does not fit even alone (its batch was split down to one "
+                f"row); retry later or on another device. Backend: {error.message}"
+            )
+        assert error is not None
+        return self._as_serving_error(error)
+
+    async def _run_rows(self, chunks: list[_Chunk]) -> list[_Piece]:
+        """Run the chunks' rows as one batch; the pieces returned cover every row, in order."""
         if len(chunks) == 1:
             inputs = chunks[0].inputs
         else:
             inputs = {name: np.concatenate([c.inputs[name] for c in chunks]) for name in chunks[0].inputs}
-        rows = sum(chunk.rows for chunk in chunks)
+        bounds = np.cumsum([0, *(chunk.rows for chunk in chunks)])
+        return await self._run_range(inputs, bounds, 0, int(bounds[-1]), _Split())
+
+    async def _run_range(
+        self, inputs: Arrays, bounds: np.ndarray, start: int, stop: int, split: _Split
+    ) -> list[_Piece]:
+        """Rows ``start:stop`` in one call, or in calls of the batch limit when they exceed it
+        (chunks queued before the limit dropped); on out-of-memory, the two halves, recursively."""
+        rows = stop - start
+        if rows > self._batch_limit:
+            pieces: list[_Piece] = []
+            while start < stop:  # the limit is read again before each call: it may drop meanwhile
+                end = min(start + self._batch_limit, stop)
+                pieces.extend(await self._run_range(inputs, bounds, start, end, split))
+                start = end
+            return pieces
+        whole = start == 0 and stop == int(bounds[-1])
+        part = inputs if whole else {name: array[start:stop] for name, array in inputs.items()}
+        first_chunk = int(np.searchsorted(bounds, start, side="right")) - 1
+        last_chunk = int(np.searchsorted(bounds, stop, side="left")) - 1
+        result = await self._call(part, rows, last_chunk - first_chunk + 1)
+        if result.error is None:
+            self._on_success(rows, split)
+            return [_Piece(start, stop, result.outputs, None)]
+        if not isinstance(result.error, DeviceOutOfMemory):
+            return [_Piece(start, stop, None, result.error)]
+        split.out_of_memory = True
+        self._on_out_of_memory(rows)
+        if rows == 1:
+            return [_Piece(start, stop, None, result.error)]
+        middle = start + (rows + 1) // 2
+        return [
+            *await self._run_range(inputs, bounds, start, middle, split),
+            *await self._run_range(inputs, bounds, middle, stop, split),
+        ]
+
+    # -- batch limit ------------------------------------------------------------------------------
+
+    def _on_out_of_memory(self, rows: int) -> None:
+        logger.warning(
+            "model '%s': out of memory on a call of %d rows; %s",
+            self.model_name,
+            rows,
+            "splitting it in halves" if rows > 1 else "a single row does not fit",
+        )
+        if self._memory_observer is not None:
+            try:
+                self._memory_observer.on_out_of_memory(self.model_name, rows)
+            except Exception:
+                logger.exception("model '%s': batch observer failed", self.model_name)
+        self._full_calls_at_limit = 0
+
+    def _on_success(self, rows: int, split: _Split) -> None:
+        if split.out_of_memory and rows > split.largest_success_rows:
+            # The largest call that fitted since this batch first ran out of memory: a row too big
+            # to fit even alone lowers the limit no further than what its neighbours proved.
+            split.largest_success_rows = rows
+            if rows < self._batch_limit:
+                self._batch_limit = rows
+                self._full_calls_at_limit = 0
+                logger.warning("model '%s': batch limit lowered to %d rows", self.model_name, rows)
+                self._report_limit()
+            return
+        if self._batch_limit >= self._max_batch_size or rows < self._batch_limit:
+            return
+        self._full_calls_at_limit += 1
+        if self._full_calls_at_limit < LIMIT_RECOVERY_CALLS:
+            return
+        self._full_calls_at_limit = 0
+        step = max(1, self._max_batch_size // LIMIT_RECOVERY_STEPS)
+        self._batch_limit = min(self._max_batch_size, self._batch_limit + step)
+        logger.info("model '%s': batch limit raised to %d rows", self.model_name, self._batch_limit)
+        self._report_limit()
+
+    def _report_limit(self) -> None:
+        if self._memory_observer is None:
+            return
+        try:
+            self._memory_observer.on_batch_limit(self.model_name, self._batch_limit)
+        except Exception:
+            logger.exception("model '%s': batch observer failed", self.model_name)
+
+    async def _call(self, inputs: Arrays, rows: int, requests: int) -> _CallResult:
+        """One backend call in the executor, reported to the observer."""
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(self._executor, self._call_backend, inputs, rows)
         if self._observer is not None:
             try:
-                self._observer.on_batch(self.model_name, rows, len(chunks), result.seconds)
+                self._observer.on_batch(self.model_name, rows, requests, result.seconds)
             except Exception:
                 logger.exception("model '%s': batch observer failed", self.model_name)
         return result

@@ -48,5 +48,16 @@ class BackendFault(ServingError):
     code = grpc.StatusCode.INTERNAL
 
 
+class DeviceOutOfMemory(BackendFault):
+    """The framework could not allocate memory for a batch (its own resource-exhausted error).
+
+    A smaller batch may fit: the batcher splits the call in halves and lowers its batch limit.
+    Only a single row that does not fit alone reaches the client, as RESOURCE_EXHAUSTED: the
+    memory may be free again later (another model released it), so a retry is not pointless.
+    """
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class ModelLoadError(Exception):
     """A model could not be loaded; the message names the model and the file."""

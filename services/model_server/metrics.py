@@ -77,6 +77,24 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=registry,
         )
+        self.backend_oom = Counter(
+            "udfserve_backend_oom",
+            "Backend calls that ran out of device memory (a single row among them fails its request).",
+            ["model"],
+            registry=registry,
+        )
+        self.oom_splits = Counter(
+            "udfserve_oom_splits",
+            "Backend calls that ran out of device memory and were split in halves and retried.",
+            ["model"],
+            registry=registry,
+        )
+        self.batch_limit = Gauge(
+            "udfserve_batch_limit_rows",
+            "Most rows one backend call runs now: max_batch_size, lower after running out of memory.",
+            ["model"],
+            registry=registry,
+        )
         self.model_loads = Counter(
             "udfserve_model_loads",
             "Model loads performed by this process (one per model is the goal).",
@@ -136,6 +154,15 @@ class ServerMetrics:
         self.batch_rows.labels(model=model).observe(rows)
         self.batch_requests.labels(model=model).observe(requests)
         self.inference_duration.labels(model=model).observe(seconds)
+
+    # MemoryObserver
+    def on_out_of_memory(self, model: str, rows: int) -> None:
+        self.backend_oom.labels(model=model).inc()
+        if rows > 1:
+            self.oom_splits.labels(model=model).inc()
+
+    def on_batch_limit(self, model: str, rows: int) -> None:
+        self.batch_limit.labels(model=model).set(rows)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -5,6 +5,8 @@ traced and warmed up at load: a call is then 2-20x cheaper than ``model.predict`
 the first request pays no tracing, and calls from several worker threads are safe. Inputs and
 outputs are read from the model's signature unless config.yaml declares them, in which case the
 two must agree. Declared dtypes that differ from the model's are cast inside the graph.
+TensorFlow's own resource-exhausted error becomes ``DeviceOutOfMemory``, so the batcher can split
+the batch in halves without knowing the framework.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import tensorflow as tf
 
 from services.model_server import device
 from services.model_server.config import SUPPORTED_DTYPES, TensorSpec
-from services.model_server.errors import InvalidInput, ModelLoadError
+from services.model_server.errors import DeviceOutOfMemory, InvalidInput, ModelLoadError
 from services.model_server.repository import ModelSource
 
 logger = logging.getLogger(__name__)
@@ -87,7 +89,13 @@ class TensorFlowModel:
                 f"model {self.name!r}: missing input(s) {missing}; expected {[s.name for s in self.inputs]}, "
                 f"received {sorted(inputs)}"
             )
-        results = self._serve(*(inputs[spec.name] for spec in self.inputs))
+        try:
+            results = self._serve(*(inputs[spec.name] for spec in self.inputs))
+        except tf.errors.ResourceExhaustedError as exc:
+            rows = len(inputs[self.inputs[0].name]) if self.inputs else 0
+            raise DeviceOutOfMemory(
+                f"model {self.name!r}: out of memory running {rows} rows: {_oom_line(exc.message)}"
+            ) from exc
         return {spec.name: results[spec.name].numpy() for spec in self.outputs}
 
     def __repr__(self) -> str:
@@ -321,6 +329,13 @@ def _dtype_name(dtype: Any, what: str) -> str:
     if name not in SUPPORTED_DTYPES:
         raise _Mismatch(f"{what} has dtype {name}, which is not served; expected one of {SUPPORTED_DTYPES}")
     return name
+
+
+def _oom_line(message: str) -> str:
+    """The line of a resource-exhausted error that says what did not fit; TensorFlow wraps it in
+    a graph trace and a hint many lines long."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return next((line for line in lines if line.startswith("OOM")), lines[0] if lines else "")
 
 
 def _zeros(specs: tuple[TensorSpec, ...], rows: int) -> dict[str, np.ndarray]:
