@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -26,13 +27,14 @@ import prometheus_client
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.model_server.config import ServerConfig
+from services.model_server.config import ServerConfig, is_loopback
 from services.model_server.gpu_metrics import GpuCollector
 from services.model_server.grpc_api import InferenceServicer
 from services.model_server.http_api import create_admin_app
 from services.model_server.kserve_api import add_kserve_service
 from services.model_server.metrics import ServerMetrics
 from services.model_server.models import ModelTable, ServedModel
+from services.model_server.security import TokenInterceptor, grpc_server_credentials
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
@@ -91,7 +93,9 @@ class RunningServer:
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", 0),  # two servers must never share a port silently
         ]
-        self.grpc_server = grpc.aio.server(options=options)
+        self.auth_token = config.resolve_auth_token()
+        interceptors = [TokenInterceptor(self.auth_token)] if self.auth_token else []
+        self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors)
         pb_grpc.add_InferenceServicer_to_server(self.servicer, self.grpc_server)
         add_kserve_service(self.grpc_server, self.models, self.metrics, config.max_message_bytes)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
@@ -113,10 +117,10 @@ class RunningServer:
             config.socket.parent.mkdir(parents=True, exist_ok=True)
             if config.socket.is_socket():
                 config.socket.unlink()  # a stale socket of a previous run of this server
-            self._bind(f"unix:{config.socket}")
+            self._bind(f"unix:{config.socket}")  # local only: the socket's file mode protects it
             unix_socket = str(config.socket)
         if config.port is not None:
-            port = self._bind(f"{config.host}:{config.port}")
+            port = self._bind(f"{config.host}:{config.port}", grpc_server_credentials(config))
             tcp_address = f"{config.host}:{port}"
         await self.grpc_server.start()
         if config.socket is not None:
@@ -125,8 +129,22 @@ class RunningServer:
         if config.http_port is not None:
             http_socket = socket.create_server((config.http_host, config.http_port), reuse_port=False)
             http_address = f"{config.http_host}:{http_socket.getsockname()[1]}"
-            app = create_admin_app(self.models, self.metrics, config.device)
-            uv_config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+            app = create_admin_app(self.models, self.metrics, config.device, self.auth_token)
+            tls: dict[str, object] = {}
+            if config.tls_enabled:
+                tls = {"ssl_certfile": str(config.tls_cert_file), "ssl_keyfile": str(config.tls_key_file)}
+                if config.tls_client_ca_file is not None:
+                    tls |= {
+                        "ssl_ca_certs": str(config.tls_client_ca_file),
+                        "ssl_cert_reqs": ssl.CERT_REQUIRED,
+                    }
+            uv_config = uvicorn.Config(
+                app,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+                **tls,  # type: ignore[arg-type]
+            )
             self._http_server = _UvicornWithoutSignals(uv_config)
             self._http_task = asyncio.create_task(self._http_server.serve(sockets=[http_socket]))
 
@@ -147,9 +165,16 @@ class RunningServer:
         self._load_task = asyncio.create_task(self._load_models())
         return self.addresses
 
-    def _bind(self, target: str) -> int:
+    def _bind(self, target: str, credentials: grpc.ServerCredentials | None = None) -> int:
+        if credentials is None and not target.startswith("unix:"):
+            host = target.rsplit(":", 1)[0]
+            if not is_loopback(host):
+                logger.warning("plaintext gRPC listener on %s: allowed by --allow-insecure-remote", target)
         try:
-            port = self.grpc_server.add_insecure_port(target)
+            if credentials is None:
+                port = self.grpc_server.add_insecure_port(target)
+            else:
+                port = self.grpc_server.add_secure_port(target, credentials)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {target}: {exc}") from exc
         if port == 0:

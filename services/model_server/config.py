@@ -6,11 +6,12 @@ variable, then the default. Each model's ``config.yaml`` is validated by ``Model
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -117,6 +118,25 @@ class ServerConfig(BaseSettings):
         default=10.0, ge=0.0, description="time to finish in-flight work on SIGTERM"
     )
     inference_threads: int = Field(default=1, ge=1, le=64, description="concurrent backend calls per model")
+    tls_cert_file: Path | None = Field(
+        default=None, description="PEM certificate chain: serve gRPC over TCP and HTTP over TLS"
+    )
+    tls_key_file: Path | None = Field(default=None, description="PEM private key of --tls-cert-file")
+    tls_client_ca_file: Path | None = Field(
+        default=None, description="PEM CA bundle: require client certificates it signed (mutual TLS)"
+    )
+    allow_insecure_remote: bool = Field(
+        default=False,
+        description="accept plaintext listeners on non-loopback addresses (the operator's explicit choice)",
+    )
+    auth_token: SecretStr | None = Field(
+        default=None,
+        description="require 'authorization: Bearer <token>' for inference and model endpoints "
+        "(health and /metrics stay open)",
+    )
+    auth_token_file: Path | None = Field(
+        default=None, description="read the token from this file instead of --auth-token"
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("device")
@@ -150,3 +170,51 @@ class ServerConfig(BaseSettings):
         if self.socket is None and self.port is None:
             raise ValueError("nothing to listen on: give a unix socket, a TCP port, or both")
         return self
+
+    @model_validator(mode="after")
+    def _safe_listeners(self) -> ServerConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("TLS needs both --tls-cert-file and --tls-key-file")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("--tls-client-ca-file (mutual TLS) needs --tls-cert-file and --tls-key-file")
+        if self.tls_cert_file is None and not self.allow_insecure_remote:
+            remote = [
+                f"{flag} {host}"
+                for flag, host, port in (
+                    ("--host", self.host, self.port),
+                    ("--http-host", self.http_host, self.http_port),
+                )
+                if port is not None and not is_loopback(host)
+            ]
+            if remote:
+                raise ValueError(
+                    f"refusing a plaintext listener on a non-loopback address ({', '.join(remote)}): give "
+                    "--tls-cert-file and --tls-key-file, or --allow-insecure-remote to accept it explicitly"
+                )
+        return self
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_cert_file is not None
+
+    def resolve_auth_token(self) -> str | None:
+        """The token, read from --auth-token-file when given (read once, at start-up)."""
+        if self.auth_token_file is not None:
+            try:
+                token = self.auth_token_file.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ValueError(f"cannot read --auth-token-file {self.auth_token_file}: {exc}") from exc
+            if not token:
+                raise ValueError(f"--auth-token-file {self.auth_token_file} is empty")
+            return token
+        return self.auth_token.get_secret_value() if self.auth_token else None
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach: localhost, 127.0.0.0/8, ::1."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve to anything

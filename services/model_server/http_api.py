@@ -6,7 +6,7 @@ is the state of the very process that serves predictions.
 
 from __future__ import annotations
 
-from fastapi import FastAPI, HTTPException, Response
+from fastapi import Depends, FastAPI, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
@@ -14,6 +14,7 @@ import udfserve
 from services.model_server.errors import InvalidInput, ModelNotFound
 from services.model_server.metrics import ServerMetrics
 from services.model_server.models import ModelInfo, ModelTable
+from services.model_server.security import http_token_dependency
 
 
 class Liveness(BaseModel):
@@ -29,7 +30,11 @@ class Readiness(BaseModel):
     failed: dict[str, str]
 
 
-def create_admin_app(models: ModelTable, metrics: ServerMetrics, device: str) -> FastAPI:
+def create_admin_app(
+    models: ModelTable, metrics: ServerMetrics, device: str, auth_token: str | None = None
+) -> FastAPI:
+    """Health and /metrics are open to probes and scrapers; model endpoints need the token if set."""
+    guarded = [Depends(http_token_dependency(auth_token))]
     app = FastAPI(
         title="udfserve model server",
         version=udfserve.__version__,
@@ -62,7 +67,7 @@ def create_admin_app(models: ModelTable, metrics: ServerMetrics, device: str) ->
             response.status_code = 503
         return Readiness(ready=not reason, reason=reason or "ok", models=states, failed=failed)
 
-    @app.get("/v1/models", response_model=list[ModelInfo])
+    @app.get("/v1/models", response_model=list[ModelInfo], dependencies=guarded)
     async def list_models() -> list[ModelInfo]:
         return [models.info(m) for m in models.all()]
 
@@ -70,6 +75,7 @@ def create_admin_app(models: ModelTable, metrics: ServerMetrics, device: str) ->
         "/v1/models/{name}",
         response_model=ModelInfo,
         responses={400: {"description": "invalid model name"}, 404: {"description": "unknown model"}},
+        dependencies=guarded,
     )
     async def model_metadata(name: str) -> ModelInfo:
         try:

@@ -129,8 +129,12 @@ def launch_server(
     ready_timeout_s: float = 120.0,
     wait: bool = True,
     ready_file: Path | None = None,
+    health_credentials: grpc.ChannelCredentials | None = None,
 ) -> ServerProcess:
     """Start ``udfserve serve`` as a child; by default wait until its health service says SERVING.
+
+    ``health_credentials`` are for a server reachable only over TLS (no unix socket): the
+    health check then goes to 127.0.0.1 on its TCP port with those credentials.
 
     ``ready_file`` (default: a new temporary folder) is removed first: a child killed earlier
     leaves its file behind, and its addresses must not be taken for the new child's.
@@ -160,15 +164,24 @@ def launch_server(
             log.close()
     server = ServerProcess(process=process, ready_file=ready_file, log_path=log_path)
     if wait:
-        wait_until_serving(server, ready_timeout_s)
+        wait_until_serving(server, ready_timeout_s, health_credentials)
     return server
 
 
-def wait_until_serving(server: ServerProcess, timeout_s: float) -> None:
+def _health_channel(server: ServerProcess, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
+    if credentials is None:
+        return grpc.insecure_channel(server.grpc_target())
+    port = (server.tcp_address or "").rsplit(":", 1)[-1]
+    return grpc.secure_channel(f"127.0.0.1:{port}", credentials)
+
+
+def wait_until_serving(
+    server: ServerProcess, timeout_s: float, credentials: grpc.ChannelCredentials | None = None
+) -> None:
     """Block until the server listens and its health service reports SERVING for all models."""
     deadline = time.monotonic() + timeout_s
     _wait_for_ready_file(server, deadline)
-    with grpc.insecure_channel(server.grpc_target()) as channel:
+    with _health_channel(server, credentials) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             remaining = deadline - time.monotonic()

@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from services.model_server.config import validate_model_name
+from services.model_server.config import is_loopback, validate_model_name
 from services.node.devices import DeviceError, check_devices_syntax
 from udfserve.discovery import (
     DEFAULT_RUNTIME_DIR,
@@ -100,6 +100,11 @@ class NodeConfig(BaseSettings):
         description="more `udfserve serve` flags for every server, given with '=', e.g. "
         "--server-args='--inference-threads 2'",
     )
+    allow_insecure_remote: bool = Field(
+        default=False,
+        description="accept plaintext listeners (servers' gRPC and HTTP, the supervisor's HTTP) on "
+        "non-loopback addresses; passed on to every server",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="log level of the supervisor and of every server"
     )
@@ -154,6 +159,23 @@ class NodeConfig(BaseSettings):
                 f"<runtime dir>/server-<device>.sock must fit in {UNIX_SOCKET_PATH_MAX} bytes, "
                 f"it would take up to {longest}"
             )
+        if not self.allow_insecure_remote:
+            listeners = [
+                ("--server-host", self.server_host, self.server_port_base is not None),
+                ("--server-http-host", self.server_http_host, True),
+                ("--supervisor-http-host", self.supervisor_http_host, True),
+            ]
+            remote = [f"{flag} {host}" for flag, host, used in listeners if used and not is_loopback(host)]
+            # Servers given TLS through --server-args check their own listeners; the supervisor's
+            # HTTP app (health and metrics) has no TLS, so beyond loopback it needs the flag.
+            if "--tls-cert-file" in self.server_args:
+                remote = [r for r in remote if r.startswith("--supervisor")]
+            if remote:
+                raise ValueError(
+                    f"refusing plaintext listeners on non-loopback addresses ({', '.join(remote)}): "
+                    "give the servers TLS through --server-args (--tls-cert-file, --tls-key-file) and keep "
+                    "the supervisor on loopback, or accept them explicitly with --allow-insecure-remote"
+                )
         if self.restart_backoff_max_s < self.restart_backoff_initial_s:
             raise ValueError(
                 f"restart_backoff_max_s ({self.restart_backoff_max_s}) is below "

@@ -220,6 +220,8 @@ class Supervisor:
             "--host", config.server_host,
             "--http-host", config.server_http_host,
         ]  # fmt: skip
+        if config.allow_insecure_remote:
+            extra.append("--allow-insecure-remote")
         if slot.device.uuid:
             extra += ["--device-uuid", slot.device.uuid]
         if config.models:

@@ -1,0 +1,90 @@
+"""Who may talk to a model server: TLS credentials and the optional bearer token.
+
+The unix socket is protected by its file mode; TCP listeners on other hosts than loopback
+need TLS or the operator's explicit ``--allow-insecure-remote`` (checked in ``ServerConfig``).
+The token, when set, guards inference and model metadata over gRPC and HTTP. Health checks
+and ``/metrics`` stay open so probes and scrapers work without secrets.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from fastapi import Header, HTTPException
+
+from services.model_server.config import ServerConfig
+
+OPEN_GRPC_PREFIXES = ("/grpc.health.v1.Health/",)
+AUTHORIZATION_HEADER = "authorization"
+
+
+def token_matches(expected: str, authorization: str | None) -> bool:
+    """Constant-time check of an ``authorization: Bearer <token>`` value."""
+    if not authorization or not authorization.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(authorization[len("Bearer ") :].encode(), expected.encode())
+
+
+def grpc_server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    """TLS (or mutual TLS) credentials for the TCP listener; None when TLS is off."""
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        return None
+    client_ca = config.tls_client_ca_file.read_bytes() if config.tls_client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(config.tls_key_file.read_bytes(), config.tls_cert_file.read_bytes())],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
+def _refusing_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same streaming kind as ``handler`` that answers UNAUTHENTICATED."""
+    message = "missing or wrong token: send metadata 'authorization: Bearer <token>'"
+
+    async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse)
+    return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every gRPC call but health checks unless it carries the bearer token."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(OPEN_GRPC_PREFIXES):
+            return handler
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        if token_matches(self._token, metadata.get(AUTHORIZATION_HEADER)):
+            return handler
+        return _refusing_handler(handler)
+
+
+def http_token_dependency(token: str | None) -> Callable[..., Awaitable[None]]:
+    """A FastAPI dependency that answers 401 unless the request carries the token."""
+
+    async def require_token(authorization: str | None = Header(default=None)) -> None:
+        if token is not None and not token_matches(token, authorization):
+            raise HTTPException(
+                status_code=401,
+                detail="missing or wrong token: send header 'Authorization: Bearer <token>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    return require_token
