@@ -32,11 +32,12 @@ backend maps the framework's own resource-exhausted error to it). The call is th
 halves, each half run on its own and split again if it still does not fit, down to one row;
 every row is still answered exactly once and in order. A single row that does not fit alone
 fails its request with ``DeviceOutOfMemory`` (RESOURCE_EXHAUSTED) naming the model and the row.
-The batch limit (initially ``max_batch_size``) drops to the largest call that succeeded after
-the batch first ran out of memory, so later batches do not rediscover the limit with a failed
-call each (a failed allocation can cost seconds: TensorFlow's BFC allocator retries for up to
-10 s before giving up). A batch in which nothing fitted, not even one row, leaves the limit as
-it is: one row too large must not throttle everyone else's batches. The limit recovers
+When a call ran out of memory and no row of it fails alone, its size is to blame: the batch
+limit (initially ``max_batch_size``) drops to the largest part of it that fitted, so later
+batches do not rediscover the limit with a failed call each (a failed allocation can cost
+seconds: TensorFlow's BFC allocator retries for up to 10 s before giving up). A call that failed
+because of a row too big to fit alone lowers nothing: one such row must not throttle everyone
+else's batches. The limit recovers
 additively: after ``LIMIT_RECOVERY_CALLS`` successful calls of the full limit in a row it grows
 by ``max_batch_size // LIMIT_RECOVERY_STEPS`` (at least one row), up to ``max_batch_size``; an
 out-of-memory call resets that count. Calls smaller than the limit prove nothing about it and
@@ -144,12 +145,9 @@ def _set_exception(future: asyncio.Future[Arrays], error: BaseException) -> None
         future.set_exception(error)
 
 
-@dataclass
-class _Split:
-    """What one batch learnt while splitting after running out of memory."""
-
-    out_of_memory: bool = False
-    largest_success_rows: int = 0
+def _unfittable(piece: _Piece) -> bool:
+    """A single row that ran out of memory alone: its size, not the batch's, is at fault."""
+    return isinstance(piece.error, DeviceOutOfMemory) and piece.stop - piece.start == 1
 
 
 def _rows_of_pieces(pieces: list[_Piece], start: int, stop: int) -> Arrays:
@@ -474,11 +472,9 @@ class DynamicBatcher:
         else:
             inputs = {name: np.concatenate([c.inputs[name] for c in chunks]) for name in chunks[0].inputs}
         bounds = np.cumsum([0, *(chunk.rows for chunk in chunks)])
-        return await self._run_range(inputs, bounds, 0, int(bounds[-1]), _Split())
+        return await self._run_range(inputs, bounds, 0, int(bounds[-1]))
 
-    async def _run_range(
-        self, inputs: Arrays, bounds: np.ndarray, start: int, stop: int, split: _Split
-    ) -> list[_Piece]:
+    async def _run_range(self, inputs: Arrays, bounds: np.ndarray, start: int, stop: int) -> list[_Piece]:
         """Rows ``start:stop`` in one call, or in calls of the batch limit when they exceed it
         (chunks queued before the limit dropped); on out-of-memory, the two halves, recursively."""
         rows = stop - start
@@ -486,7 +482,7 @@ class DynamicBatcher:
             pieces: list[_Piece] = []
             while start < stop:  # the limit is read again before each call: it may drop meanwhile
                 end = min(start + self._batch_limit, stop)
-                pieces.extend(await self._run_range(inputs, bounds, start, end, split))
+                pieces.extend(await self._run_range(inputs, bounds, start, end))
                 start = end
             return pieces
         whole = start == 0 and stop == int(bounds[-1])
@@ -495,19 +491,24 @@ class DynamicBatcher:
         last_chunk = int(np.searchsorted(bounds, stop, side="left")) - 1
         result = await self._call(part, rows, last_chunk - first_chunk + 1)
         if result.error is None:
-            self._on_success(rows, split)
+            self._on_success(rows)
             return [_Piece(start, stop, result.outputs, None)]
         if not isinstance(result.error, DeviceOutOfMemory):
             return [_Piece(start, stop, None, result.error)]
-        split.out_of_memory = True
         self._on_out_of_memory(rows)
         if rows == 1:
             return [_Piece(start, stop, None, result.error)]
         middle = start + (rows + 1) // 2
-        return [
-            *await self._run_range(inputs, bounds, start, middle, split),
-            *await self._run_range(inputs, bounds, middle, stop, split),
+        pieces = [
+            *await self._run_range(inputs, bounds, start, middle),
+            *await self._run_range(inputs, bounds, middle, stop),
         ]
+        succeeded = [piece.stop - piece.start for piece in pieces if piece.error is None]
+        if succeeded and not any(_unfittable(piece) for piece in pieces):
+            # The size explains this call's failure (no row in it fails alone): later batches
+            # start from the largest part of it that fitted.
+            self._lower_limit(max(succeeded))
+        return pieces
 
     # -- batch limit ------------------------------------------------------------------------------
 
@@ -525,17 +526,15 @@ class DynamicBatcher:
                 logger.exception("model '%s': batch observer failed", self.model_name)
         self._full_calls_at_limit = 0
 
-    def _on_success(self, rows: int, split: _Split) -> None:
-        if split.out_of_memory and rows > split.largest_success_rows:
-            # The largest call that fitted since this batch first ran out of memory: a row too big
-            # to fit even alone lowers the limit no further than what its neighbours proved.
-            split.largest_success_rows = rows
-            if rows < self._batch_limit:
-                self._batch_limit = rows
-                self._full_calls_at_limit = 0
-                logger.warning("model '%s': batch limit lowered to %d rows", self.model_name, rows)
-                self._report_limit()
+    def _lower_limit(self, rows: int) -> None:
+        if rows >= self._batch_limit:
             return
+        self._batch_limit = rows
+        self._full_calls_at_limit = 0
+        logger.warning("model '%s': batch limit lowered to %d rows", self.model_name, rows)
+        self._report_limit()
+
+    def _on_success(self, rows: int) -> None:
         if self._batch_limit >= self._max_batch_size or rows < self._batch_limit:
             return
         self._full_calls_at_limit += 1

@@ -163,8 +163,8 @@ def test_a_single_row_that_does_not_fit_fails_its_request_naming_the_model_and_t
         assert huge.code.name == "RESOURCE_EXHAUSTED"
         assert "model 'm'" in huge.message and "row 1 of the request's 3 rows" in huge.message
         assert "OOM when allocating" in huge.message
-        # A row too big to fit alone lowers the limit only to what its neighbours proved fits.
-        assert b.batch_limit == 3
+        # A row too big to fit alone is not the batch size's fault: the limit stays.
+        assert b.batch_limit == 6
         await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
 
     run(body)
@@ -182,6 +182,25 @@ def test_a_request_that_never_fits_leaves_the_limit_unchanged(executor: concurre
         await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
 
     run(body)
+
+
+def test_a_batch_too_large_and_holding_a_row_too_big_lowers_the_limit_to_what_fitted(
+    executor: concurrent.futures.Executor,
+) -> None:
+    device = SmallDevice(fits_rows=4)
+
+    async def body() -> None:
+        b = batcher(device, executor, max_batch_size=16)
+        fine, huge = await asyncio.gather(
+            b.submit(rows(*range(12))), b.submit(rows(12, 13, HUGE_ROW, 15)), return_exceptions=True
+        )
+        assert isinstance(fine, dict) and y(fine) == [2.0 * v for v in range(12)]
+        assert isinstance(huge, DeviceOutOfMemory) and "row 2 of the request's 4 rows" in huge.message
+        assert b.batch_limit == 4
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+    assert device.call_sizes == [16, 8, 4, 4, 4, 4, 2, 2, 1, 1]
 
 
 def test_another_failure_inside_a_split_half_fails_only_its_own_request(
