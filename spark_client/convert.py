@@ -9,6 +9,7 @@ list arrays around the flat values (about 2 ms per 10,000 rows of 64 floats, 3-4
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -16,7 +17,7 @@ import pyarrow as pa
 
 from spark_client.metadata import ModelSpec
 
-PandasInput = pd.Series | pd.DataFrame
+PandasInput: TypeAlias = pd.Series | pd.DataFrame
 
 
 def match_inputs(names: Sequence[str], spec: ModelSpec, what: str) -> list[int]:

@@ -77,7 +77,8 @@ def remote_predict(
             f"model {model!r} has outputs {list(job.spec.output_names)}; expected a struct return type with "
             f"those fields, received {resolved_type!r}"
         )
-    udf = RemotePredictUDF(job, pandas_udf(_pandas_function(job, as_struct), returnType=resolved_type))
+    spark_udf = pandas_udf(_pandas_function(job, as_struct), returnType=resolved_type)  # type: ignore[call-overload]
+    udf = RemotePredictUDF(job, spark_udf)
     return udf(*input_columns) if input_columns else udf
 
 
