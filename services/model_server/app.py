@@ -83,7 +83,9 @@ class RunningServer:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.metrics = ServerMetrics(config.device, config.device_uuid)
+        self.metrics = ServerMetrics(
+            config.device, config.device_uuid, config.max_tracked_apps, config.slow_request_s
+        )
         self.metrics.register([GpuCollector(config.device, config.device_uuid)])
         self.models = ModelTable(config, self.metrics)
         self.health = health.aio.HealthServicer()

@@ -137,6 +137,15 @@ class ServerConfig(BaseSettings):
     auth_token_file: Path | None = Field(
         default=None, description="read the token from this file instead of --auth-token"
     )
+    max_tracked_apps: int = Field(
+        default=64,
+        ge=1,
+        le=10_000,
+        description="Spark applications kept in metrics labels (least recent out)",
+    )
+    slow_request_s: float = Field(
+        default=1.0, gt=0, description="log requests slower than this with their Spark stage and partition"
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("device")

@@ -16,6 +16,7 @@ import numpy as np
 
 from services.model_server.config import TensorSpec
 from services.model_server.errors import InvalidInput, ServingError
+from services.model_server.job_context import JobContext, parse_job_context
 from services.model_server.metrics import ServerMetrics
 from services.model_server.models import ModelInfo, ModelTable, ServedModel
 from services.model_server.schema import batch_to_inputs, outputs_to_batch
@@ -88,9 +89,11 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         slots = asyncio.Semaphore(MAX_IN_FLIGHT_PER_STREAM)
         tasks: set[asyncio.Task[None]] = set()
 
+        job = parse_job_context(context.invocation_metadata())
+
         async def answer(request: pb.PredictRequest) -> None:
             try:
-                await responses.put(await self._predict(request))
+                await responses.put(await self._predict(request, job))
             finally:
                 slots.release()
 
@@ -125,7 +128,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             for task in list(tasks):
                 task.cancel()
 
-    async def _predict(self, request: pb.PredictRequest) -> pb.PredictResponse:
+    async def _predict(self, request: pb.PredictRequest, job: JobContext) -> pb.PredictResponse:
         """Answer one batch; never raises: failures become the response's error."""
         started = time.perf_counter()
         model_label, rows = UNKNOWN_MODEL_LABEL, 0
@@ -155,7 +158,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             response = self._error(request.batch_id, code, f"{type(exc).__name__}: {exc}")
         finally:
             self._leave()
-        self._metrics.observe_request(model_label, code.name, time.perf_counter() - started, rows)
+        seconds = time.perf_counter() - started
+        self._metrics.observe_request(model_label, code.name, seconds, rows)
+        self._metrics.applications.observe(job, model_label, request.batch_id, code.name, seconds, rows)
         return response
 
     async def _run(self, served: ServedModel, request: pb.PredictRequest) -> tuple[bytes, int]:

@@ -85,6 +85,16 @@ def create_admin_app(
         except ModelNotFound as exc:
             raise HTTPException(status_code=404, detail=exc.message) from None
 
+    @app.get("/v1/spark/applications", dependencies=guarded)
+    async def spark_applications() -> dict[str, object]:
+        """The Spark applications seen recently, with their totals (at most max_tracked_apps)."""
+        tracked = metrics.applications
+        return {
+            "max_tracked_apps": tracked.max_tracked_apps,
+            "evicted": tracked.evicted,
+            "applications": tracked.listing(),
+        }
+
     @app.get("/metrics", response_class=Response)
     async def prometheus_metrics() -> Response:
         return Response(content=metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.registry import Collector
 
 import udfserve
+from services.model_server.job_context import SparkApplications
 
 LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
@@ -26,9 +27,16 @@ REQUESTS_PER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 class ServerMetrics:
     """The metrics of one server; also the batchers' observer (``BatchObserver``)."""
 
-    def __init__(self, device: str, device_uuid: str | None = None) -> None:
+    def __init__(
+        self,
+        device: str,
+        device_uuid: str | None = None,
+        max_tracked_apps: int = 64,
+        slow_request_s: float = 1.0,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
+        self.applications = SparkApplications(registry, max_tracked_apps, slow_request_s, LATENCY_BUCKETS_S)
         self.requests = Counter(
             "udfserve_requests",
             "Predict requests (one per Arrow batch) by model and gRPC status code.",

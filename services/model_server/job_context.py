@@ -1,0 +1,216 @@
+"""Which Spark job is using this server: the job context clients attach, and per-application totals.
+
+The Spark client sends the application id and name, job group and description, stage,
+partition and task attempt as gRPC metadata (``udfserve-spark-*`` keys) on every stream. They
+are used for labelling only, never trusted: each value is bounded in length, must be printable,
+and is dropped otherwise. Applications become metric labels (name and id, never stage or
+partition), and at most ``max_tracked_apps`` of them are kept: when a new one arrives, the one
+seen least recently is forgotten and its series removed, so label cardinality and memory stay
+bounded whatever clients send. Stage, partition and attempt appear only in the structured logs
+of slow or failed requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+logger = logging.getLogger(__name__)
+
+METADATA_PREFIX = "udfserve-spark-"
+MAX_VALUE_CHARS = {
+    "app-id": 128,
+    "app-name": 128,
+    "job-group": 128,
+    "job-description": 256,
+    "stage-id": 12,
+    "partition-id": 12,
+    "task-attempt": 12,
+}
+NUMERIC_KEYS = {"stage-id", "partition-id", "task-attempt"}
+LOG_LINES_PER_S = 10
+"""Slow or failed requests logged per second at most: a flood of bad requests must not flood the logs."""
+
+
+class LogBudget:
+    """A token bucket: ``take()`` is true at most ``rate`` times per second on average."""
+
+    def __init__(self, rate: float) -> None:
+        self._rate = rate
+        self._tokens = rate
+        self._at = time.monotonic()
+        self.suppressed = 0
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self._rate, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        self.suppressed += 1
+        return False
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """The validated Spark context of one stream; empty strings where nothing valid was sent."""
+
+    app_id: str = ""
+    app_name: str = ""
+    job_group: str = ""
+    job_description: str = ""
+    stage_id: str = ""
+    partition_id: str = ""
+    task_attempt: str = ""
+
+    @property
+    def has_application(self) -> bool:
+        return bool(self.app_id)
+
+    def log_fields(self) -> dict[str, str]:
+        return {k: v for k, v in self.__dict__.items() if v}
+
+
+def _valid(key: str, value: str) -> bool:
+    if not value or len(value) > MAX_VALUE_CHARS[key] or not value.isprintable():
+        return False
+    return not (key in NUMERIC_KEYS and not value.isdigit())
+
+
+def parse_job_context(metadata: Iterable[tuple[str, str | bytes]] | None) -> JobContext:
+    """Keep the known ``udfserve-spark-*`` keys whose values are short, printable text."""
+    values: dict[str, str] = {}
+    for key, value in metadata or ():
+        if not key.startswith(METADATA_PREFIX) or not isinstance(value, str):
+            continue  # binary (-bin) metadata is never used
+        name = key[len(METADATA_PREFIX) :]
+        if name in MAX_VALUE_CHARS and _valid(name, value):
+            values[name.replace("-", "_")] = value
+    return JobContext(**values)
+
+
+@dataclass
+class ApplicationTotals:
+    app_id: str
+    app_name: str
+    first_seen: float
+    last_seen: float
+    rows: int = 0
+    requests: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    models: set[str] = field(default_factory=set)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "app_id": self.app_id,
+            "app_name": self.app_name,
+            "first_seen": self.first_seen,
+            "last_seen": self.last_seen,
+            "rows": self.rows,
+            "requests": self.requests,
+            "errors": self.errors,
+            "mean_latency_s": self.seconds / self.requests if self.requests else 0.0,
+            "models": sorted(self.models),
+        }
+
+
+class SparkApplications:
+    """Per-application counters with a bounded number of applications (least recently seen out)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        max_tracked_apps: int,
+        slow_request_s: float,
+        buckets: tuple[float, ...],
+    ) -> None:
+        self.max_tracked_apps = max_tracked_apps
+        self.slow_request_s = slow_request_s
+        self._apps: OrderedDict[str, ApplicationTotals] = OrderedDict()
+        self.evicted = 0
+        self.rows = Counter(
+            "udfserve_app_rows",
+            "Rows answered, by Spark application (at most max_tracked_apps applications at a time).",
+            ["app_name", "app_id"],
+            registry=registry,
+        )
+        self.requests = Counter(
+            "udfserve_app_requests",
+            "Predict requests by Spark application and gRPC status code.",
+            ["app_name", "app_id", "code"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "udfserve_app_request_duration_seconds",
+            "Request latency by Spark application.",
+            ["app_name", "app_id"],
+            buckets=buckets,
+            registry=registry,
+        )
+        self._codes_seen: dict[str, set[str]] = {}
+        self._log_budget = LogBudget(LOG_LINES_PER_S)
+
+    def observe(
+        self, job: JobContext, model: str, batch_id: int, code: str, seconds: float, rows: int
+    ) -> None:
+        if (code != "OK" or seconds >= self.slow_request_s) and self._log_budget.take():
+            logger.warning(
+                "%s request: model=%s batch_id=%d code=%s seconds=%.3f %s",
+                "failed" if code != "OK" else "slow",
+                model,
+                batch_id,
+                code,
+                seconds,
+                " ".join(f"{k}={v!r}" for k, v in job.log_fields().items()),
+                extra={"udfserve": {"model": model, "code": code, "seconds": seconds, **job.log_fields()}},
+            )
+        if not job.has_application:
+            return
+        now = time.time()
+        totals = self._apps.get(job.app_id)
+        if totals is None:
+            totals = self._admit(job, now)
+        self._apps.move_to_end(job.app_id)
+        totals.last_seen = now
+        totals.requests += 1
+        totals.seconds += seconds
+        totals.models.add(model)
+        labels = {"app_name": totals.app_name, "app_id": totals.app_id}
+        self.requests.labels(code=code, **labels).inc()
+        self._codes_seen[job.app_id].add(code)
+        self.duration.labels(**labels).observe(seconds)
+        if code == "OK":
+            totals.rows += rows
+            self.rows.labels(**labels).inc(rows)
+        else:
+            totals.errors += 1
+
+    def _admit(self, job: JobContext, now: float) -> ApplicationTotals:
+        while len(self._apps) >= self.max_tracked_apps:
+            _, oldest = self._apps.popitem(last=False)
+            self._forget_series(oldest)
+            self.evicted += 1
+        totals = ApplicationTotals(job.app_id, job.app_name, first_seen=now, last_seen=now)
+        self._apps[job.app_id] = totals
+        self._codes_seen[job.app_id] = set()
+        return totals
+
+    def _forget_series(self, totals: ApplicationTotals) -> None:
+        labels = (totals.app_name, totals.app_id)
+        for code in self._codes_seen.pop(totals.app_id, set()):
+            self.requests.remove(*labels, code)
+        for metric in (self.rows, self.duration):
+            with contextlib.suppress(KeyError):  # never observed under these labels
+                metric.remove(*labels)
+
+    def listing(self) -> list[dict[str, object]]:
+        """Tracked applications, most recently seen first."""
+        return [t.as_dict() for t in reversed(self._apps.values())]
