@@ -3,11 +3,29 @@
 Both sides use these two functions so that the payload of a request or a response is
 always exactly one record batch. Decoding is zero-copy: the returned batch points into
 the message bytes, which therefore must stay alive as long as the batch.
+
+Decoding treats the bytes as hostile: any failure of pyarrow to read them (including the
+allocation failures a forged length provokes) is an ``ArrowPayloadError``, never another
+exception. Compressed bodies are refused before pyarrow reads them: a compressed buffer
+declares its own uncompressed size in 8 bytes, so a few bytes could make the reader allocate
+and fill gigabytes (a decompression bomb), and our encoder never compresses. A batch may not
+declare more rows than its payload has bits: rows of lists of length zero take no bytes, and
+a few hundred bytes could otherwise declare 2**62 rows for the receiver to cut into chunks.
 """
 
 from __future__ import annotations
 
+import struct
+
 import pyarrow as pa
+
+# Arrow's Message flatbuffer (format/Message.fbs): field slots of the tables read below.
+_MESSAGE_HEADER_TYPE_SLOT = 1  # the union ``header`` takes two slots: its type, then its offset
+_MESSAGE_HEADER_SLOT = 2
+_DICTIONARY_BATCH = 2  # MessageHeader union members
+_RECORD_BATCH = 3
+_DICTIONARY_BATCH_DATA_SLOT = 1  # DictionaryBatch.data: RecordBatch
+_RECORD_BATCH_COMPRESSION_SLOT = 3  # RecordBatch.compression: BodyCompression, absent when uncompressed
 
 
 class ArrowPayloadError(ValueError):
@@ -26,10 +44,17 @@ def decode_batch(payload: bytes, what: str = "arrow_ipc") -> pa.RecordBatch:
     """Read the single record batch of an IPC stream; ``what`` names the field in errors."""
     if not payload:
         raise ArrowPayloadError(f"{what} is empty; expected an Arrow IPC stream holding one record batch")
+    buffer = pa.py_buffer(payload)
     try:
-        reader = pa.ipc.open_stream(pa.py_buffer(payload))
+        _refuse_compressed_bodies(buffer, what)
+        reader = pa.ipc.open_stream(buffer)
+        # Arrow does not check that column names are UTF-8; pyarrow decodes them strictly when
+        # they are read, so a forged name would raise there (nested names are rendered leniently).
+        reader.schema.names  # noqa: B018 (decoding is the check)
         batches = list(reader)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError) as exc:
+    except ArrowPayloadError:
+        raise
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         raise ArrowPayloadError(
             f"{what} is not a valid Arrow IPC stream ({len(payload)} bytes): {exc}"
         ) from exc
@@ -42,8 +67,65 @@ def decode_batch(payload: bytes, what: str = "arrow_ipc") -> pa.RecordBatch:
             f"{what} holds {len(batches)} record batches; expected exactly one per message"
         )
     batch = batches[0]
+    if batch.num_rows > 8 * len(payload):
+        # Arrow lets rows take no bytes at all (null columns, lists of length zero): bounded by the
+        # payload's bits, a row count is never more than the message size allows any real data.
+        raise ArrowPayloadError(
+            f"{what} declares {batch.num_rows} rows in {len(payload)} bytes; expected at most "
+            f"{8 * len(payload)} (one bit per row)"
+        )
     try:
         batch.validate(full=True)
-    except pa.ArrowInvalid as exc:
+    except pa.ArrowException as exc:
         raise ArrowPayloadError(f"{what} holds a malformed record batch: {exc}") from exc
     return batch
+
+
+def _refuse_compressed_bodies(buffer: pa.Buffer, what: str) -> None:
+    """Read each message's metadata (pyarrow verifies the flatbuffer) and refuse the stream if a
+    record or dictionary batch declares a compressed body."""
+    for message in pa.ipc.MessageReader.open_stream(buffer):
+        if message.type not in ("record batch", "dictionary"):
+            continue
+        try:
+            codec_declared = _declares_compression(message.metadata.to_pybytes())
+        except (struct.error, IndexError) as exc:
+            raise ArrowPayloadError(f"{what} holds a malformed {message.type} message: {exc}") from exc
+        if codec_declared:
+            raise ArrowPayloadError(
+                f"{what} holds a compressed {message.type}; expected an uncompressed Arrow IPC stream "
+                "(compressed bodies are not accepted: encode with the default IpcWriteOptions)"
+            )
+
+
+def _declares_compression(metadata: bytes) -> bool:
+    """Whether a Message flatbuffer holding a RecordBatch or DictionaryBatch sets ``compression``."""
+    root = struct.unpack_from("<I", metadata, 0)[0]
+    type_at = _field_position(metadata, root, _MESSAGE_HEADER_TYPE_SLOT)
+    header_type = metadata[type_at] if type_at is not None else 0
+    header_at = _field_position(metadata, root, _MESSAGE_HEADER_SLOT)
+    if header_type not in (_DICTIONARY_BATCH, _RECORD_BATCH) or header_at is None:
+        return False
+    table = _table_at(metadata, header_at)
+    if header_type == _DICTIONARY_BATCH:
+        data_at = _field_position(metadata, table, _DICTIONARY_BATCH_DATA_SLOT)
+        if data_at is None:
+            return False
+        table = _table_at(metadata, data_at)
+    return _field_position(metadata, table, _RECORD_BATCH_COMPRESSION_SLOT) is not None
+
+
+def _field_position(metadata: bytes, table: int, slot: int) -> int | None:
+    """Where field ``slot`` of the flatbuffer table at ``table`` is stored; None when absent."""
+    vtable = table - struct.unpack_from("<i", metadata, table)[0]
+    vtable_bytes = struct.unpack_from("<H", metadata, vtable)[0]
+    entry = 4 + 2 * slot
+    if entry + 2 > vtable_bytes:
+        return None
+    offset = struct.unpack_from("<H", metadata, vtable + entry)[0]
+    return table + offset if offset else None
+
+
+def _table_at(metadata: bytes, position: int) -> int:
+    """The table an offset field at ``position`` points to."""
+    return position + struct.unpack_from("<I", metadata, position)[0]
