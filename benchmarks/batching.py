@@ -1,0 +1,267 @@
+"""Comparison 3, dynamic batching: many concurrent clients sending small requests to the tabular
+MLP, with the server's dynamic batching on and off.
+
+    python -m benchmarks.batching [--quick] [--no-profile]
+
+Two repositories differ only in ``dynamic_batching.enabled`` of ``tabular_mlp``; each is served
+by its own server, one after the other. The clients are ``grpc.aio`` streams in this one process,
+each on its own connection with one request outstanding (a closed loop, as perf_analyzer's
+concurrency). Requests are encoded before the run, so the client's work per request is the gRPC
+call itself. To show that the client is not what limits the rates, the same clients are run
+against a bare gRPC echo server: the rates they reach there are the client's ceiling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from benchmarks import plots
+from benchmarks.cli import main_for, results_dir
+from benchmarks.clients import run_streams
+from benchmarks.processes import CpuMeter, Workspace, metric_value, percentile, scrape
+from benchmarks.profiling import SampledProfile, py_spy_available
+from benchmarks.report import RESULTS_DIR, ComparisonResult, Table, TargetCheck
+from services.model_server.launcher import ServerProcess
+from udfserve.protocol.arrow_ipc import encode_batch
+
+logger = logging.getLogger(__name__)
+
+NAME = "batching"
+MODEL = "tabular_mlp"
+FEATURES = 64
+PAYLOADS_PER_SIZE = 16
+TARGET_RATIO = 3.0
+TARGET_CELL = (16, 8)  # clients, rows per request
+ON, OFF, ECHO = "batching on", "batching off", "client ceiling (echo server)"
+
+
+@dataclass(frozen=True)
+class Settings:
+    quick: bool
+    clients: tuple[int, ...]
+    rows: tuple[int, ...]
+    cell_s: float
+    profile: bool
+    profile_s: float
+
+    @classmethod
+    def make(cls, quick: bool, profile: bool) -> Settings:
+        if quick:
+            return cls(quick, (1, 16), (1, 8), cell_s=0.8, profile=profile, profile_s=2.0)
+        return cls(quick, (1, 4, 16, 64), (1, 8, 64), cell_s=3.0, profile=profile, profile_s=5.0)
+
+
+def encoded_requests(rows: int, count: int = PAYLOADS_PER_SIZE, seed: int = 0) -> list[bytes]:
+    """``count`` different requests of ``rows`` rows of float32[64], encoded once."""
+    rng = np.random.default_rng(seed)
+    payloads = []
+    for _ in range(count):
+        values = rng.standard_normal(rows * FEATURES, dtype=np.float32)
+        offsets = np.arange(0, rows * FEATURES + 1, FEATURES, dtype=np.int32)
+        column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+        payloads.append(encode_batch(pa.record_batch({"features": column})))
+    return payloads
+
+
+def _batch_stats(before: str, after: str) -> tuple[float, float]:
+    """(backend calls, mean rows per call) between two scrapes of the server's metrics."""
+    calls = metric_value(after, "udfserve_batch_size_rows_count", model=MODEL) - metric_value(
+        before, "udfserve_batch_size_rows_count", model=MODEL
+    )
+    rows = metric_value(after, "udfserve_batch_size_rows_sum", model=MODEL) - metric_value(
+        before, "udfserve_batch_size_rows_sum", model=MODEL
+    )
+    return calls, rows / calls if calls else float("nan")
+
+
+def measure_cell(
+    server: ServerProcess, clients: int, rows: int, duration_s: float, with_metrics: bool
+) -> dict[str, float]:
+    payloads = encoded_requests(rows)
+    cycle = itertools.cycle(payloads)
+
+    def make_payload(_index: int) -> tuple[bytes, int]:
+        return next(cycle), rows
+
+    before = scrape(server) if with_metrics else ""
+    meter = CpuMeter({"client": os.getpid(), "server": server.pid})
+    meter.start()
+    wall_s, stats = asyncio.run(
+        run_streams(
+            server.grpc_target(prefer_unix=True),
+            MODEL,
+            make_payload,
+            streams=clients,
+            in_flight=1,
+            duration_s=duration_s,
+            decode=False,
+            warmup_requests=1,
+        )
+    )
+    cpu = meter.stop().utilisation()
+    cell = {
+        "rows_s": stats.rows / wall_s,
+        "requests_s": stats.requests / wall_s,
+        "p50_ms": percentile(stats.latencies_s, 50) * 1e3,
+        "p99_ms": percentile(stats.latencies_s, 99) * 1e3,
+        "client_cpu": cpu["client"],
+        "server_cpu": cpu["server"],
+    }
+    if with_metrics:
+        calls, mean_rows = _batch_stats(before, scrape(server))
+        cell["backend_calls"] = calls
+        cell["rows_per_call"] = mean_rows
+    return cell
+
+
+def run(workspace: Workspace, quick: bool = False, profile: bool = True) -> ComparisonResult:
+    settings = Settings.make(quick, profile and py_spy_available())
+    started = time.perf_counter()
+    cells: list[dict[str, object]] = []
+    profiles = []
+    for mode, enabled in ((ON, True), (OFF, False)):
+        repository = workspace.repository(
+            f"batching-{'on' if enabled else 'off'}", {MODEL: {"dynamic_batching": {"enabled": enabled}}}
+        )
+        server = workspace.start_server(
+            repository, f"batching-{'on' if enabled else 'off'}", ["--models", MODEL]
+        )
+        for clients, rows in itertools.product(settings.clients, settings.rows):
+            logger.info("batching: %s, %d clients x %d rows", mode, clients, rows)
+            cell = measure_cell(server, clients, rows, settings.cell_s, with_metrics=True)
+            cells.append({"mode": mode, "clients": clients, "rows": rows, **cell})
+        if settings.profile:
+            profiles.append(_profile(server, mode, settings.profile_s))
+        workspace.stop_server(server)
+    echo = workspace.start_echo_server(64 << 20)
+    for clients, rows in itertools.product(settings.clients, settings.rows):
+        logger.info("batching: client ceiling, %d clients x %d rows", clients, rows)
+        cell = measure_cell(echo, clients, rows, settings.cell_s, with_metrics=False)
+        cells.append({"mode": ECHO, "clients": clients, "rows": rows, **cell})
+    workspace.stop_server(echo)
+    return _result(cells, profiles, settings, time.perf_counter() - started)
+
+
+def _profile(server: ServerProcess, mode: str, duration_s: float) -> object:
+    clients, rows = TARGET_CELL
+    output = RESULTS_DIR / "tmp" / "profiles" / f"batching-{mode.split()[-1]}-server.txt"
+    with SampledProfile(server.pid, output) as profile:
+        measure_cell(server, clients, rows, duration_s, with_metrics=False)
+    return profile.summary(f"server, {mode}, {clients} clients x {rows} rows")
+
+
+def _lookup(cells: list[dict[str, object]], mode: str, clients: int, rows: int) -> dict[str, object]:
+    for cell in cells:
+        if (cell["mode"], cell["clients"], cell["rows"]) == (mode, clients, rows):
+            return cell
+    raise KeyError(f"no cell {mode}, {clients} clients, {rows} rows")
+
+
+def _result(
+    cells: list[dict[str, object]], profiles: list[object], settings: Settings, duration_s: float
+) -> ComparisonResult:
+    table = Table(
+        "tabular_mlp, rows/s and latency by concurrent clients and rows per request",
+        [
+            "clients",
+            "rows/request",
+            "on: rows/s",
+            "off: rows/s",
+            "on ÷ off",
+            "on: p50 ms",
+            "on: p99 ms",
+            "off: p50 ms",
+            "off: p99 ms",
+            "on: rows/call",
+            "client ceiling rows/s",
+            "on: client CPU",
+            "on: server CPU",
+        ],
+    )
+    for clients, rows in itertools.product(settings.clients, settings.rows):
+        on, off = _lookup(cells, ON, clients, rows), _lookup(cells, OFF, clients, rows)
+        echo = _lookup(cells, ECHO, clients, rows)
+        table.rows.append(
+            {
+                "clients": clients,
+                "rows/request": rows,
+                "on: rows/s": on["rows_s"],
+                "off: rows/s": off["rows_s"],
+                "on ÷ off": float(on["rows_s"]) / float(off["rows_s"]),  # type: ignore[arg-type]
+                "on: p50 ms": on["p50_ms"],
+                "on: p99 ms": on["p99_ms"],
+                "off: p50 ms": off["p50_ms"],
+                "off: p99 ms": off["p99_ms"],
+                "on: rows/call": on.get("rows_per_call"),
+                "client ceiling rows/s": echo["rows_s"],
+                "on: client CPU": f"{float(on['client_cpu']):.0%}",  # type: ignore[arg-type]
+                "on: server CPU": f"{float(on['server_cpu']):.0%}",  # type: ignore[arg-type]
+            }
+        )
+    target_clients, target_rows = TARGET_CELL
+    targets = []
+    if target_clients in settings.clients and target_rows in settings.rows:
+        on = _lookup(cells, ON, target_clients, target_rows)
+        off = _lookup(cells, OFF, target_clients, target_rows)
+        ratio = float(on["rows_s"]) / float(off["rows_s"])  # type: ignore[arg-type]
+        targets.append(
+            TargetCheck(
+                f"batching on gives at least {TARGET_RATIO:.0f}x the rows/s of batching off "
+                f"at {target_clients} clients x {target_rows} rows",
+                f"{ratio:.2f}x ({float(on['rows_s']):,.0f} vs {float(off['rows_s']):,.0f} rows/s)",  # type: ignore[arg-type]
+                ratio >= TARGET_RATIO,
+            )
+        )
+    plot_file = f"{NAME}.png"
+    panels = []
+    for rows in settings.rows:
+        series = {}
+        for mode in (ON, OFF, ECHO):
+            xs = list(settings.clients)
+            series[mode] = (xs, [float(_lookup(cells, mode, c, rows)["rows_s"]) for c in xs])  # type: ignore[arg-type]
+        panels.append((f"{rows} rows per request", "rows/s", series))
+    plots.line_panels(
+        results_dir(settings.quick) / plot_file,
+        "Dynamic batching: tabular_mlp, concurrent clients",
+        panels,
+        xlabel="concurrent clients",
+        log_y=tuple(True for _ in panels),
+    )
+    tables = [table]
+    for summary in profiles:
+        tables += summary.tables()  # type: ignore[attr-defined]
+    method = (
+        "`tabular_mlp` (64→256→256→8) served twice, from two repositories that differ only in "
+        "`dynamic_batching.enabled` (max_batch_size 1024, max_queue_delay_s 0.002), one server at a time. "
+        "N clients in one process, each a `grpc.aio` channel of its own with one request outstanding "
+        f"(closed loop), for {settings.cell_s:.0f} s per cell, over the unix socket; requests are encoded "
+        "beforehand. `rows/call` is the mean rows per backend call from the server's metrics. The client "
+        "ceiling is the same client against a bare gRPC echo server (no model): where it is well above "
+        "the served rates, the client is not what limits them. CPU is CPU-seconds per wall second."
+    )
+    return ComparisonResult(
+        name=NAME,
+        title="Dynamic batching: many small requests",
+        method=method,
+        tables=tables,
+        targets=targets,
+        plot_file=plot_file,
+        raw={"cells": cells, "profiles": [p.to_dict() for p in profiles]},  # type: ignore[attr-defined]
+        duration_s=duration_s,
+    )
+
+
+def main() -> int:
+    return main_for(run, __doc__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""Builds the repository's benchmark document from the results the comparisons wrote.
+
+    python -m benchmarks.docs            # docs/benchmarks.md from benchmarks/results/
+    python -m benchmarks.docs --quick    # a preview from the quick run's results
+
+The numbers come only from ``benchmarks/results/<comparison>.json``; the reading of them (what
+the profiles say, what to change) comes from ``benchmarks/findings/<comparison>.md``, kept next
+to the scripts and written by people.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cli import QUICK_RESULTS_DIR
+from benchmarks.report import RESULTS_DIR, ComparisonResult, Table, TargetCheck, machine_markdown
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOC_PATH = REPO_ROOT / "docs" / "benchmarks.md"
+FINDINGS_DIR = Path(__file__).resolve().parent / "findings"
+
+SECTIONS = (
+    ("spark_e2e", "1. End-to-end Spark"),
+    ("transport", "2. Transport"),
+    ("batching", "3. Dynamic batching"),
+    ("footprint", "4. Executor footprint"),
+    ("cold_start", "5. Cold start"),
+)
+
+INTRO = """\
+# Benchmarks
+
+udfserve side by side with what data teams use today. Every comparison runs all of its contenders
+in one run, on the same model and data, and is regenerated with one command:
+
+```
+python -m benchmarks.run_all            # everything, 15-25 minutes; rewrites this page
+python -m benchmarks.run_all --quick    # small and short, to check that the scripts work;
+                                        # writes to benchmarks/results/tmp/quick/ only
+python -m benchmarks.transport          # one comparison (also: batching, cold_start,
+                                        # spark_e2e, footprint); then python -m benchmarks.docs
+```
+
+The scripts live in `benchmarks/`; each comparison writes a Markdown table, a JSON file and a PNG
+plot to `benchmarks/results/`, with a description of the machine. They need the `dev` extra and
+matplotlib; py-spy (optional) adds sampled profiles.
+
+**Read ratios, not absolute figures.** The numbers were measured on a shared machine with two cores
+and no GPU, while other work was running: the load average at the start of each comparison is
+recorded under it. Between runs, throughput moves by 15-20% or more; a ratio measured within one
+run (both contenders under the same conditions) is much steadier. Targets are stated as ratios for
+this reason. A target that is missed stays a target: the section says so and shows where the time
+goes.
+"""
+
+
+def load_result(path: Path) -> tuple[ComparisonResult, dict[str, Any]]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    machine = data.pop("machine")
+    data["tables"] = [Table(**table) for table in data["tables"]]
+    data["targets"] = [TargetCheck(**target) for target in data["targets"]]
+    return ComparisonResult(**data), machine
+
+
+def render(results_dir: Path, doc_path: Path) -> str:
+    image_prefix = os.path.relpath(results_dir, doc_path.parent).replace(os.sep, "/") + "/"
+    loaded: dict[str, tuple[ComparisonResult, dict[str, Any]]] = {}
+    for name, _ in SECTIONS:
+        path = results_dir / f"{name}.json"
+        if path.exists():
+            loaded[name] = load_result(path)
+    parts = [INTRO, "## Targets at a glance", ""]
+    parts += ["| comparison | target | measured | verdict |", "|---|---|---|---|"]
+    for name, heading in SECTIONS:
+        if name not in loaded:
+            parts.append(f"| {heading} | - | not run yet | not measured |")
+            continue
+        for target in loaded[name][0].targets:
+            parts.append(f"| {heading} | {target.target} | {target.measured} | {target.verdict} |")
+    parts.append("")
+    for name, heading in SECTIONS:
+        parts += [f"## {heading}", ""]
+        if name not in loaded:
+            parts += [f"Not run yet: `python -m benchmarks.{name}`.", ""]
+            continue
+        result, machine = loaded[name]
+        parts += [f"*{result.title}.* Run time {result.duration_s / 60:.1f} min.", ""]
+        parts += [result.to_markdown(plot_prefix=image_prefix), machine_markdown(machine)]
+        findings = FINDINGS_DIR / f"{name}.md"
+        if findings.exists():
+            parts += ["### Reading the numbers", "", findings.read_text(encoding="utf-8").strip(), ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def write_doc(quick: bool) -> Path:
+    results_dir = QUICK_RESULTS_DIR if quick else RESULTS_DIR
+    doc_path = results_dir / "benchmarks.md" if quick else DOC_PATH
+    doc_path.parent.mkdir(parents=True, exist_ok=True)
+    doc_path.write_text(render(results_dir, doc_path), encoding="utf-8")
+    return doc_path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="render the quick run's results")
+    args = parser.parse_args(argv)
+    print(f"written {write_doc(args.quick)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,264 @@
+"""Processes the benchmarks start and watch: model servers, their repositories, CPU and memory.
+
+A ``Workspace`` is one benchmark run's scratch space: a short temporary folder (unix socket
+paths are limited to about 100 bytes), the model repositories written for the run, and every
+server started in it, all stopped and removed on exit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psutil
+import yaml
+
+from services.model_server.launcher import ServerProcess, launch_server
+
+logger = logging.getLogger(__name__)
+
+LOGS_DIR = Path(__file__).resolve().parent / "results" / "tmp" / "logs"
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child: this one, TensorFlow's C++ logging quietened, no CUDA."""
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", **(extra or {})}
+
+
+class Workspace:
+    """Scratch space of one benchmark run; stops its servers and removes itself on exit."""
+
+    def __init__(self, prefix: str = "udfsb-") -> None:
+        self.root = Path(tempfile.mkdtemp(prefix=prefix))
+        self._servers: list[ServerProcess] = []
+        self._examples: Path | None = None
+        self._counter = 0
+
+    def __enter__(self) -> Workspace:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for server in self._servers:
+            server.terminate(timeout_s=15)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def path(self, name: str) -> Path:
+        self._counter += 1
+        return self.root / f"{self._counter}-{name}"
+
+    # -- model repositories ---------------------------------------------------------------------
+    def example_models(self) -> Path:
+        """The project's example models, generated once per workspace in a child process."""
+        if self._examples is None:
+            target = self.root / "examples"
+            command = [sys.executable, "-m", "services", "models", "generate", "--output", str(target)]
+            completed = subprocess.run(command, capture_output=True, text=True, env=child_env(), check=False)
+            if completed.returncode != 0:
+                raise RuntimeError(
+                    f"generating the example models failed with exit code {completed.returncode}: "
+                    f"{completed.stderr[-2000:]}"
+                )
+            self._examples = target
+        return self._examples
+
+    def repository(self, name: str, models: Mapping[str, Mapping[str, Any]]) -> Path:
+        """A repository of example models by name, each with config.yaml fields overridden."""
+        root = self.path(name)
+        for model, overrides in models.items():
+            source = self.example_models() / model
+            shutil.copytree(source, root / model)
+            config_path = root / model / "config.yaml"
+            config = yaml.safe_load(config_path.read_text()) or {}
+            config_path.write_text(yaml.safe_dump(_merge(config, overrides), sort_keys=False))
+        return root
+
+    # -- servers --------------------------------------------------------------------------------
+    def start_server(
+        self,
+        repository: Path,
+        label: str,
+        extra_args: Sequence[str] = (),
+        wait: bool = True,
+    ) -> ServerProcess:
+        LOGS_DIR.mkdir(parents=True, exist_ok=True)
+        log_path = LOGS_DIR / f"{label}.log"
+        log_path.unlink(missing_ok=True)
+        server = launch_server(
+            repository,
+            socket=self.path(label).with_suffix(".sock"),
+            port=0,
+            http_port=0,
+            extra_args=["--log-level", "WARNING", *extra_args],
+            env=child_env(),
+            log_path=log_path,
+            wait=wait,
+        )
+        self._servers.append(server)
+        return server
+
+    def start_echo_server(self, max_message_bytes: int) -> ServerProcess:
+        """The bare gRPC echo server of ``benchmarks.echo_server``, once it listens."""
+        socket_path = self.path("echo").with_suffix(".sock")
+        ready_file = self.path("echo").with_suffix(".ready.json")
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.echo_server",
+            "--socket",
+            str(socket_path),
+            "--ready-file",
+            str(ready_file),
+            "--max-message-bytes",
+            str(max_message_bytes),
+        ]
+        process = subprocess.Popen(command, env=child_env(), stderr=subprocess.DEVNULL)
+        server = ServerProcess(process=process, ready_file=ready_file, log_path=None)
+        self._servers.append(server)
+        deadline = time.monotonic() + 60
+        while not ready_file.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the echo server did not start (exit code {process.poll()})")
+            time.sleep(0.05)
+        server.addresses = json.loads(ready_file.read_text())
+        return server
+
+    def stop_server(self, server: ServerProcess) -> None:
+        server.terminate(timeout_s=15)
+        if server in self._servers:
+            self._servers.remove(server)
+
+
+def _merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+# -- metrics of a server ---------------------------------------------------------------------------
+def scrape(server: ServerProcess) -> str:
+    with urllib.request.urlopen(f"http://{server.http_address}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` (0 when absent)."""
+    wanted = {f'{k}="{v}"' for k, v in labels.items()}
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        metric, _, label_text = series.partition("{")
+        if metric == name and wanted <= set(label_text.rstrip("}").split(",")) - {""}:
+            total += float(value)
+    return total
+
+
+# -- CPU and memory --------------------------------------------------------------------------------
+@dataclass
+class CpuSample:
+    wall_s: float
+    cpu_s: dict[str, float]
+
+    def utilisation(self) -> dict[str, float]:
+        """CPU seconds per wall second of each process (1.0 = one core busy)."""
+        return {name: cpu / self.wall_s if self.wall_s > 0 else 0.0 for name, cpu in self.cpu_s.items()}
+
+
+class CpuMeter:
+    """CPU time used by named processes (children included when asked) over a span of wall time."""
+
+    def __init__(self, processes: Mapping[str, int]) -> None:
+        self._processes = {name: psutil.Process(pid) for name, pid in processes.items()}
+        self._start: dict[str, float] = {}
+        self._started_at = 0.0
+
+    @staticmethod
+    def _cpu(process: psutil.Process) -> float:
+        times = process.cpu_times()
+        return times.user + times.system
+
+    def start(self) -> None:
+        self._started_at = time.perf_counter()
+        self._start = {name: self._cpu(p) for name, p in self._processes.items()}
+
+    def stop(self) -> CpuSample:
+        wall = time.perf_counter() - self._started_at
+        used = {name: self._cpu(p) - self._start[name] for name, p in self._processes.items()}
+        return CpuSample(wall, used)
+
+
+class PeakRssSampler:
+    """Samples, in a thread, the resident memory of the processes ``select`` returns.
+
+    Records the peak of the sum over the selected processes and the peak of any single one;
+    a process that appears and exits between two samples (every ``interval_s``) is missed.
+    """
+
+    def __init__(self, select: Callable[[], Iterable[psutil.Process]], interval_s: float = 0.05) -> None:
+        self._select = select
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self.peak_total_bytes = 0
+        self.peak_single_bytes = 0
+        self.max_processes = 0
+        self.pids_seen: set[int] = set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self._interval_s)
+
+    def sample(self) -> None:
+        total, count = 0, 0
+        for process in self._select():
+            try:
+                rss = process.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            total += rss
+            count += 1
+            self.pids_seen.add(process.pid)
+            self.peak_single_bytes = max(self.peak_single_bytes, rss)
+        self.peak_total_bytes = max(self.peak_total_bytes, total)
+        self.max_processes = max(self.max_processes, count)
+
+    def __enter__(self) -> PeakRssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) by linear interpolation; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100.0
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)

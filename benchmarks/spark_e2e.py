@@ -1,0 +1,242 @@
+"""Comparison 1, end-to-end Spark: the same DataFrame through udfserve and through the in-worker
+recipes, local mode with two cores, the tabular MLP and the sequence model.
+
+    python -m benchmarks.spark_e2e [--quick]
+
+Each contender runs as its own Spark application (``benchmarks.spark_job``): a fresh driver, JVM
+and Python workers, reading the same parquet files and writing to Spark's ``noop`` sink. The job
+runs twice: the first run pays the workers' start (and, in the worker, TensorFlow's import and
+the model's load); the second is the steady state quoted as rows/s. The resident memory of the
+Spark Python workers is sampled every 50 ms over both runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import psutil
+
+from benchmarks import plots
+from benchmarks.cli import main_for, results_dir
+from benchmarks.processes import LOGS_DIR, PeakRssSampler, Workspace
+from benchmarks.report import ComparisonResult, Table, TargetCheck
+from benchmarks.spark_job import MODELS, Job, JobResult, run_in_child, write_dataset
+
+logger = logging.getLogger(__name__)
+
+NAME = "spark_e2e"
+LABELS = {
+    "remote_predict": "1a remote_predict (udfserve, pandas UDF)",
+    "predict_arrow": "1a predict_arrow (udfserve, mapInArrow)",
+    "predict_batch_udf": "1b predict_batch_udf (model in worker)",
+    "cached_pandas_udf": "1c pandas UDF, model cached per worker",
+    "load_per_batch": "1d pandas UDF, model loaded per batch (small run)",
+    "passthrough": "pandas UDF without a model (ceiling)",
+}
+MAIN_CONTENDERS = ("remote_predict", "predict_arrow", "predict_batch_udf", "cached_pandas_udf", "passthrough")
+TARGET_SPEED_RATIO = 1.0
+TARGET_MEMORY_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class Settings:
+    quick: bool
+    rows: dict[str, int]
+    small_rows: int
+    files: int
+    runs: int
+
+    @classmethod
+    def make(cls, quick: bool) -> Settings:
+        if quick:
+            return cls(quick, {"tabular_mlp": 40_000}, small_rows=8_192, files=2, runs=1)
+        return cls(
+            quick, {"tabular_mlp": 500_000, "sequence_bilstm": 50_000}, small_rows=32_768, files=4, runs=2
+        )
+
+
+def run(workspace: Workspace, quick: bool = False, profile: bool = False) -> ComparisonResult:
+    """``profile`` is accepted for a common signature; the Spark runs are not sampled."""
+    settings = Settings.make(quick)
+    started = time.perf_counter()
+    models = list(settings.rows)
+    repository = workspace.repository("spark", {model: {} for model in models})
+    server = workspace.start_server(repository, "spark")
+    results: dict[str, dict[str, JobResult]] = {}
+    server_process = psutil.Process(server.pid)
+    with PeakRssSampler(lambda: [server_process], interval_s=0.2) as server_memory:
+        for model in models:
+            data = workspace.path(f"data-{model}")
+            write_dataset(data, model, settings.rows[model], settings.files)
+            small = workspace.path(f"small-{model}")
+            write_dataset(small, model, settings.small_rows, 1)
+            model_file = repository / model / "1" / "model.keras"
+            results[model] = {}
+            contenders = [*MAIN_CONTENDERS, "load_per_batch"] if model == "tabular_mlp" else MAIN_CONTENDERS
+            for contender in contenders:
+                logger.info("spark: %s on %s", contender, model)
+                job = Job(
+                    contender=contender,
+                    model=model,
+                    data=str(small if contender == "load_per_batch" else data),
+                    model_file=str(model_file),
+                    address=server.grpc_target(),
+                    marker_dir=str(workspace.path(f"loads-{model}-{contender}")),
+                    runs=1 if contender == "load_per_batch" else settings.runs,
+                    log_file=str(LOGS_DIR / f"spark-{model}-{contender}.log"),
+                )
+                results[model][contender] = run_in_child(job)
+    workspace.stop_server(server)
+    return _result(results, server_memory.peak_total_bytes / 2**20, settings, time.perf_counter() - started)
+
+
+def rows_per_s(result: JobResult) -> float:
+    """Steady state: the last run (the first pays the workers' start when there are two)."""
+    return result.rows / result.runs_s[-1]
+
+
+def _max_difference(result: JobResult, reference: JobResult) -> float:
+    shared = [key for key in result.sample if key in reference.sample]
+    if not shared:
+        return float("nan")
+    return max(
+        float(np.max(np.abs(np.asarray(result.sample[k]) - np.asarray(reference.sample[k])))) for k in shared
+    )
+
+
+def _model_table(model: str, results: dict[str, JobResult], settings: Settings) -> Table:
+    reference = results["cached_pandas_udf"]
+    batch_udf = rows_per_s(results["predict_batch_udf"])
+    cached = rows_per_s(reference)
+    table = Table(
+        f"{model}: {settings.rows[model]:,} rows of {MODELS[model][1]} floats, local[2], noop sink",
+        [
+            "contender",
+            "rows",
+            "partitions",
+            "rows/s",
+            "÷ 1b",
+            "÷ 1c",
+            "first run s",
+            "peak RSS, all Python workers MiB",
+            "peak RSS, one worker MiB",
+            "model loads in workers",
+            "max |Δ| vs 1c",
+        ],
+    )
+    for contender, result in results.items():
+        speed = rows_per_s(result)
+        table.rows.append(
+            {
+                "contender": LABELS[contender],
+                "rows": result.rows,
+                "partitions": result.partitions,
+                "rows/s": speed,
+                "÷ 1b": speed / batch_udf,
+                "÷ 1c": speed / cached,
+                "first run s": result.runs_s[0],
+                "peak RSS, all Python workers MiB": result.peak_worker_rss_total_mib,
+                "peak RSS, one worker MiB": result.peak_worker_rss_single_mib,
+                "model loads in workers": result.model_loads_in_workers,
+                "max |Δ| vs 1c": None if contender == "passthrough" else _max_difference(result, reference),
+            }
+        )
+    return table
+
+
+def _targets(results: dict[str, dict[str, JobResult]]) -> list[TargetCheck]:
+    targets = []
+    for model, by_contender in results.items():
+        batch_udf = rows_per_s(by_contender["predict_batch_udf"])
+        cached = rows_per_s(by_contender["cached_pandas_udf"])
+        for contender in ("remote_predict", "predict_arrow"):
+            speed = rows_per_s(by_contender[contender])
+            ratio = min(speed / batch_udf, speed / cached)
+            targets.append(
+                TargetCheck(
+                    f"{model}: {contender} at least {TARGET_SPEED_RATIO:.1f}x the rows/s of 1b and 1c",
+                    f"{speed / batch_udf:.2f}x 1b, {speed / cached:.2f}x 1c",
+                    ratio >= TARGET_SPEED_RATIO,
+                )
+            )
+        reference_mib = by_contender["predict_batch_udf"].peak_worker_rss_total_mib
+        for contender in ("remote_predict", "predict_arrow"):
+            fraction = by_contender[contender].peak_worker_rss_total_mib / reference_mib
+            targets.append(
+                TargetCheck(
+                    f"{model}: Python workers of {contender} at most 1/4 of the resident memory of 1b's",
+                    f"{fraction:.2f} of it ({by_contender[contender].peak_worker_rss_total_mib:,.0f} vs "
+                    f"{reference_mib:,.0f} MiB, all workers at their peak)",
+                    fraction <= TARGET_MEMORY_FRACTION,
+                )
+            )
+    return targets
+
+
+def _result(
+    results: dict[str, dict[str, JobResult]], server_peak_mib: float, settings: Settings, duration_s: float
+) -> ComparisonResult:
+    tables = [_model_table(model, by_contender, settings) for model, by_contender in results.items()]
+    plot_file = f"{NAME}.png"
+    panels = []
+    for model, by_contender in results.items():
+        speeds = {LABELS[c].split(" (")[0]: rows_per_s(r) for c, r in by_contender.items()}
+        panels.append((f"{model}: rows/s", "rows/s", speeds))
+    first = next(iter(results.values()))
+    panels.append(
+        (
+            f"{next(iter(results))}: peak RSS of all Python workers",
+            "MiB",
+            {LABELS[c].split(" (")[0]: r.peak_worker_rss_total_mib for c, r in first.items()},
+        )
+    )
+    plots.bar_panels(results_dir(settings.quick) / plot_file, "End-to-end Spark, local[2]", panels)
+    method = (
+        "Each contender is its own Spark application (local[2], Arrow batches of 16,384 rows: "
+        "`spark.sql.execution.arrow.maxRecordsPerBatch` and `spark.sql.parquet.columnarReaderBatchSize`), "
+        f"reading the same parquet files ({settings.files} files, an `id` and the model's input as a flat "
+        "`array<float>`) and writing to the `noop` sink. "
+        + (
+            f"Each job runs {settings.runs} times: rows/s is the last run, *first run* includes the workers' "
+            "start and, in the worker, importing TensorFlow and loading the model. "
+            if settings.runs > 1
+            else "Each job runs once (quick mode): rows/s includes the workers' start. "
+        )
+        + "1a calls one model server (the example models, started before the runs) over its unix socket with "
+        "the client's defaults (4,096 rows per request, 4 in flight). The in-worker contenders call the "
+        "Keras model through a `tf.function` (their fastest path, not `model.predict`); 1b uses "
+        "`predict_batch_udf` with batch_size 4,096, 1c an iterator pandas UDF with the model cached in an "
+        "importable module. 1d loads the model for every batch and runs on a small data set. The peak "
+        "resident memory is sampled every 50 ms over the `pyspark.daemon` process and the workers it forks "
+        "(summed, and the largest one). *max |Δ|* compares the first rows' predictions with 1c's."
+    )
+    notes = [
+        f"The model server that 1a calls peaked at {server_peak_mib:,.0f} MiB resident: it holds TensorFlow "
+        "and the models once for the node, where each in-worker Python worker holds its own copy.",
+        "Everything shares two cores: the JVM, the Python workers and, for 1a, the model server.",
+    ]
+    return ComparisonResult(
+        name=NAME,
+        title="End-to-end Spark: udfserve vs the model in the worker",
+        method=method,
+        tables=tables,
+        targets=_targets(results),
+        notes=notes,
+        plot_file=plot_file,
+        raw={
+            "results": {m: {c: asdict(r) for c, r in by.items()} for m, by in results.items()},
+            "server_peak_rss_mib": server_peak_mib,
+        },
+        duration_s=duration_s,
+    )
+
+
+def main() -> int:
+    return main_for(run, __doc__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,268 @@
+"""One Spark application running one contender of the Spark comparisons, in its own process.
+
+Each contender gets a fresh driver, JVM and Python workers, so that no worker carries
+TensorFlow or a cached model from another contender, and the resident memory of its workers is
+its own. The parent passes a JSON job on the command line and reads one JSON line of results:
+
+    python -m benchmarks.spark_job '{"contender": "remote_predict", "model": "tabular_mlp", ...}'
+
+Contenders: ``remote_predict`` and ``predict_arrow`` (through a model server), ``predict_batch_udf``
+(Spark's own, model in the worker), ``cached_pandas_udf`` (model cached once per worker),
+``load_per_batch`` (the model loaded for every batch), and ``passthrough`` (a pandas UDF that
+returns its input's first values without a model: the ceiling of any pandas UDF here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from benchmarks.processes import PeakRssSampler
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_ROWS = 64
+
+MODELS = {
+    # model -> (input column, flat values per row, output name, output width)
+    "tabular_mlp": ("features", 64, "probabilities", 8),
+    "sequence_bilstm": ("lines", 16 * 32, "class_probabilities", 4),
+}
+
+REMOTE = ("remote_predict", "predict_arrow")
+IN_WORKER = ("predict_batch_udf", "cached_pandas_udf", "load_per_batch")
+CONTENDERS = (*REMOTE, *IN_WORKER, "passthrough")
+
+
+@dataclass
+class Job:
+    contender: str
+    model: str
+    data: str | None = None
+    """A parquet folder; None: ``synthetic_rows`` rows made by Spark in ``partitions`` tasks."""
+    synthetic_rows: int = 0
+    partitions: int = 0
+    model_file: str = ""
+    address: str = ""
+    marker_dir: str = ""
+    runs: int = 1
+    batch_rows: int = 16384
+    rows_per_request: int = 4096
+    predict_batch_size: int = 4096
+    log_file: str = ""
+
+
+@dataclass
+class JobResult:
+    contender: str
+    model: str
+    rows: int
+    partitions: int
+    runs_s: list[float] = field(default_factory=list)
+    peak_worker_rss_total_mib: float = 0.0
+    peak_worker_rss_single_mib: float = 0.0
+    python_workers_seen: int = 0
+    peak_jvm_rss_mib: float = 0.0
+    model_loads_in_workers: int = 0
+    sample: dict[str, list[float]] = field(default_factory=dict)
+
+
+def write_dataset(path: Path, model: str, rows: int, files: int, seed: int = 0) -> None:
+    """``rows`` rows of an ``id`` and the model's input as a flat ``array<float>``, in ``files`` files."""
+    column, width, _, _ = MODELS[model]
+    path.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    per_file = -(-rows // files)
+    for index, start in enumerate(range(0, rows, per_file)):
+        count = min(per_file, rows - start)
+        values = rng.standard_normal(count * width, dtype=np.float32)
+        offsets = np.arange(0, count * width + 1, width, dtype=np.int32)
+        table = pa.table(
+            {
+                "id": pa.array(np.arange(start, start + count, dtype=np.int64)),
+                column: pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)),
+            }
+        )
+        pq.write_table(table, path / f"part-{index:03d}.parquet", row_group_size=16384)
+
+
+def _is_python_worker(process: psutil.Process) -> bool:
+    try:
+        command = " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return "pyspark.daemon" in command or "pyspark.worker" in command
+
+
+def _python_workers() -> Iterator[psutil.Process]:
+    for child in psutil.Process().children(recursive=True):
+        if _is_python_worker(child):
+            yield child
+
+
+def _jvm() -> Iterator[psutil.Process]:
+    for child in psutil.Process().children(recursive=False):
+        try:
+            if "java" in child.name():
+                yield child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+
+
+def _session(job: Job) -> Any:
+    from pyspark.sql import SparkSession
+
+    python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName(f"udfserve-bench-{job.contender}")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.pyspark.driver.python", sys.executable)
+        .config("spark.executorEnv.PYTHONPATH", python_path)
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(job.batch_rows))
+        .config("spark.sql.parquet.columnarReaderBatchSize", str(job.batch_rows))
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "2g")
+    )
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def _input_frame(spark: Any, job: Job) -> Any:
+    from pyspark.sql import functions as F
+
+    column, width, _, _ = MODELS[job.model]
+    if job.data is not None:
+        return spark.read.parquet(job.data)
+    values = [F.randn(seed=i).cast("float") for i in range(width)]
+    return spark.range(0, job.synthetic_rows, 1, job.partitions).select(
+        F.col("id"), F.array(*values).alias(column)
+    )
+
+
+def _predicted(spark: Any, frame: Any, job: Job) -> Any:
+    """``frame`` with a ``prediction`` column (an ``array<float>``) computed by the contender."""
+    from pyspark.sql.functions import pandas_udf
+    from pyspark.sql.types import ArrayType, FloatType
+
+    column, width, _, output_width = MODELS[job.model]
+    result_type = ArrayType(FloatType())
+    if job.contender == "remote_predict":
+        from spark_client import remote_predict
+
+        return frame.withColumn(
+            "prediction",
+            remote_predict(job.model, column, address=job.address, rows_per_request=job.rows_per_request),
+        )
+    if job.contender == "predict_arrow":
+        from spark_client import predict_arrow
+
+        return predict_arrow(
+            frame,
+            job.model,
+            [column],
+            ["prediction"],
+            address=job.address,
+            rows_per_request=job.rows_per_request,
+        )
+    from benchmarks import inworker
+
+    if job.contender == "predict_batch_udf":
+        from functools import partial
+
+        from pyspark.ml.functions import predict_batch_udf
+
+        udf = predict_batch_udf(
+            partial(inworker.make_batch_udf_predict_fn, job.model_file, job.marker_dir),
+            return_type=result_type,
+            batch_size=job.predict_batch_size,
+            input_tensor_shapes=[[width]],
+        )
+        return frame.withColumn("prediction", udf(column))
+    if job.contender == "cached_pandas_udf":
+        udf = pandas_udf(inworker.cached_pandas_udf(job.model_file, job.marker_dir), returnType=result_type)
+        return frame.withColumn("prediction", udf(column))
+    if job.contender == "load_per_batch":
+        udf = pandas_udf(inworker.load_per_batch_pandas_udf(job.model_file, job.marker_dir), result_type)
+        return frame.withColumn("prediction", udf(column))
+    if job.contender == "passthrough":
+        udf = pandas_udf(inworker.passthrough_pandas_udf(output_width), result_type)
+        return frame.withColumn("prediction", udf(column))
+    raise ValueError(f"unknown contender {job.contender!r}; expected one of {', '.join(CONTENDERS)}")
+
+
+def run_job(job: Job) -> JobResult:
+    spark = _session(job)
+    frame = _input_frame(spark, job)
+    rows = frame.count()
+    result = JobResult(job.contender, job.model, rows, frame.rdd.getNumPartitions())
+    predicted = _predicted(spark, frame, job)
+    jvm_peak = PeakRssSampler(_jvm, interval_s=0.2)
+    with PeakRssSampler(_python_workers) as workers, jvm_peak:
+        for _ in range(job.runs):
+            started = time.perf_counter()
+            predicted.write.format("noop").mode("overwrite").save()
+            result.runs_s.append(time.perf_counter() - started)
+        sample = predicted.where(f"id < {SAMPLE_ROWS}").select("id", "prediction").collect()
+    result.sample = {str(row["id"]): [float(v) for v in row["prediction"]] for row in sample}
+    result.peak_worker_rss_total_mib = workers.peak_total_bytes / 2**20
+    result.peak_worker_rss_single_mib = workers.peak_single_bytes / 2**20
+    result.python_workers_seen = len(workers.pids_seen)
+    result.peak_jvm_rss_mib = jvm_peak.peak_total_bytes / 2**20
+    if job.marker_dir and Path(job.marker_dir).is_dir():
+        result.model_loads_in_workers = sum(1 for _ in Path(job.marker_dir).iterdir())
+    spark.stop()
+    return result
+
+
+def run_in_child(job: Job, timeout_s: float = 900.0) -> JobResult:
+    """Run ``job`` in a fresh driver process; its JVM's output goes to ``job.log_file``."""
+    import subprocess
+
+    from benchmarks.processes import child_env
+
+    log = open(job.log_file or os.devnull, "ab")  # noqa: SIM115 (closed below)
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-m", "benchmarks.spark_job", json.dumps(asdict(job))],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=child_env({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}),
+            timeout=timeout_s,
+            check=False,
+        )
+    finally:
+        log.close()
+    if completed.returncode != 0:
+        tail = Path(job.log_file).read_text(errors="replace")[-3000:] if job.log_file else ""
+        raise RuntimeError(
+            f"Spark job {job.contender} on {job.model} failed with exit code {completed.returncode}; "
+            f"log tail:\n{tail}"
+        )
+    lines = completed.stdout.decode().strip().splitlines()
+    return JobResult(**json.loads(lines[-1]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    job = Job(**json.loads(args[0]))
+    result = run_job(job)
+    print(json.dumps(asdict(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

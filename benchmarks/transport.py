@@ -1,0 +1,405 @@
+"""Comparison 2, transport: Arrow batches through gRPC to an identity model, unix socket and TCP,
+next to pyarrow IPC write and read of the same batches alone (the limit of the format here).
+
+    python -m benchmarks.transport [--quick] [--no-profile]
+
+One client process keeps ``IN_FLIGHT`` batches in flight on one Predict stream for a fixed time
+per request size; every request is encoded in the loop and every answer decoded, as a real
+client would. The identity model answers every batch with the same bytes, so each request moves
+its payload through the socket twice, there and back: throughput is quoted both ways (the bytes
+that crossed the socket per second) and for the requests alone (half of it). A bare gRPC echo
+server of the same service is measured too: the ceiling of Python gRPC on this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from benchmarks import plots
+from benchmarks.cli import main_for, results_dir
+from benchmarks.clients import run_streams
+from benchmarks.models import IDENTITY_MODEL, generate_identity_in_child
+from benchmarks.processes import CpuMeter, Workspace, percentile
+from benchmarks.profiling import ProfileSummary, SampledProfile, py_spy_available
+from benchmarks.report import RESULTS_DIR, ComparisonResult, Table, TargetCheck
+from benchmarks.stages import stage_sums_us, stages_in_child, stages_table
+from udfserve.protocol.arrow_ipc import decode_batch, encode_batch
+
+logger = logging.getLogger(__name__)
+
+NAME = "transport"
+WIDTH = 64
+"""float32 values per row: the tabular model's 64 features."""
+IN_FLIGHT = 4
+MAX_MESSAGE_BYTES = 256 << 20
+ROWS_FULL = (1024, 4096, 16384, 65536)
+ROWS_QUICK = (1024, 16384)
+TARGET_GB_S = 1.0
+TARGET_RATIO_TO_IPC = 3.0
+UNIX = "udfserve, unix socket"
+TCP = "udfserve, TCP loopback"
+ECHO = "bare gRPC echo, unix socket"
+
+
+@dataclass(frozen=True)
+class Settings:
+    quick: bool
+    rows: tuple[int, ...]
+    cell_s: float
+    ipc_s: float
+    stage_s: float
+    profile: bool
+    profile_s: float
+
+    @classmethod
+    def make(cls, quick: bool, profile: bool) -> Settings:
+        if quick:
+            return cls(quick, ROWS_QUICK, cell_s=0.8, ipc_s=0.3, stage_s=0.1, profile=profile, profile_s=2.0)
+        return cls(quick, ROWS_FULL, cell_s=4.0, ipc_s=1.5, stage_s=0.5, profile=profile, profile_s=6.0)
+
+
+@dataclass
+class Cell:
+    contender: str
+    rows: int
+    ipc_bytes: int
+    requests: int
+    wall_s: float
+    request_mb_s: float
+    rows_s: float
+    p50_ms: float
+    p99_ms: float
+    client_cpu: float
+    server_cpu: float
+
+    @property
+    def both_ways_gb_s(self) -> float:
+        return 2 * self.request_mb_s / 1000
+
+    @property
+    def us_per_request(self) -> float:
+        return self.wall_s / self.requests * 1e6 if self.requests else float("nan")
+
+
+@dataclass(frozen=True)
+class FormatLimit:
+    """The same batch written and read in memory, no gRPC."""
+
+    ipc_bytes: int
+    pyarrow_mb_s: float
+    codec_mb_s: float
+
+
+def make_batch(rows: int, seed: int = 0) -> pa.RecordBatch:
+    """``rows`` rows of ``list<float>`` [WIDTH], the Arrow type of a Spark ``array<float>`` column."""
+    values = np.random.default_rng(seed).standard_normal(rows * WIDTH, dtype=np.float32)
+    offsets = np.arange(0, rows * WIDTH + 1, WIDTH, dtype=np.int32)
+    column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    return pa.record_batch({"features": column})
+
+
+def format_limit(batch: pa.RecordBatch, duration_s: float) -> FormatLimit:
+    """pyarrow IPC write + read of ``batch`` (the format alone: into an Arrow buffer and back),
+    and ``encode_batch`` + ``decode_batch`` as client and server use them (plus the copy into
+    Python ``bytes`` that gRPC needs, and a full validation)."""
+
+    def pyarrow_round() -> None:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        pa.ipc.open_stream(sink.getvalue()).read_next_batch()
+
+    def codec_round() -> None:
+        decode_batch(encode_batch(batch))
+
+    size = len(encode_batch(batch))
+    return FormatLimit(size, _mb_s(pyarrow_round, size, duration_s), _mb_s(codec_round, size, duration_s))
+
+
+def _mb_s(operation: Callable[[], None], size: int, duration_s: float) -> float:
+    operation()
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < duration_s:
+        operation()
+        count += 1
+    return size * count / (time.perf_counter() - started) / 1e6
+
+
+def measure(contender: str, target: str, batch: pa.RecordBatch, duration_s: float, server_pid: int) -> Cell:
+    meter = CpuMeter({"client": os.getpid(), "server": server_pid})
+
+    def make_payload(_index: int) -> tuple[bytes, int]:
+        return encode_batch(batch), batch.num_rows
+
+    meter.start()
+    wall_s, stats = asyncio.run(
+        run_streams(
+            target,
+            IDENTITY_MODEL,
+            make_payload,
+            streams=1,
+            in_flight=IN_FLIGHT,
+            duration_s=duration_s,
+            decode=True,
+            max_message_bytes=MAX_MESSAGE_BYTES,
+        )
+    )
+    cpu = meter.stop().utilisation()
+    return Cell(
+        contender=contender,
+        rows=batch.num_rows,
+        ipc_bytes=stats.request_bytes // max(stats.requests, 1),
+        requests=stats.requests,
+        wall_s=wall_s,
+        request_mb_s=stats.request_bytes / wall_s / 1e6,
+        rows_s=stats.rows / wall_s,
+        p50_ms=percentile(stats.latencies_s, 50) * 1e3,
+        p99_ms=percentile(stats.latencies_s, 99) * 1e3,
+        client_cpu=cpu["client"],
+        server_cpu=cpu["server"],
+    )
+
+
+def run(workspace: Workspace, quick: bool = False, profile: bool = True) -> ComparisonResult:
+    settings = Settings.make(quick, profile and py_spy_available())
+    started = time.perf_counter()
+    repository = workspace.path("identity-repo")
+    generate_identity_in_child(
+        repository, WIDTH, {"max_batch_size": max(ROWS_FULL), "dynamic_batching": {"enabled": False}}
+    )
+    server = workspace.start_server(repository, "transport", ["--max-message-bytes", str(MAX_MESSAGE_BYTES)])
+    echo = workspace.start_echo_server(MAX_MESSAGE_BYTES)
+    contenders = {
+        UNIX: (server.grpc_target(prefer_unix=True), server.pid),
+        TCP: (server.grpc_target(prefer_unix=False), server.pid),
+        ECHO: (echo.grpc_target(prefer_unix=True), echo.pid),
+    }
+    cells: list[Cell] = []
+    limits: dict[int, FormatLimit] = {}
+    for rows in settings.rows:
+        batch = make_batch(rows)
+        limits[rows] = format_limit(batch, settings.ipc_s)
+        for contender, (target, pid) in contenders.items():
+            logger.info("transport: %s, %d rows per request", contender, rows)
+            cells.append(measure(contender, target, batch, settings.cell_s, pid))
+    workspace.stop_server(echo)
+
+    best = max((c for c in cells if c.contender == UNIX), key=lambda c: c.request_mb_s)
+    profiles = []
+    if settings.profile:
+        profiles = _profile(server.pid, contenders[UNIX][0], best.rows, settings.profile_s)
+    workspace.stop_server(server)
+    stages = stages_in_child(repository, IDENTITY_MODEL, settings.rows, settings.stage_s)
+    return _result(cells, limits, stages, profiles, settings, time.perf_counter() - started)
+
+
+def _profile(server_pid: int, target: str, rows: int, duration_s: float) -> list[ProfileSummary]:
+    """Sample the server and this client while the unix-socket load runs at ``rows`` per request."""
+    batch = make_batch(rows)
+    folder = RESULTS_DIR / "tmp" / "profiles"
+    with (
+        SampledProfile(server_pid, folder / "transport-server.txt") as server_profile,
+        SampledProfile(os.getpid(), folder / "transport-client.txt") as client_profile,
+    ):
+        measure(UNIX, target, batch, duration_s, server_pid)
+    return [
+        server_profile.summary(f"server, unix socket, {rows:,} rows per request"),
+        client_profile.summary(f"client, unix socket, {rows:,} rows per request"),
+    ]
+
+
+def _main_table(cells: list[Cell], limits: dict[int, FormatLimit]) -> Table:
+    table = Table(
+        f"Arrow batches of float32[{WIDTH}] rows through gRPC to an identity model, {IN_FLIGHT} in flight",
+        [
+            "server, transport",
+            "rows/request",
+            "MiB/request",
+            "GB/s both ways",
+            "request MB/s",
+            "p50 ms",
+            "p99 ms",
+            "pyarrow IPC MB/s",
+            "IPC ÷ gRPC both ways",
+            "client CPU",
+            "server CPU",
+        ],
+    )
+    for cell in cells:
+        limit = limits[cell.rows]
+        table.rows.append(
+            {
+                "server, transport": cell.contender,
+                "rows/request": cell.rows,
+                "MiB/request": limit.ipc_bytes / 2**20,
+                "GB/s both ways": cell.both_ways_gb_s,
+                "request MB/s": cell.request_mb_s,
+                "p50 ms": cell.p50_ms,
+                "p99 ms": cell.p99_ms,
+                "pyarrow IPC MB/s": limit.pyarrow_mb_s,
+                "IPC ÷ gRPC both ways": limit.pyarrow_mb_s / (cell.both_ways_gb_s * 1000),
+                "client CPU": f"{cell.client_cpu:.0%}",
+                "server CPU": f"{cell.server_cpu:.0%}",
+            }
+        )
+    return table
+
+
+def _time_table(cells: list[Cell], stages: dict[str, Any]) -> Table:
+    """A measured request against the sum of its stages timed alone: the rest is gRPC and waiting."""
+    table = Table(
+        "Per request over the unix socket: measured wall time against its stages timed alone",
+        [
+            "rows/request",
+            "measured µs/request",
+            "client stages µs",
+            "server stages µs",
+            "rest µs (gRPC, event loops, waiting)",
+        ],
+    )
+    for cell in cells:
+        if cell.contender != UNIX:
+            continue
+        sums = stage_sums_us(stages, cell.rows)
+        table.rows.append(
+            {
+                "rows/request": cell.rows,
+                "measured µs/request": cell.us_per_request,
+                "client stages µs": sums["client"],
+                "server stages µs": sums["server"],
+                "rest µs (gRPC, event loops, waiting)": cell.us_per_request - max(sums.values()),
+            }
+        )
+    return table
+
+
+def _result(
+    cells: list[Cell],
+    limits: dict[int, FormatLimit],
+    stages: dict[str, Any],
+    profiles: list[ProfileSummary],
+    settings: Settings,
+    duration_s: float,
+) -> ComparisonResult:
+    limit_table = Table(
+        "The format alone: the same batches written and read in memory, no gRPC",
+        ["rows/batch", "MiB/batch", "pyarrow IPC write+read MB/s", "encode_batch+decode_batch MB/s"],
+        [
+            {
+                "rows/batch": rows,
+                "MiB/batch": limit.ipc_bytes / 2**20,
+                "pyarrow IPC write+read MB/s": limit.pyarrow_mb_s,
+                "encode_batch+decode_batch MB/s": limit.codec_mb_s,
+            }
+            for rows, limit in limits.items()
+        ],
+    )
+    unix = [c for c in cells if c.contender == UNIX]
+    best = max(unix, key=lambda c: c.request_mb_s)
+    echo_best = max((c for c in cells if c.contender == ECHO), key=lambda c: c.request_mb_s)
+    ratio = limits[best.rows].pyarrow_mb_s / (best.both_ways_gb_s * 1000)
+    targets = [
+        TargetCheck(
+            f"at least {TARGET_GB_S:.0f} GB/s through the unix socket at the best request size",
+            f"{best.both_ways_gb_s:.2f} GB/s both ways ({best.request_mb_s / 1000:.2f} GB/s of requests) "
+            f"at {best.rows:,} rows/request: {best.both_ways_gb_s / TARGET_GB_S:.2f}x the target; "
+            f"a bare gRPC echo reaches {echo_best.both_ways_gb_s:.2f} GB/s both ways",
+            best.both_ways_gb_s >= TARGET_GB_S,
+        ),
+        TargetCheck(
+            f"within {TARGET_RATIO_TO_IPC:.0f}x of pyarrow IPC write+read of the same batch",
+            f"pyarrow IPC {limits[best.rows].pyarrow_mb_s / 1000:.1f} GB/s is {ratio:.1f}x the gRPC "
+            "figure both ways",
+            ratio <= TARGET_RATIO_TO_IPC,
+        ),
+    ]
+    plot_file = f"{NAME}.png"
+    xs = list(settings.rows)
+
+    def series(contender: str, value: Callable[[Cell], float]) -> tuple[list[int], list[float]]:
+        return xs, [value(c) for c in cells if c.contender == contender]
+
+    plots.line_panels(
+        results_dir(settings.quick) / plot_file,
+        "Transport: Arrow IPC through gRPC to an identity model",
+        [
+            (
+                "throughput, bytes through the socket both ways",
+                "MB/s",
+                {
+                    UNIX: series(UNIX, lambda c: c.both_ways_gb_s * 1000),
+                    TCP: series(TCP, lambda c: c.both_ways_gb_s * 1000),
+                    ECHO: series(ECHO, lambda c: c.both_ways_gb_s * 1000),
+                    "pyarrow IPC write+read": (xs, [limits[x].pyarrow_mb_s for x in xs]),
+                    "encode_batch+decode_batch": (xs, [limits[x].codec_mb_s for x in xs]),
+                },
+            ),
+            (
+                f"per-batch latency, p50, {IN_FLIGHT} in flight",
+                "ms",
+                {name: series(name, lambda c: c.p50_ms) for name in (UNIX, TCP, ECHO)},
+            ),
+        ],
+        xlabel="rows per request",
+        log_y=(True, True),
+    )
+    tables = [
+        _main_table(cells, limits),
+        limit_table,
+        stages_table(stages, "Each stage of the request path timed alone, µs per request (identity model)"),
+        _time_table(cells, stages),
+    ]
+    for summary in profiles:
+        tables += summary.tables()
+    method = (
+        f"An identity Keras model (float32[{WIDTH}] in, the same out) in the benchmark's own repository, "
+        "batching off so each request is one backend call. One client process drives one Predict stream "
+        f"with {IN_FLIGHT} batches in flight for {settings.cell_s:.0f} s per cell, encoding every request "
+        "(`encode_batch`) and decoding every answer (`decode_batch`) in the loop. Requests are "
+        "`list<float>` columns, as Spark sends `array<float>`; answers are `fixed_size_list<float>`. "
+        "Each request's bytes cross the socket twice (there, and back as the answer): *GB/s both ways* "
+        "counts both (10^9 bytes/GB), *request MB/s* the requests alone. The bare gRPC echo server "
+        "(`benchmarks/echo_server.py`) implements the same service and returns each request's bytes "
+        "untouched: no Arrow, no model. Client and server CPU are CPU-seconds per wall second "
+        "(100% = one core). The stage table times each step of the path alone, in one process, with "
+        "the server's own functions (`benchmarks/stages.py`)."
+    )
+    notes = []
+    if profiles:
+        notes.append(
+            f"py-spy profiles of the server and the client at the best unix-socket size ({best.rows:,} rows) "
+            "are in the last tables; a thread is sampled while it runs, not while it waits."
+        )
+    return ComparisonResult(
+        name=NAME,
+        title="Transport: Arrow through gRPC vs Arrow IPC alone",
+        method=method,
+        tables=tables,
+        targets=targets,
+        notes=notes,
+        plot_file=plot_file,
+        raw={
+            "cells": [asdict(c) for c in cells],
+            "format_limit": {str(rows): asdict(limit) for rows, limit in limits.items()},
+            "stages": stages,
+            "profiles": [p.to_dict() for p in profiles],
+        },
+        duration_s=duration_s,
+    )
+
+
+def main() -> int:
+    return main_for(run, __doc__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
