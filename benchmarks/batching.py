@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +30,7 @@ from benchmarks.clients import run_streams
 from benchmarks.processes import CpuMeter, Workspace, metric_value, percentile, scrape
 from benchmarks.profiling import SampledProfile, py_spy_available
 from benchmarks.report import RESULTS_DIR, ComparisonResult, Table, TargetCheck
+from benchmarks.stages import stages_in_child, stages_table
 from services.model_server.launcher import ServerProcess
 from udfserve.protocol.arrow_ipc import encode_batch
 
@@ -51,12 +53,13 @@ class Settings:
     cell_s: float
     profile: bool
     profile_s: float
+    stage_s: float
 
     @classmethod
     def make(cls, quick: bool, profile: bool) -> Settings:
         if quick:
-            return cls(quick, (1, 16), (1, 8), cell_s=0.8, profile=profile, profile_s=2.0)
-        return cls(quick, (1, 4, 16, 64), (1, 8, 64), cell_s=3.0, profile=profile, profile_s=5.0)
+            return cls(quick, (1, 16), (1, 8), cell_s=0.8, profile=profile, profile_s=2.0, stage_s=0.1)
+        return cls(quick, (1, 4, 16, 64), (1, 8, 64), cell_s=3.0, profile=profile, profile_s=5.0, stage_s=0.5)
 
 
 def encoded_requests(rows: int, count: int = PAYLOADS_PER_SIZE, seed: int = 0) -> list[bytes]:
@@ -114,6 +117,8 @@ def measure_cell(
         "p99_ms": percentile(stats.latencies_s, 99) * 1e3,
         "client_cpu": cpu["client"],
         "server_cpu": cpu["server"],
+        "server_cpu_us_per_request": cpu["server"] * wall_s / max(stats.requests, 1) * 1e6,
+        "client_cpu_us_per_request": cpu["client"] * wall_s / max(stats.requests, 1) * 1e6,
     }
     if with_metrics:
         calls, mean_rows = _batch_stats(before, scrape(server))
@@ -147,7 +152,10 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = True) -> Comp
         cell = measure_cell(echo, clients, rows, settings.cell_s, with_metrics=False)
         cells.append({"mode": ECHO, "clients": clients, "rows": rows, **cell})
     workspace.stop_server(echo)
-    return _result(cells, profiles, settings, time.perf_counter() - started)
+    stages = stages_in_child(
+        workspace.example_models(), MODEL, sorted({1, *settings.rows, 1024}), settings.stage_s
+    )
+    return _result(cells, stages, profiles, settings, time.perf_counter() - started)
 
 
 def _profile(server: ServerProcess, mode: str, duration_s: float) -> object:
@@ -166,7 +174,11 @@ def _lookup(cells: list[dict[str, object]], mode: str, clients: int, rows: int) 
 
 
 def _result(
-    cells: list[dict[str, object]], profiles: list[object], settings: Settings, duration_s: float
+    cells: list[dict[str, object]],
+    stages: dict[str, Any],
+    profiles: list[object],
+    settings: Settings,
+    duration_s: float,
 ) -> ComparisonResult:
     table = Table(
         "tabular_mlp, rows/s and latency by concurrent clients and rows per request",
@@ -182,7 +194,9 @@ def _result(
             "off: p99 ms",
             "on: rows/call",
             "client ceiling rows/s",
-            "on: client CPU",
+            "on: server CPU µs/request",
+            "off: server CPU µs/request",
+            "on: client CPU µs/request",
             "on: server CPU",
         ],
     )
@@ -202,7 +216,9 @@ def _result(
                 "off: p99 ms": off["p99_ms"],
                 "on: rows/call": on.get("rows_per_call"),
                 "client ceiling rows/s": echo["rows_s"],
-                "on: client CPU": f"{float(on['client_cpu']):.0%}",  # type: ignore[arg-type]
+                "on: server CPU µs/request": on["server_cpu_us_per_request"],
+                "off: server CPU µs/request": off["server_cpu_us_per_request"],
+                "on: client CPU µs/request": on["client_cpu_us_per_request"],
                 "on: server CPU": f"{float(on['server_cpu']):.0%}",  # type: ignore[arg-type]
             }
         )
@@ -235,7 +251,10 @@ def _result(
         xlabel="concurrent clients",
         log_y=tuple(True for _ in panels),
     )
-    tables = [table]
+    tables = [
+        table,
+        stages_table(stages, f"Each stage of a {MODEL} request timed alone, µs per request"),
+    ]
     for summary in profiles:
         tables += summary.tables()  # type: ignore[attr-defined]
     method = (
@@ -245,7 +264,11 @@ def _result(
         f"(closed loop), for {settings.cell_s:.0f} s per cell, over the unix socket; requests are encoded "
         "beforehand. `rows/call` is the mean rows per backend call from the server's metrics. The client "
         "ceiling is the same client against a bare gRPC echo server (no model): where it is well above "
-        "the served rates, the client is not what limits them. CPU is CPU-seconds per wall second."
+        "the served rates, the client is not what limits them. *server CPU µs/request* is the server "
+        "process's CPU time (all threads) divided by the requests answered; *server CPU* is CPU-seconds per "
+        "wall second (100% = one core). The stage table times each step of one request alone, in one "
+        "process, with the server's own functions: it shows what a backend call costs at each size, "
+        "and what the conversions around it cost."
     )
     return ComparisonResult(
         name=NAME,

@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -144,6 +145,34 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+def _source_revision() -> str:
+    """The commit the code was measured at, marked when the working tree differed from it."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                "services",
+                "udfserve",
+                "spark_client",
+            ],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{commit} (with uncommitted changes to the product code)" if changed else commit
+
+
 def describe_machine() -> dict[str, Any]:
     """What the numbers were measured on; the load average shows how busy the machine was."""
     memory = psutil.virtual_memory()
@@ -158,6 +187,7 @@ def describe_machine() -> dict[str, Any]:
         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
         "gpu": "none (CPU only)",
         "versions": _versions(),
+        "source_revision": _source_revision(),
         "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
@@ -169,5 +199,6 @@ def machine_markdown(machine: dict[str, Any]) -> str:
         f"Machine: {machine['cpu_model']}, {machine['logical_cores']} logical cores "
         f"({machine['usable_cores']} usable), {machine['memory_total_gib']} GiB memory "
         f"({machine['memory_available_gib']} GiB available), {machine['os']}, GPU: {machine['gpu']}; "
-        f"load average at start {load}; measured {machine['measured_at']}.\n\nVersions: {versions}.\n"
+        f"load average at start {load}; measured {machine['measured_at']} at commit "
+        f"{machine.get('source_revision', 'unknown')}.\n\nVersions: {versions}.\n"
     )

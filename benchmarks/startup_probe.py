@@ -114,34 +114,41 @@ def remote_udf_memory(target: str, model: str, batches: int, batch_rows: int) ->
     feeds an iterator pandas UDF: a pandas Series of numpy arrays per batch.
     """
     steps: dict[str, float] = {"interpreter": _rss_mib()}
+    peaks: dict[str, float] = {"interpreter": _peak_rss_mib()}
+
+    def step(name: str) -> None:
+        steps[name] = _rss_mib()
+        peaks[name] = _peak_rss_mib()
+
     import numpy as np
+    import pandas  # noqa: F401 (what a pandas UDF worker imports anyway)
     import pyarrow as pa
 
-    steps["numpy, pandas, pyarrow (any pandas UDF)"] = _rss_mib()
+    step("numpy, pandas, pyarrow (any pandas UDF)")
     import pyspark.sql  # noqa: F401 (a Spark Python worker has it loaded)
 
-    steps["pyspark"] = _rss_mib()
+    step("pyspark")
     import grpc  # noqa: F401
 
-    steps["grpc"] = _rss_mib()
+    step("grpc")
     from spark_client.udf import _predict_pandas, build_job
 
-    steps["spark_client"] = _rss_mib()
+    step("spark_client")
     job = build_job(model, None, {"address": target})
-    steps["model spec fetched, channel open"] = _rss_mib()
+    step("model spec fetched, channel open")
     rng = np.random.default_rng(0)
     values = rng.standard_normal(batch_rows * 64, dtype=np.float32)
     offsets = np.arange(0, batch_rows * 64 + 1, 64, dtype=np.int32)
     column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
     series = column.to_pandas()  # what Spark hands an iterator pandas UDF: a Series of arrays
-    steps["one input batch as pandas"] = _rss_mib()
+    step("one input batch as pandas")
     rows = 0
     for answer in _predict_pandas(job, iter([series] * batches), as_struct=False):
         rows += len(answer)
-    steps[f"after streaming {batches} batches of {batch_rows:,} rows"] = _rss_mib()
+    step(f"after streaming {batches} batches of {batch_rows:,} rows")
     if rows != batches * batch_rows:
         raise RuntimeError(f"expected {batches * batch_rows} rows back, received {rows}")
-    return {"steps_mib": steps, "rss_peak_mib": _peak_rss_mib(), "series_type": str(type(series))}
+    return {"steps_mib": steps, "peak_after_steps_mib": peaks, "rss_peak_mib": _peak_rss_mib()}
 
 
 def probe_in_child(args: Sequence[str]) -> dict[str, Any]:
