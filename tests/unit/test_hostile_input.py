@@ -115,8 +115,15 @@ def primitive_arrays(draw: st.DrawFn, length: int) -> pa.Array:
 @st.composite
 def other_leaf_arrays(draw: st.DrawFn, length: int) -> pa.Array:
     kind = draw(
-        st.sampled_from(["string", "large_string", "huge_string", "binary", "null", "dictionary", "date"])
+        st.sampled_from(
+            ["string", "large_string", "huge_string", "binary", "null", "dictionary", "date", "union"]
+        )
     )
+    if kind == "union":
+        codes = pa.array(np.arange(length, dtype=np.int8) % 2)
+        return pa.UnionArray.from_sparse(
+            codes, [pa.array(np.zeros(length)), pa.array(np.ones(length, np.int32))]
+        )
     if kind == "null":
         return pa.nulls(length)
     if kind == "date":
@@ -289,6 +296,29 @@ def test_a_null_column_cannot_claim_more_rows_than_the_payload_has_bits() -> Non
     batch = pa.record_batch({"features": pa.nulls(7777)})
     with pytest.raises(ArrowPayloadError, match="declares 4611686018427387904 rows"):
         decode_batch(declared_length_patched(batch, 7777, 1 << 62))
+
+
+@pytest.mark.parametrize(
+    "column_type",
+    [
+        pa.sparse_union([pa.field("a", pa.int8())]),
+        pa.dense_union([pa.field("a", pa.float32())]),
+        pa.float32(),
+    ],
+    ids=["sparse union", "dense union", "float32"],
+)
+def test_a_schema_without_a_batch_is_zero_rows_or_refused_as_invalid(column_type: pa.DataType) -> None:
+    """The documented form of an empty batch; pyarrow cannot build empty union columns (found by
+    the atheris fuzzer in benchmarks/fuzz)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, pa.schema([pa.field("features", column_type)])):
+        pass
+    try:
+        batch = decode_batch(sink.getvalue().to_pybytes())
+    except ArrowPayloadError as exc:
+        assert "no record batch" in str(exc)
+    else:
+        assert batch.num_rows == 0 and batch.schema.field("features").type == column_type
 
 
 def compressed(batch: pa.RecordBatch, codec: str) -> bytes:

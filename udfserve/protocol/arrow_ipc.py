@@ -61,7 +61,13 @@ def decode_batch(payload: bytes, what: str = "arrow_ipc") -> pa.RecordBatch:
     if len(batches) == 0:
         # A stream with a schema and no batch is how an empty batch travels when a writer
         # skipped it; treat it as zero rows of that schema.
-        return pa.RecordBatch.from_pylist([], schema=reader.schema)
+        try:
+            return pa.RecordBatch.from_pylist([], schema=reader.schema)
+        except pa.ArrowException as exc:  # pyarrow cannot build empty columns of some types (unions)
+            raise ArrowPayloadError(
+                f"{what} holds a schema and no record batch, and no empty batch of that schema can be "
+                f"made: {exc}; send one record batch"
+            ) from exc
     if len(batches) > 1:
         raise ArrowPayloadError(
             f"{what} holds {len(batches)} record batches; expected exactly one per message"
