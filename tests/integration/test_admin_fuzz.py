@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -101,12 +102,12 @@ HOSTILE_NAMES = [
 ]
 
 
-def raw_get(address: str, path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
-    """A GET with the path sent exactly as given (no client-side normalisation)."""
+def raw_request(address: str, method: str, path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+    """A request with the path sent exactly as given (no client-side normalisation)."""
     host, port = address.rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
-        connection.putrequest("GET", path, skip_accept_encoding=True)
+        connection.putrequest(method, path, skip_accept_encoding=True)
         for key, value in headers.items():
             connection.putheader(key, value)
         connection.endheaders()
@@ -114,6 +115,10 @@ def raw_get(address: str, path: str, headers: dict[str, str]) -> tuple[int, str,
         return response.status, response.getheader("content-type", ""), response.read()
     finally:
         connection.close()
+
+
+def raw_get(address: str, path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+    return raw_request(address, "GET", path, headers)
 
 
 @pytest.mark.parametrize("name", HOSTILE_NAMES, ids=range(len(HOSTILE_NAMES)))
@@ -132,3 +137,31 @@ def test_a_request_without_the_token_is_refused_with_json(token_server: ServerPr
     status, content_type, body = raw_get(token_server.http_address or "", "/v1/models/tabular_mlp", {})
     assert status == 401
     assert_answered_properly("/v1/models/tabular_mlp", status, content_type, body)
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
+def test_methods_the_app_does_not_offer_are_refused_with_json(
+    token_server: ServerProcess, admin_schema: schemathesis.BaseSchema, method: str
+) -> None:
+    offered = {(result.ok().method.upper(), result.ok().path) for result in admin_schema.get_all_operations()}
+    for path in sorted({path for _, path in offered}):
+        if (method, path) in offered:
+            continue
+        concrete = path.replace("{name}", "tabular_mlp")
+        status, content_type, body = raw_request(
+            token_server.http_address or "", method, concrete, AUTHORIZED
+        )
+        assert status == 405, f"{method} {concrete} answered {status}"
+        assert_answered_properly(concrete, status, content_type, body)
+
+
+def test_bytes_that_are_not_http_are_refused_and_the_app_keeps_serving(token_server: ServerProcess) -> None:
+    """Refused by uvicorn before the app sees them (its answer is plain text, not the app's JSON)."""
+    host, port = (token_server.http_address or "").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(b"\x00\xff\xfe not http at all\r\n\r\n")
+        answer = connection.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    status, content_type, body = raw_get(token_server.http_address or "", "/health/live", {})
+    assert status == 200
+    assert_answered_properly("/health/live", status, content_type, body)
