@@ -321,6 +321,25 @@ def test_a_schema_without_a_batch_is_zero_rows_or_refused_as_invalid(column_type
         assert batch.num_rows == 0 and batch.schema.field("features").type == column_type
 
 
+@pytest.mark.parametrize("with_batch", [True, False], ids=["with a batch", "schema only"])
+@pytest.mark.parametrize("where", ["column", "nested field"])
+def test_names_that_are_not_utf8_are_refused_as_invalid(where: str, with_batch: bool) -> None:
+    """Found by the atheris fuzzer: pyarrow decodes names strictly wherever they are read."""
+    child = pa.array([{"qz": 1.0}]) if where == "nested field" else pa.array([1.0])
+    batch = pa.record_batch({"qy" if where == "column" else "features": child})
+    if with_batch:
+        payload = encode_batch(batch)
+    else:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema):
+            pass
+        payload = sink.getvalue().to_pybytes()
+    forged = payload.replace(b"qy" if where == "column" else b"qz", b"\xff\xfe")
+    assert forged != payload
+    with pytest.raises(ArrowPayloadError, match="not a valid Arrow IPC stream"):
+        decode_batch(forged)
+
+
 def compressed(batch: pa.RecordBatch, codec: str) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression=codec)) as writer:

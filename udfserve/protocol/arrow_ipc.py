@@ -48,9 +48,7 @@ def decode_batch(payload: bytes, what: str = "arrow_ipc") -> pa.RecordBatch:
     try:
         _refuse_compressed_bodies(buffer, what)
         reader = pa.ipc.open_stream(buffer)
-        # Arrow does not check that column names are UTF-8; pyarrow decodes them strictly when
-        # they are read, so a forged name would raise there (nested names are rendered leniently).
-        reader.schema.names  # noqa: B018 (decoding is the check)
+        _check_names(reader.schema)
         batches = list(reader)
     except ArrowPayloadError:
         raise
@@ -85,6 +83,20 @@ def decode_batch(payload: bytes, what: str = "arrow_ipc") -> pa.RecordBatch:
     except pa.ArrowException as exc:
         raise ArrowPayloadError(f"{what} holds a malformed record batch: {exc}") from exc
     return batch
+
+
+def _check_names(schema: pa.Schema) -> None:
+    """Arrow does not check that field names are UTF-8, and pyarrow decodes them strictly when
+    they are read (names, error messages), so a forged name would raise far from here. Reading
+    every name, nested ones included, makes it raise here: nesting is bounded by the reader."""
+    pending = list(schema)
+    while pending:
+        field = pending.pop()
+        field.name  # noqa: B018 (decoding is the check)
+        field_type = field.type
+        if isinstance(field_type, pa.DictionaryType):
+            field_type = field_type.value_type
+        pending.extend(field_type.field(index) for index in range(field_type.num_fields))
 
 
 def _refuse_compressed_bodies(buffer: pa.Buffer, what: str) -> None:
