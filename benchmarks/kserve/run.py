@@ -285,6 +285,10 @@ def write_report(
         f"{meta['stability_percent']}% (else twice that, noted). rows/s = perf_analyzer's "
         "inferences/s (requests x batch). Command: `python -m benchmarks.kserve.run`.",
         "",
+        f"Load average of the machine (1 min) before and after the run: {meta['load_average_1m_before']} and "
+        f"{meta['load_average_1m_after']}, on {meta['cpus']} CPUs: other work shared the machine, which is "
+        "why each point is measured interleaved and the spread of the runs is listed below.",
+        "",
         "Same predictions: 256 float64 rows through `udfserve.kserve_codec` to both servers, largest "
         f"absolute difference {check['max_abs_diff']:.2e} "
         f"({'equal within 1e-5' if check['equal'] else 'NOT equal'}).",
@@ -361,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "stability_percent": args.stability_percent,
             "perf_analyzer_version": "2.48.0",
             "repeats": args.repeats,
+            "load_average_1m_before": round(os.getloadavg()[0], 2),
         }
         with ExitStack() as stack:
             addresses = {}
@@ -395,6 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if len(predictions) == 2
             else float("nan")
         )
+        meta["load_average_1m_after"] = round(os.getloadavg()[0], 2)
         check = {"rows": batch.num_rows, "max_abs_diff": diff, "equal": bool(diff <= 1e-5)}
         write_report(points, check, meta, args.output)
         logger.info("wrote %s", args.output / "perf_analyzer.md")
