@@ -4,7 +4,7 @@ MLP, with the server's dynamic batching on and off.
     python -m benchmarks.batching [--quick] [--no-profile]
 
 Two repositories differ only in ``dynamic_batching.enabled`` of ``tabular_mlp``; each is served
-by its own server, one after the other. The clients are ``grpc.aio`` streams in this one process,
+by its own server, one after the other. The clients are ``grpc.aio`` streams in one client process,
 each on its own connection with one request outstanding (a closed loop, as perf_analyzer's
 concurrency). Requests are encoded before the run, so the client's work per request is the gRPC
 call itself. To show that the client is not what limits the rates, the same clients are run
@@ -13,33 +13,26 @@ against a bare gRPC echo server: the rates they reach there are the client's cei
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
 from benchmarks import plots
 from benchmarks.cli import main_for, results_dir
-from benchmarks.clients import run_streams
-from benchmarks.processes import CpuMeter, Workspace, metric_value, percentile, scrape
+from benchmarks.load_client import LoadSpec, finish, start_in_child
+from benchmarks.processes import ProcessMeter, Workspace, metric_value, scrape
 from benchmarks.profiling import SampledProfile, py_spy_available
 from benchmarks.report import RESULTS_DIR, ComparisonResult, Table, TargetCheck
 from benchmarks.stages import stages_in_child, stages_table
 from services.model_server.launcher import ServerProcess
-from udfserve.protocol.arrow_ipc import encode_batch
 
 logger = logging.getLogger(__name__)
 
 NAME = "batching"
 MODEL = "tabular_mlp"
 FEATURES = 64
-PAYLOADS_PER_SIZE = 16
 TARGET_RATIO = 3.0
 TARGET_CELL = (16, 8)  # clients, rows per request
 ON, OFF, ECHO = "batching on", "batching off", "client ceiling (echo server)"
@@ -62,18 +55,6 @@ class Settings:
         return cls(quick, (1, 4, 16, 64), (1, 8, 64), cell_s=3.0, profile=profile, profile_s=5.0, stage_s=0.5)
 
 
-def encoded_requests(rows: int, count: int = PAYLOADS_PER_SIZE, seed: int = 0) -> list[bytes]:
-    """``count`` different requests of ``rows`` rows of float32[64], encoded once."""
-    rng = np.random.default_rng(seed)
-    payloads = []
-    for _ in range(count):
-        values = rng.standard_normal(rows * FEATURES, dtype=np.float32)
-        offsets = np.arange(0, rows * FEATURES + 1, FEATURES, dtype=np.int32)
-        column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
-        payloads.append(encode_batch(pa.record_batch({"features": column})))
-    return payloads
-
-
 def _batch_stats(before: str, after: str) -> tuple[float, float]:
     """(backend calls, mean rows per call) between two scrapes of the server's metrics."""
     calls = metric_value(after, "udfserve_batch_size_rows_count", model=MODEL) - metric_value(
@@ -88,37 +69,33 @@ def _batch_stats(before: str, after: str) -> tuple[float, float]:
 def measure_cell(
     server: ServerProcess, clients: int, rows: int, duration_s: float, with_metrics: bool
 ) -> dict[str, float]:
-    payloads = encoded_requests(rows)
-    cycle = itertools.cycle(payloads)
-
-    def make_payload(_index: int) -> tuple[bytes, int]:
-        return next(cycle), rows
-
-    before = scrape(server) if with_metrics else ""
-    meter = CpuMeter({"client": os.getpid(), "server": server.pid})
-    meter.start()
-    wall_s, stats = asyncio.run(
-        run_streams(
-            server.grpc_target(prefer_unix=True),
-            MODEL,
-            make_payload,
-            streams=clients,
-            in_flight=1,
-            duration_s=duration_s,
-            decode=False,
-            warmup_requests=1,
-        )
+    """``clients`` closed-loop clients (one process, one connection each) for ``duration_s``."""
+    spec = LoadSpec(
+        target=server.grpc_target(prefer_unix=True),
+        model=MODEL,
+        kind="preencoded",
+        rows=rows,
+        streams=clients,
+        in_flight=1,
+        duration_s=duration_s,
+        warmup_requests=1,
     )
-    cpu = meter.stop().utilisation()
+    before = scrape(server) if with_metrics else ""
+    meter = ProcessMeter(server.pid)
+    client = start_in_child(spec)
+    meter.start()
+    result = finish(client, spec)
+    usage = meter.stop()
+    requests = max(result.requests, 1)
     cell = {
-        "rows_s": stats.rows / wall_s,
-        "requests_s": stats.requests / wall_s,
-        "p50_ms": percentile(stats.latencies_s, 50) * 1e3,
-        "p99_ms": percentile(stats.latencies_s, 99) * 1e3,
-        "client_cpu": cpu["client"],
-        "server_cpu": cpu["server"],
-        "server_cpu_us_per_request": cpu["server"] * wall_s / max(stats.requests, 1) * 1e6,
-        "client_cpu_us_per_request": cpu["client"] * wall_s / max(stats.requests, 1) * 1e6,
+        "rows_s": result.rows / result.wall_s,
+        "requests_s": result.requests / result.wall_s,
+        "p50_ms": result.p50_ms,
+        "p99_ms": result.p99_ms,
+        "client_cpu": result.cpu_s / result.wall_s,
+        "server_cpu": usage.utilisation,
+        "server_cpu_us_per_request": usage.cpu_s / requests * 1e6,
+        "client_cpu_us_per_request": result.cpu_s / requests * 1e6,
     }
     if with_metrics:
         calls, mean_rows = _batch_stats(before, scrape(server))
@@ -260,7 +237,8 @@ def _result(
     method = (
         "`tabular_mlp` (64→256→256→8) served twice, from two repositories that differ only in "
         "`dynamic_batching.enabled` (max_batch_size 1024, max_queue_delay_s 0.002), one server at a time. "
-        "N clients in one process, each a `grpc.aio` channel of its own with one request outstanding "
+        "N clients in one client process (`benchmarks/load_client.py`), each a `grpc.aio` channel of its own "
+        "with one request outstanding "
         f"(closed loop), for {settings.cell_s:.0f} s per cell, over the unix socket; requests are encoded "
         "beforehand. `rows/call` is the mean rows per backend call from the server's metrics. The client "
         "ceiling is the same client against a bare gRPC echo server (no model): where it is well above "
