@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 if __package__ in (None, ""):  # run as a file: python benchmarks/run_all.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,6 +38,10 @@ COMPARISONS: dict[str, RunFunction] = {
 }
 
 
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -46,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     configure_logging()
+    # SIGTERM unwinds like Ctrl-C, so the servers and Spark applications started so far are stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
     folder = results_dir(args.quick)
     failed = []
     started = time.perf_counter()
