@@ -31,6 +31,7 @@ from services.model_server.config import ServerConfig, is_loopback
 from services.model_server.gpu_metrics import GpuCollector
 from services.model_server.grpc_api import InferenceServicer
 from services.model_server.http_api import create_admin_app
+from services.model_server.in_flight import InFlightRequests
 from services.model_server.kserve_api import add_kserve_service
 from services.model_server.metrics import ServerMetrics
 from services.model_server.models import ModelTable, ServedModel
@@ -89,7 +90,8 @@ class RunningServer:
         self.metrics.register([GpuCollector(config.device, config.device_uuid)])
         self.models = ModelTable(config, self.metrics)
         self.health = health.aio.HealthServicer()
-        self.servicer = InferenceServicer(self.models, self.metrics, config.max_message_bytes)
+        self.in_flight = InFlightRequests()
+        self.servicer = InferenceServicer(self.models, self.metrics, config.max_message_bytes, self.in_flight)
         options = [
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
@@ -99,7 +101,9 @@ class RunningServer:
         interceptors = [TokenInterceptor(self.auth_token)] if self.auth_token else []
         self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors)
         pb_grpc.add_InferenceServicer_to_server(self.servicer, self.grpc_server)
-        add_kserve_service(self.grpc_server, self.models, self.metrics, config.max_message_bytes)
+        add_kserve_service(
+            self.grpc_server, self.models, self.metrics, config.max_message_bytes, self.in_flight
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         self.addresses: BoundAddresses | None = None
         self._http_server: _UvicornWithoutSignals | None = None
@@ -199,7 +203,7 @@ class RunningServer:
         await self.health.enter_graceful_shutdown()
         logger.info("draining: answering accepted requests for up to %.1f s", self.config.grace_period_s)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.servicer.wait_idle(), timeout=self.config.grace_period_s)
+            await asyncio.wait_for(self.in_flight.wait_idle(), timeout=self.config.grace_period_s)
         await self.grpc_server.stop(grace=max(0.0, deadline - time.monotonic()))
         await self.models.stop(max(0.0, deadline - time.monotonic()))
         if self._load_task is not None and not self._load_task.done():

@@ -16,6 +16,7 @@ import numpy as np
 
 from services.model_server.config import TensorSpec
 from services.model_server.errors import InvalidInput, ServingError
+from services.model_server.in_flight import InFlightRequests
 from services.model_server.job_context import JobContext, parse_job_context
 from services.model_server.metrics import ServerMetrics
 from services.model_server.models import ModelInfo, ModelTable, ServedModel
@@ -69,17 +70,13 @@ def _empty_outputs(served: ServedModel) -> dict[str, np.ndarray]:
 
 
 class InferenceServicer(pb_grpc.InferenceServicer):
-    def __init__(self, models: ModelTable, metrics: ServerMetrics, max_message_bytes: int) -> None:
+    def __init__(
+        self, models: ModelTable, metrics: ServerMetrics, max_message_bytes: int, in_flight: InFlightRequests
+    ) -> None:
         self._models = models
         self._metrics = metrics
         self._max_response_bytes = max_message_bytes - 1024  # room for the protobuf envelope
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    async def wait_idle(self) -> None:
-        """Return once every accepted request has been answered (used while draining)."""
-        await self._idle.wait()
+        self._in_flight = in_flight
 
     # -- Predict -----------------------------------------------------------------------------
     async def Predict(
@@ -131,37 +128,39 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def _predict(self, request: pb.PredictRequest, job: JobContext) -> pb.PredictResponse:
         """Answer one batch; never raises: failures become the response's error."""
         started = time.perf_counter()
-        model_label, rows = UNKNOWN_MODEL_LABEL, 0
-        self._enter()
+        with self._in_flight.track():
+            model_label, code, rows, response = await self._answer(request)
+        seconds = time.perf_counter() - started
+        self._metrics.observe_request(model_label, code.name, seconds, rows)
+        self._metrics.applications.observe(job, model_label, request.batch_id, code.name, seconds, rows)
+        return response
+
+    async def _answer(
+        self, request: pb.PredictRequest
+    ) -> tuple[str, grpc.StatusCode, int, pb.PredictResponse]:
+        """(metrics label, status, rows answered, response) of one batch."""
+        model_label = UNKNOWN_MODEL_LABEL
         try:
             served = self._models.ready(request.model, request.version)
             model_label = served.name
             self._metrics.in_flight.labels(model=model_label).inc()
             try:
-                payload = await self._run(served, request)
+                payload, rows = await self._run(served, request)
             finally:
                 self._metrics.in_flight.labels(model=model_label).dec()
-            rows = payload[1]
             assert served.source is not None
             response = pb.PredictResponse(
-                batch_id=request.batch_id, arrow_ipc=payload[0], model_version=served.source.version
+                batch_id=request.batch_id, arrow_ipc=payload, model_version=served.source.version
             )
-            code = grpc.StatusCode.OK
+            return model_label, grpc.StatusCode.OK, rows, response
         except ServingError as exc:
-            code = exc.code
-            response = self._error(request.batch_id, code, exc.message)
+            return model_label, exc.code, 0, self._error(request.batch_id, exc.code, exc.message)
         except Exception as exc:
             logger.exception(
                 "unexpected failure answering model %r batch %d", request.model, request.batch_id
             )
             code = grpc.StatusCode.INTERNAL
-            response = self._error(request.batch_id, code, f"{type(exc).__name__}: {exc}")
-        finally:
-            self._leave()
-        seconds = time.perf_counter() - started
-        self._metrics.observe_request(model_label, code.name, seconds, rows)
-        self._metrics.applications.observe(job, model_label, request.batch_id, code.name, seconds, rows)
-        return response
+            return model_label, code, 0, self._error(request.batch_id, code, f"{type(exc).__name__}: {exc}")
 
     async def _run(self, served: ServedModel, request: pb.PredictRequest) -> tuple[bytes, int]:
         assert served.model is not None and served.batcher is not None
@@ -185,15 +184,6 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     @staticmethod
     def _error(batch_id: int, code: grpc.StatusCode, message: str) -> pb.PredictResponse:
         return pb.PredictResponse(batch_id=batch_id, error=pb.Error(code=code.value[0], message=message))
-
-    def _enter(self) -> None:
-        self._in_flight += 1
-        self._idle.clear()
-
-    def _leave(self) -> None:
-        self._in_flight -= 1
-        if self._in_flight == 0:
-            self._idle.set()
 
     # -- metadata ----------------------------------------------------------------------------
     async def ListModels(

@@ -48,6 +48,7 @@ from services.model_server.errors import (
     ServingError,
 )
 from services.model_server.grpc_api import MAX_IN_FLIGHT_PER_STREAM, UNKNOWN_MODEL_LABEL
+from services.model_server.in_flight import InFlightRequests
 from services.model_server.metrics import ServerMetrics
 from services.model_server.models import ModelTable, ServedModel
 from udfserve import kserve_codec as codec
@@ -301,10 +302,17 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     settings) answer UNIMPLEMENTED, as the generated base class does.
     """
 
-    def __init__(self, models: ModelTable, metrics: ServerMetrics, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        models: ModelTable,
+        metrics: ServerMetrics,
+        max_message_bytes: int,
+        in_flight: InFlightRequests | None = None,
+    ) -> None:
         self._models = models
         self._metrics = metrics
         self._max_response_bytes = max_message_bytes - 1024  # room for the protobuf envelope
+        self._in_flight = in_flight or InFlightRequests()
 
     # -- health and metadata ---------------------------------------------------------------
     async def ServerLive(self, request: kpb.ServerLiveRequest, context: grpc.aio.ServicerContext):
@@ -387,6 +395,10 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, request: kpb.ModelInferRequest) -> kpb.ModelInferResponse | _Failure:
         """Answer one request; never raises: failures are returned with their status."""
+        with self._in_flight.track():
+            return await self._infer_tracked(request)
+
+    async def _infer_tracked(self, request: kpb.ModelInferRequest) -> kpb.ModelInferResponse | _Failure:
         started = time.perf_counter()
         model_label, rows = UNKNOWN_MODEL_LABEL, 0
         try:
@@ -484,9 +496,13 @@ async def _answer_concurrently(
 
 
 def add_kserve_service(
-    server: grpc.aio.Server, models: ModelTable, metrics: ServerMetrics, max_message_bytes: int
+    server: grpc.aio.Server,
+    models: ModelTable,
+    metrics: ServerMetrics,
+    max_message_bytes: int,
+    in_flight: InFlightRequests | None = None,
 ) -> KServeServicer:
     """Serve the KServe v2 protocol from ``server``, beside the Arrow service."""
-    servicer = KServeServicer(models, metrics, max_message_bytes)
+    servicer = KServeServicer(models, metrics, max_message_bytes, in_flight)
     kpb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     return servicer
