@@ -340,6 +340,29 @@ def test_names_that_are_not_utf8_are_refused_as_invalid(where: str, with_batch: 
         decode_batch(forged)
 
 
+@pytest.mark.parametrize("nested", [False, True], ids=["column", "list of"])
+def test_a_type_pyarrow_cannot_read_is_refused_as_invalid(nested: bool) -> None:
+    """Found by the atheris fuzzer: an interval in months (one byte away from the month-day-nano
+    interval in the schema message) has no pyarrow array class; reading it raised KeyError."""
+    interval = pa.array([(1, 2, 3)], pa.month_day_nano_interval())
+    column = pa.ListArray.from_arrays(pa.array([0, 1], pa.int32()), interval) if nested else interval
+    payload = encode_batch(pa.record_batch({"features": column}))
+    for position in range(len(payload) - 1):  # the interval unit: MONTH_DAY_NANO (2) to YEAR_MONTH (0)
+        forged = payload[:position] + b"\x00\x00" + payload[position + 2 :]
+        if payload[position : position + 2] != b"\x02\x00" or forged == payload:
+            continue
+        try:
+            schema = pa.ipc.open_stream(forged).schema
+        except pa.ArrowException:
+            continue
+        if "month_interval" in str(schema.field(0).type):
+            break
+    else:
+        pytest.fail("no schema with an interval in months could be forged")
+    with pytest.raises(ArrowPayloadError, match="cannot be read here"):
+        decode_batch(forged)
+
+
 def compressed(batch: pa.RecordBatch, codec: str) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression=codec)) as writer:

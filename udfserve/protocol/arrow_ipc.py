@@ -48,7 +48,7 @@ def decode_batch(payload: bytes, what: str = "arrow_ipc") -> pa.RecordBatch:
     try:
         _refuse_compressed_bodies(buffer, what)
         reader = pa.ipc.open_stream(buffer)
-        _check_names(reader.schema)
+        _check_fields(reader.schema, what)
         batches = list(reader)
     except ArrowPayloadError:
         raise
@@ -85,15 +85,23 @@ def decode_batch(payload: bytes, what: str = "arrow_ipc") -> pa.RecordBatch:
     return batch
 
 
-def _check_names(schema: pa.Schema) -> None:
-    """Arrow does not check that field names are UTF-8, and pyarrow decodes them strictly when
-    they are read (names, error messages), so a forged name would raise far from here. Reading
-    every name, nested ones included, makes it raise here: nesting is bounded by the reader."""
+def _check_fields(schema: pa.Schema, what: str) -> None:
+    """Make the failures pyarrow would raise far from here, when a column is first touched, raise
+    here. Arrow does not check that field names are UTF-8, and pyarrow decodes them strictly
+    wherever they are read; pyarrow has no array class for some types Arrow can carry (intervals
+    in months, or in days and milliseconds) and raises ``KeyError`` when it meets one. Every field
+    is visited, nested ones included (the reader bounds the nesting)."""
     pending = list(schema)
     while pending:
         field = pending.pop()
         field.name  # noqa: B018 (decoding is the check)
         field_type = field.type
+        try:
+            pa.nulls(0, field_type)
+        except KeyError:
+            raise ArrowPayloadError(
+                f"{what} holds column or field {field.name!r} of type {field_type}, which cannot be read here"
+            ) from None
         if isinstance(field_type, pa.DictionaryType):
             field_type = field_type.value_type
         pending.extend(field_type.field(index) for index in range(field_type.num_fields))
