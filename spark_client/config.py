@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 """The server's default limit (``ServerConfig.max_message_bytes``); both sides must agree."""
@@ -69,13 +69,44 @@ class ClientConfig(BaseModel):
         default=60.0, gt=0, description="give up resending one batch after this long; then fall back"
     )
     prefer_unix_socket: bool = Field(default=True, description="dial the unix socket before the TCP port")
+    circuit_reset_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="after a server failed, how long this Python worker leaves it alone before the next "
+        "batch probes it again (0: every batch probes)",
+    )
+    auth_token: SecretStr | None = Field(
+        default=None,
+        description="bearer token sent as 'authorization: Bearer <token>' on every call; never logged",
+    )
+    auth_token_file: str | None = Field(
+        default=None,
+        description="file holding the token, read where the call is made (driver and executors): keeps "
+        "the token out of the serialised UDF",
+    )
+    tls_root_certificates_file: str | None = Field(
+        default=None, description="PEM CA certificates that sign the servers' certificates (default: system)"
+    )
+    tls_client_certificate_file: str | None = Field(
+        default=None, description="PEM client certificate for mutual TLS"
+    )
+    tls_client_key_file: str | None = Field(
+        default=None, description="PEM private key of tls_client_certificate_file"
+    )
 
     @field_validator("address")
     @classmethod
     def _address(cls, value: str | None) -> str | None:
         return None if value is None else check_target(value, "address")
 
-    @field_validator("discovery_file", "model_repository")
+    @field_validator(
+        "discovery_file",
+        "model_repository",
+        "auth_token_file",
+        "tls_root_certificates_file",
+        "tls_client_certificate_file",
+        "tls_client_key_file",
+    )
     @classmethod
     def _path(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
@@ -89,4 +120,25 @@ class ClientConfig(BaseModel):
                 f"max_backoff_s ({self.max_backoff_s}) must be at least initial_backoff_s "
                 f"({self.initial_backoff_s})"
             )
+        if (self.tls_client_certificate_file is None) != (self.tls_client_key_file is None):
+            raise ValueError(
+                "mutual TLS needs both tls_client_certificate_file and tls_client_key_file; received "
+                f"certificate={self.tls_client_certificate_file!r}, key={self.tls_client_key_file!r}"
+            )
+        if self.auth_token is not None and self.auth_token_file is not None:
+            raise ValueError("give auth_token or auth_token_file, not both")
+        if self.auth_token is not None and not self.auth_token.get_secret_value().strip():
+            raise ValueError("auth_token is empty; expected the server's token or None")
         return self
+
+    @property
+    def tls_enabled(self) -> bool:
+        """TCP channels use TLS when any TLS file is given; unix sockets stay plaintext (local only)."""
+        return any(
+            f is not None
+            for f in (
+                self.tls_root_certificates_file,
+                self.tls_client_certificate_file,
+                self.tls_client_key_file,
+            )
+        )

@@ -18,9 +18,25 @@ class RequestRejected(RemotePredictError):
         self.code = code
 
 
+class AuthenticationFailed(RequestRejected):
+    """The server refused the client's credentials (UNAUTHENTICATED, PERMISSION_DENIED).
+
+    A configuration error, never a reason to fall back: a job that silently ran on the CPU
+    because its token was wrong would hide the mistake behind a slow job.
+    """
+
+
+class ClientSetupError(RemotePredictError):
+    """The client's own settings cannot work where the task runs (a TLS or token file unreadable)."""
+
+
 class ServerUnavailable(RemotePredictError):
     """No server answered and the policy is ``fallback="error"``, or the fallback itself could not run."""
 
 
 class ModelMetadataError(RemotePredictError):
     """The driver could not learn the model's inputs and outputs."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code

@@ -1,24 +1,33 @@
-"""One partition's requests, answered by the node's server or, failing that, on the CPU.
+"""One partition's requests, answered by the node's servers or, failing that, on the CPU.
 
 Runs inside a Spark Python worker. The route is resolved from the task's own environment and
-placement; the server is dialled (unix socket first); the batches stream to it. If no server is
-reachable at the start, or it fails mid-stream, the batches it has not answered are answered by
-the fallback in order, and the rest of the partition follows them there. A batch answered by the
-server is never sent to the fallback, so each row is answered exactly once.
+placement; the server is dialled (unix socket first); the batches stream to it. If it cannot
+be reached, or fails mid-stream, the batches it has not answered go to the node's next ready
+server, else to the CPU fallback, in order, followed by the rest of the partition. A server that
+failed is left alone for ``circuit_reset_s`` (``circuit.py``); after that the next batch probes
+it, and once it answers again the rest of the partition goes back to it. A batch a server
+answered is never computed again, so each row is answered exactly once.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
+from spark_client.circuit import BREAKERS, CircuitBreakers
 from spark_client.config import ClientConfig
+from spark_client.credentials import auth_metadata
 from spark_client.errors import RemotePredictError, ServerUnavailable
+from spark_client.job_context import SparkJobContext
 from spark_client.metadata import ModelSpec
 from spark_client.routing import NoServerFound, TaskPlacement, fallback_repository, resolve_route
+from spark_client.stats import ClientStats
 from spark_client.transport import (
     ConnectFailed,
     HeldBatch,
@@ -33,112 +42,207 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PredictJob:
-    """What a UDF closure holds: everything a task needs, immutable, built in the driver."""
+    """What a UDF closure holds: everything a task needs, immutable, built in the driver.
+
+    ``counters`` is the Spark accumulator of ``ClientStats`` the tasks add to (None where no
+    SparkContext exists, as under Spark Connect).
+    """
 
     model: str
     spec: ModelSpec
     config: ClientConfig
+    application: SparkJobContext = field(default_factory=SparkJobContext)
+    counters: Any = field(default=None, compare=False)
 
 
 @dataclass
 class _Failure:
     """Why the server path gave up, for the warning or the error."""
 
-    cause: str
+    cause: str = ""
+    kind: str = ""
     tried: list[str] = field(default_factory=list)
     origin: str = ""
 
     def describe(self) -> str:
         where = f" (found through {self.origin})" if self.origin else ""
-        tried = ", ".join(self.tried) if self.tried else "none"
+        tried = ", ".join(dict.fromkeys(self.tried)) if self.tried else "none"
         return f"addresses tried: {tried}{where}; cause: {self.cause}"
 
 
 def predict_partition(
-    job: PredictJob, requests: Iterator[pa.RecordBatch], environ: Mapping[str, str], placement: TaskPlacement
+    job: PredictJob,
+    requests: Iterator[pa.RecordBatch],
+    environ: Mapping[str, str],
+    placement: TaskPlacement,
+    *,
+    context: SparkJobContext | None = None,
+    stats: ClientStats | None = None,
+    breakers: CircuitBreakers = BREAKERS,
 ) -> Iterator[pa.RecordBatch]:
-    """One answer per request batch, in order; the server's where it can, the CPU fallback's otherwise."""
-    config = job.config
-    try:
-        route = resolve_route(config, environ, placement)
-    except NoServerFound as exc:
-        yield from _fall_back(job, [], requests, environ, _Failure(str(exc)))
-        return
-    failure = _Failure("", origin=route.origin)
-    for target in route.targets:
-        failure.tried.append(target)
-        try:
-            channel, _ = connect(target, config, job.model)
-        except ConnectFailed as exc:
-            failure.cause = f"could not connect: {exc}"
-            continue
-        stream = PredictStream(channel, target, job.model, config)
-        try:
-            yield from _conform(stream.run(requests), job.spec)
-        except StreamFailed as exc:
-            forget_channel(target, config.max_message_bytes)
-            failure.cause = (
-                f"the server failed mid-partition after {stream.counters.answered} answered batches: "
-                f"{exc.reason}"
-            )
-            yield from _fall_back(job, exc.held, requests, environ, failure)
-        else:
+    """One answer per request batch, in order; the servers' where they can, the CPU fallback's otherwise.
+
+    ``context`` is sent to the server as metadata (default: the job's application); ``stats``,
+    when given, is filled as the partition goes.
+    """
+    runner = _PartitionRunner(
+        job, environ, placement, context or job.application, stats or ClientStats(), breakers
+    )
+    return runner.run(requests)
+
+
+class _PartitionRunner:
+    def __init__(
+        self,
+        job: PredictJob,
+        environ: Mapping[str, str],
+        placement: TaskPlacement,
+        context: SparkJobContext,
+        stats: ClientStats,
+        breakers: CircuitBreakers,
+    ) -> None:
+        self._job = job
+        self._config = job.config
+        self._environ = environ
+        self._placement = placement
+        self._stats = stats
+        self._breakers = breakers
+        self._metadata = auth_metadata(job.config) + context.metadata()
+        self._failure = _Failure()
+        self._quiet_until_s = float("-inf")
+        self._on_cpu = False
+        self._cpu_batches = 0
+        self._repository: tuple[Path, str] | None = None
+
+    def run(self, requests: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        items: Iterator[HeldBatch] = (HeldBatch(batch) for batch in requests)
+        while True:
+            target = self._usable_target()
+            if target is None:
+                item = next(items, None)
+                if item is None:
+                    return
+                yield self._answer_on_cpu(item)
+                continue
+            stream = self._open_stream(target)
+            if stream is None:
+                continue
+            try:
+                for result in stream.run(items):
+                    yield _conform_one(result, self._job.spec)
+            except StreamFailed as exc:
+                forget_channel(target, self._config)
+                self._server_failed(
+                    target,
+                    exc.kind,
+                    f"the server failed mid-partition after {stream.counters.answered} answered batches: "
+                    f"{exc.reason}",
+                )
+                items = itertools.chain(exc.held, items)
+                continue
+            finally:
+                self._stats.add_stream(target, stream.counters)
             logger.debug(
                 "partition %d: %d batches, %d rows answered by %s (%d resends after RESOURCE_EXHAUSTED)",
-                placement.partition_id,
+                self._placement.partition_id,
                 stream.counters.answered,
                 stream.counters.rows,
                 target,
                 stream.counters.resent,
             )
-        return
-    yield from _fall_back(job, [], requests, environ, failure)
+            return
 
+    # -- the server path -------------------------------------------------------------------
+    def _usable_target(self) -> str | None:
+        """The first target whose circuit lets a batch through, or None (the CPU takes the next batch)."""
+        now = self._breakers.now()
+        if now < self._quiet_until_s:
+            return None
+        reset_s = self._config.circuit_reset_s
+        try:
+            route = resolve_route(self._config, self._environ, self._placement)
+        except NoServerFound as exc:
+            self._quiet_until_s = now + reset_s
+            self._failure.cause, self._failure.kind = str(exc), "no_server"
+            return None
+        self._failure.origin = route.origin
+        candidates = route.targets + route.alternates
+        for target in candidates:
+            if self._breakers.allows(target, reset_s):
+                return target
+        self._quiet_until_s = min(self._breakers.reopens_at(t, reset_s) for t in candidates)
+        if not self._failure.kind:  # a failure of an earlier task of this worker opened the circuits
+            target = route.targets[0]
+            self._failure.tried.append(target)
+            self._failure.kind = self._breakers.reason(target) or "circuit_open"
+            self._failure.cause = (
+                f"{target} failed in an earlier task of this Python worker ({self._failure.kind}); it is "
+                f"probed again {reset_s:g} s after that (circuit_reset_s)"
+            )
+        return None
 
-def _fall_back(
-    job: PredictJob,
-    held: list[HeldBatch],
-    rest: Iterator[pa.RecordBatch],
-    environ: Mapping[str, str],
-    failure: _Failure,
-) -> Iterator[pa.RecordBatch]:
-    config = job.config
-    if config.fallback == "error":
-        raise ServerUnavailable(
-            f"no model server answered for model {job.model!r} and fallback='error'; {failure.describe()}"
-        )
-    try:
-        repository, repository_origin = fallback_repository(config, environ)
-    except LookupError as exc:
-        raise ServerUnavailable(
-            f"no model server answered for model {job.model!r} ({failure.describe()}), and the CPU fallback "
-            f"cannot run: {exc}"
-        ) from None
-    unanswered = sum(1 for h in held if h.result is None)
-    logger.warning(
-        "udfserve: predicting model %r on the CPU in this Python worker (%d held batches unanswered, "
-        "the rest of the partition follows) with the model from %s (%s); %s",
-        job.model,
-        unanswered,
-        repository,
-        repository_origin,
-        failure.describe(),
-    )
-    from spark_client.fallback import predict_on_cpu
+    def _open_stream(self, target: str) -> PredictStream | None:
+        self._failure.tried.append(target)
+        try:
+            channel, _ = connect(target, self._config, self._job.model, self._metadata)
+        except ConnectFailed as exc:
+            self._server_failed(target, "connect_failed", f"could not connect: {exc}")
+            return None
+        self._breakers.succeeded(target)
+        if self._on_cpu:
+            logger.info(
+                "udfserve: model %r is back on server %s after %d batches on the CPU in this partition",
+                self._job.model,
+                target,
+                self._cpu_batches,
+            )
+            self._on_cpu = False
+        return PredictStream(channel, target, self._job.model, self._config, self._metadata)
 
-    version = config.model_version
-    for item in held:
-        if item.result is not None:
-            yield _conform_one(item.result, job.spec)
-        else:
-            yield _conform_one(predict_on_cpu(repository, job.model, version, item.batch), job.spec)
-    for batch in rest:
-        yield _conform_one(predict_on_cpu(repository, job.model, version, batch), job.spec)
+    def _server_failed(self, target: str, kind: str, cause: str) -> None:
+        self._breakers.failed(target, kind)
+        self._stats.add_server_failure(kind)
+        self._failure.cause, self._failure.kind = cause, kind
 
+    # -- the CPU path ----------------------------------------------------------------------
+    def _answer_on_cpu(self, item: HeldBatch) -> pa.RecordBatch:
+        if item.result is not None:  # answered by a server that failed later: never computed twice
+            return _conform_one(item.result, self._job.spec)
+        config = self._config
+        if config.fallback == "error":
+            raise ServerUnavailable(
+                f"no model server answered for model {self._job.model!r} and fallback='error'; "
+                f"{self._failure.describe()}"
+            )
+        repository, repository_origin = self._fallback_repository()
+        if not self._on_cpu:
+            logger.warning(
+                "udfserve: predicting model %r on the CPU in this Python worker until a server answers "
+                "again, with the model from %s (%s); %s",
+                self._job.model,
+                repository,
+                repository_origin,
+                self._failure.describe(),
+            )
+            self._on_cpu = True
+            self._cpu_batches = 0
+        from spark_client.fallback import predict_on_cpu
 
-def _conform(results: Iterator[pa.RecordBatch], spec: ModelSpec) -> Iterator[pa.RecordBatch]:
-    for result in results:
-        yield _conform_one(result, spec)
+        result = predict_on_cpu(repository, self._job.model, config.model_version, item.batch)
+        self._cpu_batches += 1
+        self._stats.add_fallback(item.batch.num_rows, self._failure.kind or "no_server")
+        return _conform_one(result, self._job.spec)
+
+    def _fallback_repository(self) -> tuple[Path, str]:
+        if self._repository is None:
+            try:
+                self._repository = fallback_repository(self._config, self._environ)
+            except LookupError as exc:
+                raise ServerUnavailable(
+                    f"no model server answered for model {self._job.model!r} ({self._failure.describe()}), "
+                    f"and the CPU fallback cannot run: {exc}"
+                ) from None
+        return self._repository
 
 
 def _conform_one(result: pa.RecordBatch, spec: ModelSpec) -> pa.RecordBatch:

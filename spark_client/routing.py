@@ -5,7 +5,7 @@ driver when the UDF is built, see ``apply_spark_conf``); the executor's ``UDFSER
 variable (read at task time); the node's discovery file. From the discovery file, a task to
 which Spark assigned GPUs takes the server of its first GPU; any other task takes the ready
 servers in device order, round-robin by partition id. The unix socket is dialled before the
-TCP port.
+TCP port. The node's other ready servers follow as alternates, for when the chosen one fails.
 
 Everything here is a pure function of the config, the environment mapping and the task's
 placement, so it is tested without Spark and nothing leaks from one task into the next.
@@ -33,6 +33,22 @@ ADDRESS_ENV = "UDFSERVE_ADDRESS"
 SPARK_CONF_ADDRESS = "spark.udfserve.address"
 SPARK_CONF_DISCOVERY_FILE = "spark.udfserve.discoveryFile"
 SPARK_CONF_MODEL_REPOSITORY = "spark.udfserve.modelRepository"
+SPARK_CONF_AUTH_TOKEN = "spark.udfserve.authToken"
+SPARK_CONF_AUTH_TOKEN_FILE = "spark.udfserve.authTokenFile"
+SPARK_CONF_TLS_ROOT_CERTIFICATES_FILE = "spark.udfserve.tlsRootCertificatesFile"
+SPARK_CONF_TLS_CLIENT_CERTIFICATE_FILE = "spark.udfserve.tlsClientCertificateFile"
+SPARK_CONF_TLS_CLIENT_KEY_FILE = "spark.udfserve.tlsClientKeyFile"
+
+_SPARK_CONF_PATHS = {
+    SPARK_CONF_DISCOVERY_FILE: "discovery_file",
+    SPARK_CONF_MODEL_REPOSITORY: "model_repository",
+    SPARK_CONF_AUTH_TOKEN_FILE: "auth_token_file",
+    SPARK_CONF_TLS_ROOT_CERTIFICATES_FILE: "tls_root_certificates_file",
+    SPARK_CONF_TLS_CLIENT_CERTIFICATE_FILE: "tls_client_certificate_file",
+    SPARK_CONF_TLS_CLIENT_KEY_FILE: "tls_client_key_file",
+}
+SPARK_CONF_KEYS = (SPARK_CONF_ADDRESS, SPARK_CONF_AUTH_TOKEN, *_SPARK_CONF_PATHS)
+"""Every Spark conf key the driver reads when a UDF is built."""
 
 
 class NoServerFound(LookupError):
@@ -49,25 +65,45 @@ class TaskPlacement:
 
 @dataclass(frozen=True)
 class Route:
-    """The gRPC targets of one server, in the order to dial them, and how they were found."""
+    """The gRPC targets of one server, in the order to dial them, and how they were found.
+
+    ``alternates`` are the targets of the node's other ready servers, to try when this one fails.
+    """
 
     targets: tuple[str, ...]
     origin: str
+    alternates: tuple[str, ...] = ()
 
 
 def apply_spark_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientConfig:
     """Fill what the config leaves open from the Spark conf, in the driver, once.
 
     The explicit config wins; the conf's values are frozen into the config that ships with the UDF.
+    A token file or a token in the UDF's config beats both token keys of the conf.
     """
-    update: dict[str, str] = {}
+    update: dict[str, object] = {}
+    used: list[str] = []
     if config.address is None and conf.get(SPARK_CONF_ADDRESS):
         update["address"] = check_target(conf[SPARK_CONF_ADDRESS], SPARK_CONF_ADDRESS)
-    if config.discovery_file is None and conf.get(SPARK_CONF_DISCOVERY_FILE):
-        update["discovery_file"] = conf[SPARK_CONF_DISCOVERY_FILE]
-    if config.model_repository is None and conf.get(SPARK_CONF_MODEL_REPOSITORY):
-        update["model_repository"] = conf[SPARK_CONF_MODEL_REPOSITORY]
-    return config.model_copy(update=update) if update else config
+        used.append(SPARK_CONF_ADDRESS)
+    has_token = config.auth_token is not None or config.auth_token_file is not None
+    for key, field in _SPARK_CONF_PATHS.items():
+        if field == "auth_token_file" and has_token:
+            continue
+        if getattr(config, field) is None and conf.get(key):
+            update[field] = conf[key]
+            used.append(key)
+    if not has_token and "auth_token_file" not in update and conf.get(SPARK_CONF_AUTH_TOKEN):
+        update["auth_token"] = conf[SPARK_CONF_AUTH_TOKEN]
+        used.append(SPARK_CONF_AUTH_TOKEN)
+    if not update:
+        return config
+    try:
+        return ClientConfig.model_validate({**config.model_dump(), **update})
+    except ValueError as exc:
+        raise ValueError(
+            f"the Spark conf ({', '.join(used)}) does not make a valid ClientConfig: {exc}"
+        ) from None
 
 
 def discovery_path(config: ClientConfig, environ: Mapping[str, str]) -> Path:
@@ -97,7 +133,16 @@ def resolve_route(config: ClientConfig, environ: Mapping[str, str], placement: T
         raise NoServerFound(
             f"discovery file {path}: server {server.device} lists no unix socket or TCP address"
         )
-    return Route(targets=targets, origin=f"discovery file {path}, server {server.device}")
+    ready = sorted(discovery.ready_servers(), key=_device_order)
+    after = ready.index(server) + 1
+    alternates = tuple(
+        target
+        for other in ready[after:] + ready[: after - 1]
+        for target in ordered_targets(other, config.prefer_unix_socket)
+    )
+    return Route(
+        targets=targets, origin=f"discovery file {path}, server {server.device}", alternates=alternates
+    )
 
 
 def choose_server(discovery: NodeDiscovery, placement: TaskPlacement, path: Path | str) -> ServerEntry:

@@ -8,6 +8,7 @@ time (``routing.py``), from their own environment, read and never written.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -25,14 +26,14 @@ from spark_client.convert import (
     match_inputs,
     pandas_to_request,
 )
+from spark_client.credentials import auth_metadata
 from spark_client.errors import ModelMetadataError, ServerUnavailable
+from spark_client.job_context import SparkJobContext, application_context
 from spark_client.metadata import ModelSpec, Tensor
 from spark_client.partition import PredictJob, predict_partition
 from spark_client.rechunk import Rechunker
 from spark_client.routing import (
-    SPARK_CONF_ADDRESS,
-    SPARK_CONF_DISCOVERY_FILE,
-    SPARK_CONF_MODEL_REPOSITORY,
+    SPARK_CONF_KEYS,
     NoServerFound,
     TaskPlacement,
     apply_spark_conf,
@@ -40,6 +41,7 @@ from spark_client.routing import (
     placement_from_resources,
     resolve_route,
 )
+from spark_client.stats import ClientStats, new_accumulator
 from spark_client.transport import ConnectFailed, connect
 
 if TYPE_CHECKING:
@@ -88,11 +90,17 @@ class RemotePredictUDF:
     For a model with several inputs the columns travel as one struct, so that the worker sees
     their names and matches them to the model's inputs by name. ``pandas_udf`` is the
     underlying Spark pandas UDF (one argument: a column, a struct, or the inputs in order).
+    ``stats()`` sums what every task that ran this UDF did, read in the driver after an action.
     """
 
     def __init__(self, job: PredictJob, pandas_udf: Any) -> None:
         self.job = job
         self.pandas_udf = pandas_udf
+
+    def stats(self) -> ClientStats:
+        """Rows answered by servers and by the CPU fallback, retries, back-offs and fallback reasons,
+        over every action that evaluated this UDF so far (at least once: see ``spark_client.stats``)."""
+        return read_stats(self.job)
 
     @property
     def returnType(self) -> DataType:
@@ -168,6 +176,10 @@ class ArrowPredictor:
     input_columns: tuple[str, ...]
     output_columns: tuple[str, ...]
 
+    def stats(self) -> ClientStats:
+        """What the tasks that ran this predictor did, as ``RemotePredictUDF.stats``."""
+        return read_stats(self.job)
+
     def output_fields(self) -> list[Any]:
         """The Spark fields of the appended columns."""
         from pyspark.sql.types import StructField
@@ -183,41 +195,64 @@ class ArrowPredictor:
             job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
         )
         requests = ((batch, arrow_to_request(batch, self.input_columns, job.spec)) for batch in batches)
-        answers = predict_partition(job, rechunker.requests(requests), os.environ, task_placement())
-        for original, answer in rechunker.answers(answers):
-            columns = answer_to_spark_columns(answer, job.spec)
-            yield pa.RecordBatch.from_arrays(
-                [*original.columns, *columns], names=[*original.schema.names, *self.output_columns]
+        with counted(job) as (context, stats):
+            answers = predict_partition(
+                job, rechunker.requests(requests), os.environ, task_placement(), context=context, stats=stats
             )
+            for original, answer in rechunker.answers(answers):
+                columns = answer_to_spark_columns(answer, job.spec)
+                yield pa.RecordBatch.from_arrays(
+                    [*original.columns, *columns], names=[*original.schema.names, *self.output_columns]
+                )
 
 
 def build_job(model: str, config: ClientConfig | None, overrides: Mapping[str, Any]) -> PredictJob:
-    """The immutable job of a UDF: the config completed from the Spark conf, the model's spec."""
+    """The immutable job of a UDF: the config completed from the Spark conf, the model's spec, the
+    application's id and name, and the accumulator the tasks count into."""
     base = config or ClientConfig()
     if overrides:
         base = ClientConfig.model_validate({**base.model_dump(), **overrides})
-    full = apply_spark_conf(base, _spark_conf())
-    return PredictJob(model=model, spec=fetch_spec_in_driver(model, full), config=full)
+    spark = _active_session()
+    full = apply_spark_conf(base, _spark_conf(spark))
+    return PredictJob(
+        model=model,
+        spec=fetch_spec_in_driver(model, full),
+        config=full,
+        application=application_context(spark),
+        counters=_accumulator(spark),
+    )
+
+
+def read_stats(job: PredictJob) -> ClientStats:
+    """The accumulated ``ClientStats`` of a job, in the driver."""
+    if job.counters is None:
+        raise RuntimeError(
+            "no client statistics: the UDF was built without a SparkContext (Spark Connect, or no active "
+            "SparkSession), and Spark accumulators need one"
+        )
+    return ClientStats().merge(job.counters.value)
 
 
 def fetch_spec_in_driver(model: str, config: ClientConfig) -> ModelSpec:
     """The model's spec from a server the driver can reach, else from the repository on the CPU.
 
     Reading it from the repository imports TensorFlow in the driver; it is the price of a driver
-    with no server in reach and ``fallback="cpu"``.
+    with no server in reach and ``fallback="cpu"``. A server that refuses the token fails here,
+    with ``AuthenticationFailed``, before any task runs.
     """
     environ = os.environ
     tried: list[str] = []
+    metadata = auth_metadata(config)
     try:
         route = resolve_route(config, environ, TaskPlacement())
     except NoServerFound as exc:
         cause = str(exc)
     else:
         cause = ""
-        for target in route.targets:
+        for target in route.targets + route.alternates:
             tried.append(target)
             try:
-                return connect(target, config, model)[1]
+                return connect(target, config, model, metadata)[1]
             except ConnectFailed as exc:
                 cause = str(exc)
     if config.fallback == "error":
@@ -277,26 +312,57 @@ def _predict_pandas(job: PredictJob, batches: Iterator[Any], as_struct: bool) ->
         job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
     )
     requests = ((None, pandas_to_request(item, job.spec)) for item in batches)
-    answers = predict_partition(job, rechunker.requests(requests), os.environ, task_placement())
-    for _, answer in rechunker.answers(answers):
-        yield answer_to_pandas(answer, as_struct)
+    with counted(job) as (context, stats):
+        answers = predict_partition(
+            job, rechunker.requests(requests), os.environ, task_placement(), context=context, stats=stats
+        )
+        for _, answer in rechunker.answers(answers):
+            yield answer_to_pandas(answer, as_struct)
+
+
+@contextlib.contextmanager
+def counted(job: PredictJob) -> Iterator[tuple[SparkJobContext, ClientStats]]:
+    """The task's job context, and statistics added to the job's accumulator once the partition
+    ends, however it ends (exhausted, or closed early by a ``limit``)."""
+    from pyspark import TaskContext
+
+    stats = ClientStats()
+    try:
+        yield job.application.for_task(TaskContext.get()), stats
+    finally:
+        if job.counters is not None:
+            job.counters.add(stats)
 
 
 # -- driver helpers ----------------------------------------------------------------------------
 
 
-def _spark_conf() -> dict[str, str]:
+def _active_session() -> Any:
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.getActiveSession()
+    return SparkSession.getActiveSession()
+
+
+def _spark_conf(spark: Any) -> dict[str, str]:
     if spark is None:
         return {}
     conf = {}
-    for key in (SPARK_CONF_ADDRESS, SPARK_CONF_DISCOVERY_FILE, SPARK_CONF_MODEL_REPOSITORY):
+    for key in SPARK_CONF_KEYS:
         value = spark.conf.get(key, None)
         if value:
             conf[key] = value
     return conf
+
+
+def _accumulator(spark: Any) -> Any:
+    """A ``ClientStats`` accumulator on the session's SparkContext; None without one (Spark Connect)."""
+    if spark is None:
+        return None
+    try:
+        spark_context = spark.sparkContext
+    except Exception:  # Spark Connect sessions have no SparkContext
+        return None
+    return new_accumulator(spark_context)
 
 
 def _is_struct(return_type: DataType | str) -> bool:

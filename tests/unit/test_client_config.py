@@ -58,3 +58,30 @@ def test_the_longest_back_off_cannot_be_shorter_than_the_first() -> None:
 def test_unknown_settings_are_refused_naming_them() -> None:
     with pytest.raises(pydantic.ValidationError, match="rows_per_batch"):
         ClientConfig(rows_per_batch=10)  # type: ignore[call-arg]
+
+
+def test_the_token_never_shows_in_the_config_s_text() -> None:
+    config = ClientConfig(auth_token="very-secret-value")
+    assert "very-secret-value" not in repr(config) and "very-secret-value" not in str(config)
+    assert config.auth_token is not None and config.auth_token.get_secret_value() == "very-secret-value"
+
+
+def test_a_token_and_a_token_file_together_are_refused() -> None:
+    with pytest.raises(pydantic.ValidationError, match="auth_token or auth_token_file, not both"):
+        ClientConfig(auth_token="t", auth_token_file="/run/secrets/token")
+
+
+def test_a_client_certificate_without_its_key_is_refused_naming_both() -> None:
+    with pytest.raises(pydantic.ValidationError, match="tls_client_certificate_file and tls_client_key_file"):
+        ClientConfig(tls_client_certificate_file="/etc/udfserve/client.pem")
+
+
+def test_any_tls_file_turns_tls_on_for_tcp() -> None:
+    assert not ClientConfig().tls_enabled
+    assert ClientConfig(tls_root_certificates_file="/etc/udfserve/ca.pem").tls_enabled
+
+
+def test_the_circuit_may_probe_at_every_batch_but_not_before_it_opened() -> None:
+    assert ClientConfig(circuit_reset_s=0).circuit_reset_s == 0
+    with pytest.raises(pydantic.ValidationError, match="circuit_reset_s"):
+        ClientConfig(circuit_reset_s=-1)

@@ -10,8 +10,13 @@ from spark_client.config import ClientConfig
 from spark_client.routing import (
     ADDRESS_ENV,
     SPARK_CONF_ADDRESS,
+    SPARK_CONF_AUTH_TOKEN,
+    SPARK_CONF_AUTH_TOKEN_FILE,
     SPARK_CONF_DISCOVERY_FILE,
     SPARK_CONF_MODEL_REPOSITORY,
+    SPARK_CONF_TLS_CLIENT_CERTIFICATE_FILE,
+    SPARK_CONF_TLS_CLIENT_KEY_FILE,
+    SPARK_CONF_TLS_ROOT_CERTIFICATES_FILE,
     NoServerFound,
     TaskPlacement,
     apply_spark_conf,
@@ -67,6 +72,38 @@ def test_the_spark_conf_model_repository_fills_an_unset_one() -> None:
     assert apply_spark_conf(ClientConfig(model_repository="/mine"), conf).model_repository == "/mine"
 
 
+def test_the_spark_conf_token_and_tls_files_fill_an_unset_config() -> None:
+    conf = {
+        SPARK_CONF_AUTH_TOKEN: "t0ken",
+        SPARK_CONF_TLS_ROOT_CERTIFICATES_FILE: "/etc/udfserve/ca.pem",
+        SPARK_CONF_TLS_CLIENT_CERTIFICATE_FILE: "/etc/udfserve/client.pem",
+        SPARK_CONF_TLS_CLIENT_KEY_FILE: "/etc/udfserve/client.key",
+    }
+    config = apply_spark_conf(ClientConfig(), conf)
+    assert config.auth_token is not None and config.auth_token.get_secret_value() == "t0ken"
+    assert (config.tls_root_certificates_file, config.tls_client_key_file) == (
+        "/etc/udfserve/ca.pem",
+        "/etc/udfserve/client.key",
+    )
+
+
+def test_a_token_given_to_the_udf_beats_both_token_keys_of_the_spark_conf() -> None:
+    conf = {SPARK_CONF_AUTH_TOKEN: "from-conf", SPARK_CONF_AUTH_TOKEN_FILE: "/conf/token"}
+    config = apply_spark_conf(ClientConfig(auth_token_file="/mine/token"), conf)
+    assert (config.auth_token, config.auth_token_file) == (None, "/mine/token")
+
+
+def test_a_token_file_in_the_spark_conf_beats_a_token_value_there() -> None:
+    conf = {SPARK_CONF_AUTH_TOKEN: "from-conf", SPARK_CONF_AUTH_TOKEN_FILE: "/conf/token"}
+    config = apply_spark_conf(ClientConfig(), conf)
+    assert (config.auth_token, config.auth_token_file) == (None, "/conf/token")
+
+
+def test_an_incomplete_mutual_tls_spark_conf_is_refused_naming_the_keys() -> None:
+    with pytest.raises(ValueError, match=SPARK_CONF_TLS_CLIENT_CERTIFICATE_FILE):
+        apply_spark_conf(ClientConfig(), {SPARK_CONF_TLS_CLIENT_CERTIFICATE_FILE: "/etc/client.pem"})
+
+
 def test_an_invalid_spark_conf_address_is_refused_naming_the_setting() -> None:
     with pytest.raises(ValueError, match=SPARK_CONF_ADDRESS):
         apply_spark_conf(ClientConfig(), {SPARK_CONF_ADDRESS: "not a target"})
@@ -89,6 +126,18 @@ def test_a_task_with_a_gpu_takes_the_server_of_that_device(node_file: Path) -> N
     route = resolve_route(config, {}, TaskPlacement(partition_id=0, gpu_addresses=("1",)))
     assert route.targets == ("unix:///run/udfserve/gpu1.sock", "127.0.0.1:7501")
     assert "gpu:1" in route.origin
+
+
+def test_the_node_s_other_ready_servers_follow_as_alternates(node_file: Path) -> None:
+    route = resolve_route(
+        ClientConfig(discovery_file=str(node_file)), {}, TaskPlacement(gpu_addresses=("1",))
+    )
+    assert route.alternates == ("unix:///run/udfserve/gpu0.sock", "127.0.0.1:7500")  # gpu:2 is restarting
+
+
+def test_an_explicit_address_has_no_alternates() -> None:
+    route = resolve_route(ClientConfig(address="host:7500"), {}, TaskPlacement())
+    assert route.alternates == ()
 
 
 def test_a_task_with_several_gpus_takes_the_server_of_the_first(node_file: Path) -> None:

@@ -1,0 +1,93 @@
+"""What the client did, counted per task and summed in the driver through a Spark accumulator.
+
+Each task fills a ``ClientStats`` while it runs and adds it to the UDF's accumulator once, when
+its partition ends. The driver reads the sum with ``udf.stats()``. Spark applies accumulator
+updates made inside transformations at least once: a task that is re-run (a lost executor, a
+recomputed stage, speculation) or a DataFrame evaluated by several actions adds its counts again.
+The counts are exact for one action over a job whose tasks each ran once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.accumulators import AccumulatorParam
+
+from spark_client.transport import StreamCounters
+
+
+@dataclass
+class ClientStats:
+    """Rows and batches answered by the servers and by the CPU fallback, and why it was used.
+
+    ``server_failures`` counts each time a server failed (could not be reached, broke a stream,
+    missed a deadline), whether its batches then went to another server or to the fallback;
+    ``fallback_reasons`` counts the batches the fallback answered, by the failure that sent them
+    there. Reasons are short labels: ``no_server``, ``connect_failed``, ``deadline_exceeded``,
+    ``retry_time_exceeded``, ``server_error:<gRPC code>``, ``stream_error:<gRPC code>``,
+    ``stream_closed``, ``bad_answer``.
+    """
+
+    rows_by_server: int = 0
+    rows_by_fallback: int = 0
+    batches_by_server: int = 0
+    batches_by_fallback: int = 0
+    retries: int = 0
+    backoff_waits: int = 0
+    backoff_s: float = 0.0
+    server_failures: dict[str, int] = field(default_factory=dict)
+    fallback_reasons: dict[str, int] = field(default_factory=dict)
+    rows_by_address: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return self.rows_by_server + self.rows_by_fallback
+
+    def add_stream(self, target: str, counters: StreamCounters) -> None:
+        self.rows_by_server += counters.rows
+        self.batches_by_server += counters.answered
+        self.retries += counters.resent
+        self.backoff_waits += counters.backoff_waits
+        self.backoff_s += counters.backoff_s
+        if counters.rows:
+            _count(self.rows_by_address, target, counters.rows)
+
+    def add_fallback(self, rows: int, reason: str) -> None:
+        self.rows_by_fallback += rows
+        self.batches_by_fallback += 1
+        _count(self.fallback_reasons, reason, 1)
+
+    def add_server_failure(self, reason: str) -> None:
+        _count(self.server_failures, reason, 1)
+
+    def merge(self, other: ClientStats) -> ClientStats:
+        """Add ``other`` into this one (in place) and return it."""
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, dict):
+                for key, value in theirs.items():
+                    _count(mine, key, value)
+            else:
+                setattr(self, f.name, mine + theirs)
+        return self
+
+
+class ClientStatsParam(AccumulatorParam[ClientStats]):
+    """Spark's way of adding two ``ClientStats``: the zero is empty, sums go field by field."""
+
+    def zero(self, value: ClientStats) -> ClientStats:
+        return ClientStats()
+
+    def addInPlace(self, value1: ClientStats, value2: ClientStats) -> ClientStats:
+        return value1.merge(value2)
+
+
+def _count(counts: dict[str, int], key: str, amount: int) -> None:
+    counts[key] = counts.get(key, 0) + amount
+
+
+def new_accumulator(spark_context: Any) -> Any:
+    """An accumulator of ``ClientStats`` in the driver."""
+    return spark_context.accumulator(ClientStats(), ClientStatsParam())
