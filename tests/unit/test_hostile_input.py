@@ -303,13 +303,21 @@ def test_a_null_column_cannot_claim_more_rows_than_the_payload_has_bits() -> Non
     [
         pa.sparse_union([pa.field("a", pa.int8())]),
         pa.dense_union([pa.field("a", pa.float32())]),
+        pa.sparse_union([]),
+        pa.list_(pa.sparse_union([])),
         pa.float32(),
     ],
-    ids=["sparse union", "dense union", "float32"],
+    ids=[
+        "sparse union",
+        "dense union",
+        "union without children",
+        "list of unions without children",
+        "float32",
+    ],
 )
 def test_a_schema_without_a_batch_is_zero_rows_or_refused_as_invalid(column_type: pa.DataType) -> None:
-    """The documented form of an empty batch; pyarrow cannot build empty union columns (found by
-    the atheris fuzzer in benchmarks/fuzz)."""
+    """The documented form of an empty batch; pyarrow cannot build empty union columns, and
+    crashes the process on some ways of trying (both found by the atheris fuzzer)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, pa.schema([pa.field("features", column_type)])):
         pass
