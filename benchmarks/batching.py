@@ -96,6 +96,9 @@ def measure_cell(
         "server_cpu": usage.utilisation,
         "server_cpu_us_per_request": usage.cpu_s / requests * 1e6,
         "client_cpu_us_per_request": result.cpu_s / requests * 1e6,
+        "server_cpu_us_per_request_by_thread": {
+            group: seconds / requests * 1e6 for group, seconds in usage.cpu_s_by_group.items()
+        },
     }
     if with_metrics:
         calls, mean_rows = _batch_stats(before, scrape(server))
@@ -148,6 +151,40 @@ def _lookup(cells: list[dict[str, object]], mode: str, clients: int, rows: int) 
         if (cell["mode"], cell["clients"], cell["rows"]) == (mode, clients, rows):
             return cell
     raise KeyError(f"no cell {mode}, {clients} clients, {rows} rows")
+
+
+THREAD_GROUPS = (
+    "event loop (main thread)",
+    "other Python threads (inference calls)",
+    "TensorFlow compute threads",
+    "gRPC core threads",
+    "other threads",
+)
+
+
+def _threads_table(cells: list[dict[str, object]], settings: Settings) -> Table:
+    """Where the server's CPU goes per request, by thread, from the kernel's per-thread counters."""
+    table = Table(
+        "Server CPU per request by thread, µs (from the kernel's per-thread CPU times)",
+        ["batching", "clients", "rows/request", *THREAD_GROUPS, "total"],
+    )
+    for mode in (ON, OFF):
+        for clients, rows in itertools.product(settings.clients, settings.rows):
+            if clients < 4 and len(settings.clients) > 2:
+                continue
+            cell = _lookup(cells, mode, clients, rows)
+            by_thread = cell["server_cpu_us_per_request_by_thread"]
+            assert isinstance(by_thread, dict)
+            table.rows.append(
+                {
+                    "batching": mode.split()[-1],
+                    "clients": clients,
+                    "rows/request": rows,
+                    **{group: by_thread.get(group, 0.0) for group in THREAD_GROUPS},
+                    "total": cell["server_cpu_us_per_request"],
+                }
+            )
+    return table
 
 
 def _result(
@@ -230,6 +267,7 @@ def _result(
     )
     tables = [
         table,
+        _threads_table(cells, settings),
         stages_table(stages, f"Each stage of a {MODEL} request timed alone, µs per request"),
     ]
     for summary in profiles:

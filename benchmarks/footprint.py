@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 NAME = "footprint"
 MODEL = "tabular_mlp"
+SEQUENCE_MODEL = "sequence_bilstm"
 LABELS = {
     "remote_predict": "remote_predict (udfserve)",
     "predict_batch_udf": "predict_batch_udf (model in worker)",
@@ -53,7 +54,7 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = False) -> Com
     """``profile`` is accepted for a common signature; memory is broken down by the probe instead."""
     settings = Settings.make(quick)
     started = time.perf_counter()
-    repository = workspace.repository("footprint", {MODEL: {}})
+    repository = workspace.repository("footprint", {MODEL: {}, SEQUENCE_MODEL: {}})
     server = workspace.start_server(repository, "footprint")
     model_file = repository / MODEL / "1" / "model.keras"
     runs: list[dict[str, Any]] = []
@@ -82,10 +83,22 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = False) -> Com
                     "result": result,
                 }
             )
-    logger.info("footprint: memory of a remote worker, step by step")
-    memory = probe_in_child(
-        ["udf-memory", "--target", server.grpc_target(), "--batches", str(settings.memory_batches)]
-    )
+    memory = {}
+    for model, width in ((MODEL, 64), (SEQUENCE_MODEL, 16 * 32)):
+        logger.info("footprint: memory of a remote worker calling %s, step by step", model)
+        memory[model] = probe_in_child(
+            [
+                "udf-memory",
+                "--target",
+                server.grpc_target(),
+                "--model",
+                model,
+                "--width",
+                str(width),
+                "--batches",
+                str(settings.memory_batches),
+            ]
+        )
     server_loads = metric_value(scrape(server), "udfserve_model_loads_total", model=MODEL)
     workspace.stop_server(server)
     return _result(runs, memory, server_loads, settings, time.perf_counter() - started)
@@ -100,7 +113,7 @@ def _loads(run: dict[str, Any]) -> int:
 
 def _result(
     runs: list[dict[str, Any]],
-    memory: dict[str, Any],
+    memory: dict[str, dict[str, Any]],
     server_loads: float,
     settings: Settings,
     duration_s: float,
@@ -134,19 +147,24 @@ def _result(
                 "job s (workers' start included)": result.runs_s[0],
             }
         )
-    steps = memory["steps_mib"]
     memory_table = Table(
-        "Where a remote worker's resident memory goes (a fresh interpreter running remote_predict's "
-        "worker function, step by step)",
-        ["step", "resident MiB", "added MiB"],
+        "Where a remote worker's resident memory goes: a fresh interpreter running remote_predict's worker "
+        "function step by step, batches of 16,384 rows (MiB)",
+        ["step", *(f"{model}: resident" for model in memory), *(f"{model}: added" for model in memory)],
     )
-    previous = None
-    for step, mib in steps.items():
-        memory_table.rows.append(
-            {"step": step, "resident MiB": mib, "added MiB": None if previous is None else mib - previous}
-        )
-        previous = mib
-    memory_table.rows.append({"step": "peak", "resident MiB": memory["rss_peak_mib"], "added MiB": None})
+    first = next(iter(memory.values()))
+    previous: dict[str, float] = {}
+    for index, step in enumerate(first["steps_mib"]):
+        row: dict[str, Any] = {"step": step}
+        for model, probe in memory.items():
+            mib = list(probe["steps_mib"].values())[index]
+            row[f"{model}: resident"] = mib
+            row[f"{model}: added"] = mib - previous[model] if model in previous else None
+            previous[model] = mib
+        memory_table.rows.append(row)
+    memory_table.rows.append(
+        {"step": "peak", **{f"{model}: resident": probe["rss_peak_mib"] for model, probe in memory.items()}}
+    )
     remote_runs = [r for r in runs if r["contender"] == "remote_predict"]
     targets = [
         TargetCheck(
@@ -195,7 +213,9 @@ def _result(
         "loads come from its metrics, scraped before and after each job (one server for the whole "
         "comparison, started before it). The memory breakdown runs the worker function of "
         f"`remote_predict` in a fresh interpreter, over {settings.memory_batches} batches of 16,384 rows fed "
-        "as Spark feeds an iterator pandas UDF; each step's resident memory is read after it. Fresh-worker "
+        "as Spark feeds an iterator pandas UDF (rows of 64 floats for tabular_mlp, 512 for sequence_bilstm), "
+        "with the client's defaults (4,096 rows per request, 4 in flight); each step's resident memory is "
+        "read after it, the peak is the process's high-water mark. Fresh-worker "
         "start-up and memory against in-process TensorFlow, outside Spark, are in the cold-start comparison."
     )
     return ComparisonResult(

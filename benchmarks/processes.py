@@ -18,7 +18,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -193,13 +193,45 @@ def minor_faults(pid: int) -> int:
     return int(fields[7])  # field 10 of stat(5), counted after the command name
 
 
+_CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def thread_group(pid: int, tid: int, name: str) -> str:
+    """Which part of a server a thread belongs to, from its kernel name (``comm``)."""
+    if tid == pid:
+        return "event loop (main thread)"
+    if name.startswith("tf_"):
+        return "TensorFlow compute threads"
+    if name.startswith(("event_engine", "grpc")):
+        return "gRPC core threads"
+    if name.startswith("python"):
+        return "other Python threads (inference calls)"
+    return "other threads"
+
+
+def thread_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
+    """CPU seconds of each thread of ``pid`` so far, with its group (Linux; empty elsewhere)."""
+    threads = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        tid = int(task.name)
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
+        threads[tid] = (thread_group(pid, tid, name), ticks / _CLOCK_TICKS_PER_S)
+    return threads
+
+
 @dataclass
 class ProcessUsage:
-    """CPU time and minor page faults a process used over ``wall_s``."""
+    """CPU time and minor page faults a process used over ``wall_s``; CPU by thread group."""
 
     wall_s: float
     cpu_s: float
     minor_faults: int
+    cpu_s_by_group: dict[str, float] = field(default_factory=dict)
 
     @property
     def utilisation(self) -> float:
@@ -214,17 +246,23 @@ class ProcessMeter:
         self._pid = pid
         self._process = psutil.Process(pid)
         self._start = (0.0, 0.0, 0)
+        self._threads: dict[int, tuple[str, float]] = {}
 
     def _now(self) -> tuple[float, float, int]:
         times = self._process.cpu_times()
         return time.perf_counter(), times.user + times.system, minor_faults(self._pid)
 
     def start(self) -> None:
+        self._threads = thread_cpu_s(self._pid)
         self._start = self._now()
 
     def stop(self) -> ProcessUsage:
         wall, cpu, faults = self._now()
-        return ProcessUsage(wall - self._start[0], cpu - self._start[1], faults - self._start[2])
+        by_group: dict[str, float] = {}
+        for tid, (group, seconds) in thread_cpu_s(self._pid).items():
+            used = seconds - self._threads.get(tid, (group, 0.0))[1]
+            by_group[group] = by_group.get(group, 0.0) + used
+        return ProcessUsage(wall - self._start[0], cpu - self._start[1], faults - self._start[2], by_group)
 
 
 class PeakRssSampler:
@@ -243,6 +281,9 @@ class PeakRssSampler:
         self.peak_single_bytes = 0
         self.max_processes = 0
         self.pids_seen: set[int] = set()
+        self.cpu_s: dict[int, float] = {}
+        """Last CPU time seen of each process (user + system), for ``cpu_since``."""
+        self._lock = threading.Lock()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -254,14 +295,29 @@ class PeakRssSampler:
         for process in self._select():
             try:
                 rss = process.memory_info().rss
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                times = process.cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             total += rss
             count += 1
-            self.pids_seen.add(process.pid)
+            with self._lock:
+                self.pids_seen.add(process.pid)
+                self.cpu_s[process.pid] = times.user + times.system
             self.peak_single_bytes = max(self.peak_single_bytes, rss)
         self.peak_total_bytes = max(self.peak_total_bytes, total)
         self.max_processes = max(self.max_processes, count)
+
+    def cpu_snapshot(self) -> dict[int, float]:
+        """Sample now and return the CPU time of every process seen so far."""
+        self.sample()
+        with self._lock:
+            return dict(self.cpu_s)
+
+    def cpu_since(self, snapshot: dict[int, float]) -> float:
+        """CPU seconds the sampled processes used since ``snapshot`` (a process that started and
+        ended between two samples is missed)."""
+        now = self.cpu_snapshot()
+        return sum(seconds - snapshot.get(pid, 0.0) for pid, seconds in now.items())
 
     def __enter__(self) -> PeakRssSampler:
         self._thread.start()

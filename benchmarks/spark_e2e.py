@@ -84,6 +84,7 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = False) -> Com
                     data=str(small if contender == "load_per_batch" else data),
                     model_file=str(model_file),
                     address=server.grpc_target(),
+                    server_pid=server.pid,
                     marker_dir=str(workspace.path(f"loads-{model}-{contender}")),
                     runs=1 if contender == "load_per_batch" else settings.runs,
                     log_file=str(LOGS_DIR / f"spark-{model}-{contender}.log"),
@@ -147,6 +148,33 @@ def _model_table(model: str, results: dict[str, JobResult], settings: Settings) 
     return table
 
 
+CPU_GROUPS = ("Python workers", "JVM", "model server")
+
+
+def _cpu_table(results: dict[str, dict[str, JobResult]]) -> Table:
+    """Where the two cores went in the last run: CPU seconds per million rows by process group."""
+    table = Table(
+        "CPU seconds per million rows in the last run, by process (two cores: at most 2 CPU-s per second)",
+        ["model", "contender", *CPU_GROUPS, "total", "cores busy"],
+    )
+    for model, by_contender in results.items():
+        for contender, result in by_contender.items():
+            if not result.last_run_cpu_s:
+                continue
+            per_million = {g: result.last_run_cpu_s.get(g, 0.0) / result.rows * 1e6 for g in CPU_GROUPS}
+            total = sum(result.last_run_cpu_s.values())
+            table.rows.append(
+                {
+                    "model": model,
+                    "contender": LABELS[contender].split(" (")[0],
+                    **per_million,
+                    "total": sum(per_million.values()),
+                    "cores busy": total / result.runs_s[-1],
+                }
+            )
+    return table
+
+
 def _targets(results: dict[str, dict[str, JobResult]]) -> list[TargetCheck]:
     targets = []
     for model, by_contender in results.items():
@@ -180,6 +208,7 @@ def _result(
     results: dict[str, dict[str, JobResult]], server_peak_mib: float, settings: Settings, duration_s: float
 ) -> ComparisonResult:
     tables = [_model_table(model, by_contender, settings) for model, by_contender in results.items()]
+    tables.append(_cpu_table(results))
     plot_file = f"{NAME}.png"
     panels = []
     for model, by_contender in results.items():

@@ -54,6 +54,8 @@ class Job:
     partitions: int = 0
     model_file: str = ""
     address: str = ""
+    server_pid: int = 0
+    """The model server's process, whose CPU time counts for the remote contenders."""
     marker_dir: str = ""
     runs: int = 1
     batch_rows: int = 16384
@@ -74,6 +76,8 @@ class JobResult:
     python_workers_seen: int = 0
     peak_jvm_rss_mib: float = 0.0
     model_loads_in_workers: int = 0
+    last_run_cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds of the last run by process group: Python workers, JVM, model server."""
     sample: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -211,11 +215,24 @@ def run_job(job: Job) -> JobResult:
     result = JobResult(job.contender, job.model, rows, frame.rdd.getNumPartitions())
     predicted = _predicted(spark, frame, job)
     jvm_peak = PeakRssSampler(_jvm, interval_s=0.2)
-    with PeakRssSampler(_python_workers) as workers, jvm_peak:
+    server = PeakRssSampler(
+        lambda: [psutil.Process(job.server_pid)] if job.server_pid else [], interval_s=0.2
+    )
+    with PeakRssSampler(_python_workers) as workers, jvm_peak, server:
         for _ in range(job.runs):
+            before = {
+                "workers": workers.cpu_snapshot(),
+                "jvm": jvm_peak.cpu_snapshot(),
+                "server": server.cpu_snapshot(),
+            }
             started = time.perf_counter()
             predicted.write.format("noop").mode("overwrite").save()
             result.runs_s.append(time.perf_counter() - started)
+        result.last_run_cpu_s = {
+            "Python workers": workers.cpu_since(before["workers"]),
+            "JVM": jvm_peak.cpu_since(before["jvm"]),
+            "model server": server.cpu_since(before["server"]),
+        }
         sample = predicted.where(f"id < {SAMPLE_ROWS}").select("id", "prediction").collect()
     result.sample = {str(row["id"]): [float(v) for v in row["prediction"]] for row in sample}
     result.peak_worker_rss_total_mib = workers.peak_total_bytes / 2**20

@@ -35,6 +35,15 @@ def _rss_mib() -> float:
 
 
 def _peak_rss_mib() -> float:
+    """The peak resident memory of this process image (``VmHWM``). ``ru_maxrss`` would not do:
+    Linux carries it over ``exec`` from the parent that forked this interpreter."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -106,7 +115,7 @@ def remote(target: str, model: str, rows: int) -> dict[str, Any]:
     return result
 
 
-def remote_udf_memory(target: str, model: str, batches: int, batch_rows: int) -> dict[str, Any]:
+def remote_udf_memory(target: str, model: str, batches: int, batch_rows: int, width: int) -> dict[str, Any]:
     """Resident memory of a worker on the remote path, step by step: what a pandas UDF worker
     imports anyway, what the client adds, and what streaming ``batches`` Arrow batches adds.
 
@@ -137,8 +146,8 @@ def remote_udf_memory(target: str, model: str, batches: int, batch_rows: int) ->
     job = build_job(model, None, {"address": target})
     step("model spec fetched, channel open")
     rng = np.random.default_rng(0)
-    values = rng.standard_normal(batch_rows * 64, dtype=np.float32)
-    offsets = np.arange(0, batch_rows * 64 + 1, 64, dtype=np.int32)
+    values = rng.standard_normal(batch_rows * width, dtype=np.float32)
+    offsets = np.arange(0, batch_rows * width + 1, width, dtype=np.int32)
     column = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
     series = column.to_pandas()  # what Spark hands an iterator pandas UDF: a Series of arrays
     step("one input batch as pandas")
@@ -187,13 +196,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     memory.add_argument("--model", default="tabular_mlp")
     memory.add_argument("--batches", type=int, default=30)
     memory.add_argument("--batch-rows", type=int, default=16384)
+    memory.add_argument("--width", type=int, default=64, help="float32 values per row of the input")
     args = parser.parse_args(argv)
     if args.command == "inprocess":
         result = inprocess(args.model_file, args.rows)
     elif args.command == "remote":
         result = remote(args.target, args.model, args.rows)
     else:
-        result = remote_udf_memory(args.target, args.model, args.batches, args.batch_rows)
+        result = remote_udf_memory(args.target, args.model, args.batches, args.batch_rows, args.width)
     print(json.dumps(result))
     return 0
 

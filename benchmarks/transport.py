@@ -82,6 +82,7 @@ class Cell:
     server_cpu: float
     client_faults_per_request: float
     server_faults_per_request: float
+    server_cpu_us_by_thread: dict[str, float]
 
     @property
     def both_ways_gb_s(self) -> float:
@@ -186,6 +187,7 @@ def measure(
         server_cpu=usage.utilisation,
         client_faults_per_request=result.minor_faults / requests,
         server_faults_per_request=usage.minor_faults / requests,
+        server_cpu_us_by_thread={group: cpu / requests * 1e6 for group, cpu in usage.cpu_s_by_group.items()},
     )
     return cell, profiles
 
@@ -273,28 +275,40 @@ def _main_table(cells: list[Cell], limits: dict[int, FormatLimit]) -> Table:
 
 
 def _time_table(cells: list[Cell], stages: dict[str, Any]) -> Table:
-    """A measured request against the sum of its stages timed alone: the rest is gRPC and waiting."""
+    """A measured request against the sum of its stages timed alone, and the server's CPU by thread."""
+    groups = (
+        "event loop (main thread)",
+        "other Python threads (inference calls)",
+        "TensorFlow compute threads",
+    )
     table = Table(
-        "Per request over the unix socket: measured wall time against its stages timed alone",
+        "Per request over the unix socket: wall time, stages timed alone, the server's CPU by thread (µs)",
         [
+            "server",
             "rows/request",
-            "measured µs/request",
-            "client stages µs",
-            "server stages µs",
-            "rest µs (gRPC, event loops, waiting)",
+            "wall µs/request",
+            "client stages",
+            "server stages",
+            *(f"server CPU: {group}" for group in groups),
+            "server CPU: gRPC core and other threads",
         ],
     )
     for cell in cells:
-        if cell.contender != UNIX:
+        if cell.contender not in (UNIX, UNIX_MALLOC):
             continue
         sums = stage_sums_us(stages, cell.rows)
+        by_thread = cell.server_cpu_us_by_thread
         table.rows.append(
             {
+                "server": "malloc keeps memory" if cell.contender == UNIX_MALLOC else "default",
                 "rows/request": cell.rows,
-                "measured µs/request": cell.us_per_request,
-                "client stages µs": sums["client"],
-                "server stages µs": sums["server"],
-                "rest µs (gRPC, event loops, waiting)": cell.us_per_request - max(sums.values()),
+                "wall µs/request": cell.us_per_request,
+                "client stages": sums["client"],
+                "server stages": sums["server"],
+                **{f"server CPU: {group}": by_thread.get(group, 0.0) for group in groups},
+                "server CPU: gRPC core and other threads": sum(
+                    v for k, v in by_thread.items() if k not in groups
+                ),
             }
         )
     return table
