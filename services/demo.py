@@ -24,8 +24,12 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from udfserve.discovery import DiscoveryError, NodeDiscovery, default_discovery_path, read_discovery
+
+if TYPE_CHECKING:
+    from spark_client.stats import ClientStats
 
 logger = logging.getLogger(__name__)
 
@@ -226,13 +230,14 @@ def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDis
         frame = spark.range(0, options.rows, numPartitions=options.partitions).select(
             "id", features.alias("features")
         )
-        predict = remote_predict(options.model, "features")
-        scored = frame.select("id", predict.alias("prediction"))
+        predict = remote_predict(options.model)  # the UDF object: its stats() are the client's counters
+        scored = frame.select("id", predict("features").alias("prediction"))
         frame.write.format("noop").mode("overwrite").save()  # warm the JVM and the data path
         rows_before = scrape_total(discovery, "udfserve_rows_total", options.model)
         started = time.perf_counter()
         scored.write.format("noop").mode("overwrite").save()
         seconds = time.perf_counter() - started
+        stats = predict.stats()  # read before any other action evaluates the UDF again
         server_rows = scrape_total(discovery, "udfserve_rows_total", options.model) - rows_before
         samples = scored.limit(3).collect()
     finally:
@@ -240,13 +245,16 @@ def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDis
     return {
         "seconds": seconds,
         "server_rows": server_rows,
+        "client": stats,
         "samples": [(row["id"], list(row["prediction"])) for row in samples],
     }
 
 
 def report(options: DemoOptions, discovery: NodeDiscovery, figures: dict[str, object]) -> str:
     seconds = float(figures["seconds"])  # type: ignore[arg-type]
-    rows_by_server = int(figures["server_rows"])  # type: ignore[call-overload]
+    counted_by_servers = int(figures["server_rows"])  # type: ignore[call-overload]
+    client = cast("ClientStats", figures["client"])
+    reasons = ", ".join(f"{reason}: {n} batches" for reason, n in sorted(client.fallback_reasons.items()))
     lines = [
         "",
         "udfserve demo report",
@@ -254,8 +262,12 @@ def report(options: DemoOptions, discovery: NodeDiscovery, figures: dict[str, ob
         f"rows scored            {options.rows:,} through remote_predict('{options.model}')",
         f"time                   {seconds:.1f} s",
         f"throughput             {options.rows / seconds:,.0f} rows/s",
-        f"answered by servers    {rows_by_server:,}",
-        f"answered by fallback   {options.rows - rows_by_server:,} (every row is answered exactly once)",
+        f"answered by servers    {client.rows_by_server:,} rows in {client.batches_by_server:,} batches "
+        f"(the servers' own metrics count {counted_by_servers:,})",
+        f"answered by fallback   {client.rows_by_fallback:,} rows in {client.batches_by_fallback:,} batches"
+        + (f" ({reasons})" if reasons else ""),
+        f"back-pressure          {client.retries:,} resends after RESOURCE_EXHAUSTED, "
+        f"{client.backoff_s:.2f} s waited",
         f"model loads            {int(scrape_total(discovery, 'udfserve_model_loads_total', options.model))} "
         f"({len(discovery.servers)} server(s): "
         + ", ".join(f"{s.device} pid {s.pid}" for s in discovery.servers)

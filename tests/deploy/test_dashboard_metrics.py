@@ -1,8 +1,9 @@
 """Every metric and label the Grafana dashboard queries exists in a real scrape.
 
 The scrapes come from the compose `udfserve-node` service run here (conftest.py): its model
-server, after one good and one bad request, and its supervisor. The labels Prometheus adds to
-every series (node, role, device) are read from the targets file that same supervisor wrote.
+server, after one good and one bad request carrying a Spark application's metadata, and its
+supervisor. The labels Prometheus adds to every series (node, role, device) are read from the
+targets file that same supervisor wrote.
 
 GPU gauges cannot appear without NVML and an NVIDIA device, which this machine lacks: their
 names and labels are checked against those declared in services/model_server/gpu_metrics.py
@@ -69,13 +70,23 @@ def declared_gpu_series() -> dict[str, set[str]]:
     return {name: set() if name == "udfserve_gpu_devices" else set(labels) for name in names}
 
 
+SPARK_JOB_METADATA = (
+    ("udfserve-spark-app-id", "app-20261122000000-0001"),
+    ("udfserve-spark-app-name", "dashboard check"),
+    ("udfserve-spark-stage-id", "1"),
+    ("udfserve-spark-partition-id", "0"),
+)
+"""What the Spark client attaches to every stream (spark_client/job_context.py): the per-application
+series of the dashboard's Spark rows appear only for requests that carry it."""
+
+
 def predict(target: str, features: np.ndarray) -> pb.PredictResponse:
     column = pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), features.shape[1])
     payload = encode_batch(pa.record_batch({"features": column}))
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.InferenceStub(channel)
         request = pb.PredictRequest(model="tabular_mlp", batch_id=1, arrow_ipc=payload)
-        [response] = list(stub.Predict(iter([request]), timeout=60))
+        [response] = list(stub.Predict(iter([request]), timeout=60, metadata=SPARK_JOB_METADATA))
     return response
 
 

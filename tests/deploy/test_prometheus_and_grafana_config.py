@@ -223,3 +223,21 @@ def test_quantile_panels_read_histogram_buckets(title: str) -> None:
     expressions = [t["expr"] for t in panel["targets"]]
     assert [e.split(",")[0] for e in expressions] == ["histogram_quantile(0.5", "histogram_quantile(0.99"]
     assert all("_bucket{" in e and "le)" in e for e in expressions)
+
+
+def test_each_spark_application_gets_a_row_of_its_own() -> None:
+    dashboard = json.loads(DASHBOARD_FILE.read_text())
+    [variable] = [v for v in dashboard["templating"]["list"] if v["name"] == "app"]
+    assert "udfserve_app_rows_total" in variable["query"]["query"] and variable["includeAll"]
+    panels = dashboard["panels"]
+    [row_index] = [i for i, p in enumerate(panels) if p["type"] == "row" and p.get("repeat") == "app"]
+    in_row = panels[row_index + 1 :]
+    assert all(p["type"] != "row" for p in in_row), "the repeated row must be the last one"
+    assert {p["title"] for p in in_row} == {
+        "Rows/s of $app",
+        "Latency p50 / p99 of $app",
+        "Errors of $app",
+        "Servers and devices carrying $app",
+    }
+    for panel in in_row:
+        assert all('app_name=~"$app"' in t["expr"] for t in panel["targets"]), panel["title"]

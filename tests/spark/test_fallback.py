@@ -113,9 +113,8 @@ def test_a_server_killed_mid_job_loses_and_duplicates_no_row(
     config = ClientConfig(
         address=own_server.grpc_target(), model_repository=str(example_repository), rows_per_request=2_000
     )
-    predicted = spark.range(ROWS, numPartitions=2).select(
-        "id", remote_predict("tabular_mlp", feature_column((64,)), config=config).alias("p")
-    )
+    predict = remote_predict("tabular_mlp", config=config)
+    predicted = spark.range(ROWS, numPartitions=2).select("id", predict(feature_column((64,))).alias("p"))
     schema = T.StructType([*predicted.schema.fields, T.StructField("served_before_kill", T.DoubleType())])
     result = predicted.mapInArrow(kill_server_at_row, schema).toPandas()
 
@@ -130,6 +129,16 @@ def test_a_server_killed_mid_job_loses_and_duplicates_no_row(
     )
     log = spark_log.read_text(errors="replace")
     assert re.search(r"the server failed mid-partition after \d+ answered batches", log)
+    stats = predict.stats()
+    assert stats.rows_by_server + stats.rows_by_fallback == ROWS
+    assert stats.rows_by_server > 0 and stats.rows_by_fallback > 0
+    assert stats.batches_by_fallback == sum(stats.fallback_reasons.values()) > 0
+    assert set(stats.fallback_reasons) <= {
+        "stream_error:UNAVAILABLE",
+        "stream_error:CANCELLED",
+        "stream_closed",
+        "connect_failed",
+    }, stats.fallback_reasons
 
 
 def test_fallback_results_carry_the_model_outputs_of_every_type(
