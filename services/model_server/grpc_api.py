@@ -6,7 +6,6 @@ answered in its own ``PredictResponse.error``; the stream goes on for the others
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -21,15 +20,12 @@ from services.model_server.job_context import JobContext, parse_job_context
 from services.model_server.metrics import ServerMetrics
 from services.model_server.models import ModelInfo, ModelTable, ServedModel
 from services.model_server.schema import batch_to_inputs, outputs_to_batch
+from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_concurrently
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
 
 logger = logging.getLogger(__name__)
-
-MAX_IN_FLIGHT_PER_STREAM = 64
-"""Requests of one stream processed at once; beyond it the server stops reading the stream
-and HTTP/2 flow control pushes back on the client."""
 
 UNKNOWN_MODEL_LABEL = "<unknown>"
 """Metrics label of requests naming no model of the repository: labels never carry what a
@@ -82,48 +78,17 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     async def Predict(
         self, request_iterator: AsyncIterator[pb.PredictRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.PredictResponse]:
-        responses: asyncio.Queue[pb.PredictResponse | BaseException | None] = asyncio.Queue()
-        slots = asyncio.Semaphore(MAX_IN_FLIGHT_PER_STREAM)
-        tasks: set[asyncio.Task[None]] = set()
-
         job = parse_job_context(context.invocation_metadata())
 
-        async def answer(request: pb.PredictRequest) -> None:
-            try:
-                await responses.put(await self._predict(request, job))
-            finally:
-                slots.release()
-
-        async def read_requests() -> None:
-            try:
-                async for request in request_iterator:
-                    await slots.acquire()
-                    task = asyncio.create_task(answer(request))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                if tasks:
-                    await asyncio.wait(set(tasks))
-                await responses.put(None)
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # the stream broke (client gone, oversized message)
-                await responses.put(exc)
+        async def answer(request: pb.PredictRequest) -> pb.PredictResponse:
+            return await self._predict(request, job)
 
         self._metrics.streams_active.inc()
-        reader = asyncio.create_task(read_requests())
         try:
-            while True:
-                item = await responses.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            async for response in answer_concurrently(request_iterator, answer, MAX_IN_FLIGHT_PER_STREAM):
+                yield response
         finally:
             self._metrics.streams_active.dec()
-            reader.cancel()
-            for task in list(tasks):
-                task.cancel()
 
     async def _predict(self, request: pb.PredictRequest, job: JobContext) -> pb.PredictResponse:
         """Answer one batch; never raises: failures become the response's error."""

@@ -26,12 +26,10 @@ is answered in ``error_message`` and the stream goes on, unless the client sent 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 import grpc
 import numpy as np
@@ -47,16 +45,15 @@ from services.model_server.errors import (
     QueueFull,
     ServingError,
 )
-from services.model_server.grpc_api import MAX_IN_FLIGHT_PER_STREAM, UNKNOWN_MODEL_LABEL
+from services.model_server.grpc_api import UNKNOWN_MODEL_LABEL
 from services.model_server.in_flight import InFlightRequests
 from services.model_server.metrics import ServerMetrics
 from services.model_server.models import ModelTable, ServedModel
+from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_concurrently
 from udfserve import kserve_codec as codec
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-R = TypeVar("R")
 
 SERVER_NAME = "udfserve"
 EXTENSIONS = ("model_configuration",)
@@ -380,7 +377,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         async def answer(request: kpb.ModelInferRequest) -> tuple[kpb.ModelInferRequest, object]:
             return request, await self._infer(request)
 
-        async for request, result in _answer_concurrently(request_iterator, answer, MAX_IN_FLIGHT_PER_STREAM):
+        async for request, result in answer_concurrently(request_iterator, answer, MAX_IN_FLIGHT_PER_STREAM):
             if isinstance(result, _Failure):
                 if end_on_error:
                     await context.abort(result.code, result.message)
@@ -446,53 +443,6 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
                 f"{self._max_response_bytes} byte message limit; send fewer rows per request"
             )
         return response, rows
-
-
-async def _answer_concurrently(
-    requests: AsyncIterator[T], answer: Callable[[T], Awaitable[R]], limit: int
-) -> AsyncIterator[R]:
-    """Answers of ``requests`` in completion order, at most ``limit`` running at once.
-
-    Beyond the limit the stream is not read, so HTTP/2 flow control pushes back on the client.
-    """
-    results: asyncio.Queue[R | BaseException | None] = asyncio.Queue()
-    slots = asyncio.Semaphore(limit)
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def run(request: T) -> None:
-        try:
-            await results.put(await answer(request))
-        finally:
-            slots.release()
-
-    async def read() -> None:
-        try:
-            async for request in requests:
-                await slots.acquire()
-                task = asyncio.create_task(run(request))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.wait(set(tasks))
-            await results.put(None)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # the stream broke (client gone, oversized message)
-            await results.put(exc)
-
-    reader = asyncio.create_task(read())
-    try:
-        while True:
-            item = await results.get()
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        reader.cancel()
-        for task in list(tasks):
-            task.cancel()
 
 
 def add_kserve_service(
