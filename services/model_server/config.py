@@ -22,8 +22,9 @@ SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "
 def validate_model_name(name: str) -> str:
     """Refuse names that could address anything outside the model repository."""
     if not MODEL_NAME_PATTERN.match(name) or name in {".", ".."} or ".." in name:
+        shown = repr(name) if len(name) <= 80 else f"{name[:80]!r}... ({len(name)} characters)"
         raise ValueError(
-            f"invalid model name {name!r}: expected 1-128 characters of [A-Za-z0-9_.-], "
+            f"invalid model name {shown}: expected 1-128 characters of [A-Za-z0-9_.-], "
             "not starting with '.' or '-', without '..' or path separators"
         )
     return name
