@@ -202,6 +202,7 @@ def _result(
             "on: rows/s",
             "off: rows/s",
             "on ÷ off",
+            "server CPU/row: off ÷ on",
             "on: p50 ms",
             "on: p99 ms",
             "off: p50 ms",
@@ -224,6 +225,8 @@ def _result(
                 "on: rows/s": on["rows_s"],
                 "off: rows/s": off["rows_s"],
                 "on ÷ off": float(on["rows_s"]) / float(off["rows_s"]),  # type: ignore[arg-type]
+                "server CPU/row: off ÷ on": float(off["server_cpu_us_per_request"])  # type: ignore[arg-type]
+                / float(on["server_cpu_us_per_request"]),  # type: ignore[arg-type]
                 "on: p50 ms": on["p50_ms"],
                 "on: p99 ms": on["p99_ms"],
                 "off: p50 ms": off["p50_ms"],
@@ -281,7 +284,9 @@ def _result(
         "beforehand. `rows/call` is the mean rows per backend call from the server's metrics. The client "
         "ceiling is the same client against a bare gRPC echo server (no model): where it is well above "
         "the served rates, the client is not what limits them. *server CPU µs/request* is the server "
-        "process's CPU time (all threads) divided by the requests answered; *server CPU* is CPU-seconds per "
+        "process's CPU time (all threads) divided by the requests answered, and *server CPU/row: off ÷ on* "
+        "how much CPU batching saves per row: unlike the rates, it hardly depends on what else the machine "
+        "runs. *server CPU* is CPU-seconds per "
         "wall second (100% = one core). The stage table times each step of one request alone, in one "
         "process, with the server's own functions: it shows what a backend call costs at each size, "
         "and what the conversions around it cost."

@@ -92,6 +92,18 @@ class Cell:
     def us_per_request(self) -> float:
         return self.wall_s / self.requests * 1e6 if self.requests else float("nan")
 
+    @property
+    def cpu_ms_per_mb(self) -> float:
+        """Client and server CPU per MB through the socket (both ways): unlike the rate, this does
+        not depend on what else the machine runs."""
+        megabytes_both_ways = 2 * self.request_mb_s * self.wall_s
+        return (self.client_cpu + self.server_cpu) * self.wall_s / megabytes_both_ways * 1e3
+
+    @property
+    def two_core_ceiling_gb_s(self) -> float:
+        """The rate both ways if the client and the server had two idle cores to themselves."""
+        return 2.0 / self.cpu_ms_per_mb
+
 
 @dataclass(frozen=True)
 class FormatLimit:
@@ -242,6 +254,8 @@ def _main_table(cells: list[Cell], limits: dict[int, FormatLimit]) -> Table:
             "MiB/request",
             "GB/s both ways",
             "request MB/s",
+            "CPU ms per MB",
+            "2 idle cores: GB/s",
             "p50 ms",
             "p99 ms",
             "pyarrow IPC MB/s",
@@ -261,6 +275,8 @@ def _main_table(cells: list[Cell], limits: dict[int, FormatLimit]) -> Table:
                 "MiB/request": limit.ipc_bytes / 2**20,
                 "GB/s both ways": cell.both_ways_gb_s,
                 "request MB/s": cell.request_mb_s,
+                "CPU ms per MB": cell.cpu_ms_per_mb,
+                "2 idle cores: GB/s": cell.two_core_ceiling_gb_s,
                 "p50 ms": cell.p50_ms,
                 "p99 ms": cell.p99_ms,
                 "pyarrow IPC MB/s": limit.pyarrow_mb_s,
@@ -346,7 +362,10 @@ def _result(
             f"{best.both_ways_gb_s:.2f} GB/s both ways ({best.request_mb_s / 1000:.2f} GB/s of requests) "
             f"at {best.rows:,} rows/request: {best.both_ways_gb_s / TARGET_GB_S:.2f}x the target; "
             f"{tuned_best.both_ways_gb_s:.2f} GB/s with malloc keeping memory; a bare gRPC echo reaches "
-            f"{echo_best.both_ways_gb_s:.2f} GB/s",
+            f"{echo_best.both_ways_gb_s:.2f} GB/s. From CPU per MB, two idle cores would give "
+            f"{max(c.two_core_ceiling_gb_s for c in unix):.2f} GB/s (default), "
+            f"{max(c.two_core_ceiling_gb_s for c in cells if c.contender == UNIX_MALLOC):.2f} GB/s "
+            "(malloc keeps memory)",
             best.both_ways_gb_s >= TARGET_GB_S,
         ),
         TargetCheck(
@@ -409,7 +428,10 @@ def _result(
         "run with glibc's `MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824`, so freed "
         "buffers are reused instead of being returned to the system and faulted in again; the targets are "
         "judged on the default configuration. Client and server CPU are CPU-seconds per wall second "
-        "(100% = one core); faults/request are minor page faults per request (a fault per 4 KiB page of "
+        "(100% = one core). *CPU ms per MB* adds the client's and the server's CPU time per MB through "
+        "the socket (both ways); unlike the rate it hardly depends on what else the machine runs, and "
+        "*2 idle cores: GB/s* is the rate it allows if client and server had both cores to themselves. "
+        "faults/request are minor page faults per request (a fault per 4 KiB page of "
         "memory touched for the first time). The stage table times each step of the path alone, in one "
         "process, with the server's own functions (`benchmarks/stages.py`)."
     )
