@@ -110,6 +110,7 @@ class _PartitionRunner:
         self._metadata = auth_metadata(job.config) + context.metadata()
         self._failure = _Failure()
         self._quiet_until_s = float("-inf")
+        self._failed_since_last_batch: set[str] = set()  # a target is probed once per batch at most
         self._on_cpu = False
         self._cpu_batches = 0
         self._repository: tuple[Path, str] | None = None
@@ -168,8 +169,10 @@ class _PartitionRunner:
         self._failure.origin = route.origin
         candidates = route.targets + route.alternates
         for target in candidates:
-            if self._breakers.allows(target, reset_s):
+            if target not in self._failed_since_last_batch and self._breakers.allows(target, reset_s):
                 return target
+        if self._failed_since_last_batch.issuperset(candidates):
+            return None  # every target failed for this very batch: the CPU answers it, the next one probes
         self._quiet_until_s = min(self._breakers.reopens_at(t, reset_s) for t in candidates)
         if not self._failure.kind:  # a failure of an earlier task of this worker opened the circuits
             target = route.targets[0]
@@ -200,6 +203,7 @@ class _PartitionRunner:
         return PredictStream(channel, target, self._job.model, self._config, self._metadata)
 
     def _server_failed(self, target: str, kind: str, cause: str) -> None:
+        self._failed_since_last_batch.add(target)
         self._breakers.failed(target, kind)
         self._stats.add_server_failure(kind)
         self._failure.cause, self._failure.kind = cause, kind
@@ -229,6 +233,7 @@ class _PartitionRunner:
         from spark_client.fallback import predict_on_cpu
 
         result = predict_on_cpu(repository, self._job.model, config.model_version, item.batch)
+        self._failed_since_last_batch.clear()
         self._cpu_batches += 1
         self._stats.add_fallback(item.batch.num_rows, self._failure.kind or "no_server")
         return _conform_one(result, self._job.spec)

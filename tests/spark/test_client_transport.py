@@ -19,10 +19,12 @@ import pytest
 from spark_data import feature_values, reference_outputs
 
 from services.model_server.launcher import ServerProcess, launch_server
+from spark_client.circuit import CircuitBreakers
 from spark_client.config import ClientConfig
 from spark_client.errors import ServerUnavailable
 from spark_client.partition import PredictJob, predict_partition
 from spark_client.routing import TaskPlacement
+from spark_client.stats import ClientStats
 from spark_client.transport import connect
 
 THROTTLED_CONFIG = """\
@@ -56,7 +58,9 @@ def requests(ids: np.ndarray, rows_per_request: int) -> list[pa.RecordBatch]:
 
 
 def job_for(server: ServerProcess, **settings: object) -> PredictJob:
-    config = ClientConfig(address=server.grpc_target(), max_in_flight=6, fallback="error", **settings)
+    config = ClientConfig.model_validate(
+        {"address": server.grpc_target(), "max_in_flight": 6, "fallback": "error", **settings}
+    )
     _, spec = connect(server.grpc_target(), config, "tabular_mlp")
     return PredictJob("tabular_mlp", spec, config)
 
@@ -73,12 +77,20 @@ def refused_requests(server: ServerProcess) -> float:
 def test_a_full_queue_is_waited_out_and_every_batch_answered_in_order(
     throttled_server: ServerProcess, example_repository: Path
 ) -> None:
+    """The fallback is allowed here (the CPU could answer): the client waits instead."""
     ids = np.arange(6_000)
     refused_before = refused_requests(throttled_server)
+    job = job_for(throttled_server, fallback="cpu", model_repository=str(example_repository))
+    stats = ClientStats()
     answers = list(
-        predict_partition(job_for(throttled_server), iter(requests(ids, 1_000)), {}, TaskPlacement())
+        predict_partition(
+            job, iter(requests(ids, 1_000)), {}, TaskPlacement(), stats=stats, breakers=CircuitBreakers()
+        )
     )
-    assert refused_requests(throttled_server) > refused_before
+    refused = refused_requests(throttled_server) - refused_before
+    assert refused > 0
+    assert stats.backoff_waits == refused and stats.retries == refused
+    assert (stats.rows_by_server, stats.rows_by_fallback, stats.server_failures) == (6_000, 0, {})
     predicted = np.concatenate([a.column(0).flatten().to_numpy().reshape(-1, 8) for a in answers])
     expected = reference_outputs(example_repository, "tabular_mlp", {"features": feature_values(ids, (64,))})
     np.testing.assert_allclose(predicted, expected["probabilities"], atol=1e-5)
@@ -91,4 +103,8 @@ def test_a_queue_full_for_longer_than_the_retry_time_is_a_server_failure(
     with pytest.raises(
         ServerUnavailable, match=r"kept answering RESOURCE_EXHAUSTED for [\d.]+ s \(max_retry_time_s=0.05\)"
     ):
-        list(predict_partition(job, iter(requests(np.arange(6_000), 1_000)), {}, TaskPlacement()))
+        list(
+            predict_partition(
+                job, iter(requests(np.arange(6_000), 1_000)), {}, TaskPlacement(), breakers=CircuitBreakers()
+            )
+        )
