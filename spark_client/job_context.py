@@ -14,17 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-METADATA_PREFIX = "udfserve-spark-"
-MAX_VALUE_CHARS = {
-    "app-id": 128,
-    "app-name": 128,
-    "job-group": 128,
-    "job-description": 256,
-    "stage-id": 12,
-    "partition-id": 12,
-    "task-attempt": 12,
-}
-"""The lengths the server accepts; longer values are cut."""
+from udfserve.job_metadata import MAX_VALUE_CHARS, METADATA_PREFIX
 
 JOB_GROUP_PROPERTY = "spark.jobGroup.id"
 JOB_DESCRIPTION_PROPERTY = "spark.job.description"

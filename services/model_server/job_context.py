@@ -21,19 +21,10 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from udfserve.job_metadata import MAX_VALUE_CHARS, METADATA_PREFIX, NUMERIC_KEYS
+
 logger = logging.getLogger(__name__)
 
-METADATA_PREFIX = "udfserve-spark-"
-MAX_VALUE_CHARS = {
-    "app-id": 128,
-    "app-name": 128,
-    "job-group": 128,
-    "job-description": 256,
-    "stage-id": 12,
-    "partition-id": 12,
-    "task-attempt": 12,
-}
-NUMERIC_KEYS = {"stage-id", "partition-id", "task-attempt"}
 LOG_LINES_PER_S = 10
 """Slow or failed requests logged per second at most: a flood of bad requests must not flood the logs."""
 
