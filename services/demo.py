@@ -213,6 +213,9 @@ def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDis
     logger.info(
         "step 3/4: scoring %d rows with %s on Spark %s", options.rows, options.model, options.spark_master
     )
+    # PySpark starts its local Python workers with PYSPARK_PYTHON (the Spark conf is not read for
+    # that): this driver program, not code that runs in Spark, points it at its own interpreter.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (
         SparkSession.builder.master(options.spark_master)
         .appName("udfserve-demo")

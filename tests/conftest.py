@@ -7,8 +7,10 @@ TensorFlow in-process), ``tests/integration`` and ``tests/node`` (real server pr
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = _TIERS.get(parts[0]) if len(parts) > 1 else None
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def spark_uses_this_interpreter() -> Iterator[None]:
+    """PySpark starts its Python workers with PYSPARK_PYTHON (else the first python3 on PATH) and
+    its launcher scripts with python3 from PATH, whatever the Spark conf says: point both at the
+    interpreter running the tests, so an unactivated virtual environment works too."""
+    interpreter_dir = str(Path(sys.executable).parent)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON", sys.executable))
+        patch.setenv("PYSPARK_DRIVER_PYTHON", os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable))
+        patch.setenv("PATH", interpreter_dir + os.pathsep + os.environ.get("PATH", ""))
+        yield
 
 
 @pytest.fixture(scope="session")
