@@ -124,7 +124,7 @@ def _result(
             "tasks",
             "contender",
             "model loads during the job",
-            "Python workers",
+            "Python processes (daemon included)",
             "peak RSS, one worker MiB",
             "peak RSS, all workers MiB",
             "job s (workers' start included)",
@@ -141,7 +141,7 @@ def _result(
                     if run["contender"] == "remote_predict"
                     else f"{_loads(run)} (workers)"
                 ),
-                "Python workers": result.python_workers_seen,
+                "Python processes (daemon included)": result.python_workers_seen,
                 "peak RSS, one worker MiB": result.peak_worker_rss_single_mib,
                 "peak RSS, all workers MiB": result.peak_worker_rss_total_mib,
                 "job s (workers' start included)": result.runs_s[0],
