@@ -59,7 +59,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from services.model_server.config import BatchingConfig
+from services.model_server.config import DEFAULT_QUEUE_BATCHES, BatchingConfig
 from services.model_server.errors import (
     BackendFault,
     DeviceOutOfMemory,
@@ -170,7 +170,7 @@ def _signature(inputs: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
 class DynamicBatcher:
     """One model's queue and the worker task that runs its batches.
 
-    ``max_queue_rows`` defaults to ``config.max_queue_rows``, else 16 x ``max_batch_size``
+    ``max_queue_rows`` defaults to ``config.max_queue_rows``, else 64 x ``max_batch_size``
     (the same rule as ``ModelConfig.max_queue_rows``).
     """
 
@@ -200,7 +200,9 @@ class DynamicBatcher:
         self._batch_limit = max_batch_size
         self._full_calls_at_limit = 0
         self._max_concurrent_batches = max_concurrent_batches
-        self._max_queue_rows = max_queue_rows or config.max_queue_rows or 16 * max_batch_size
+        self._max_queue_rows = (
+            max_queue_rows or config.max_queue_rows or DEFAULT_QUEUE_BATCHES * max_batch_size
+        )
         self._queue: deque[_Chunk] = deque()
         self._queued_rows = 0
         self._wakeup: asyncio.Event | None = None

@@ -16,6 +16,10 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DEVICE_PATTERN = re.compile(r"^(cpu|gpu:\d+|sim:\d+)$")
+DEFAULT_QUEUE_BATCHES = 64
+"""Default queue bound, in full batches: room for the in-flight windows of several Spark tasks
+(each holds up to 4 x 4,096 rows by default) without refusing them, yet bounded."""
+
 SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 
 
@@ -55,7 +59,7 @@ class BatchingConfig(BaseModel):
     enabled: bool = True
     max_queue_delay_s: float = Field(default=0.002, ge=0.0, le=10.0)
     max_queue_rows: int | None = Field(
-        default=None, gt=0, description="rows waiting before RESOURCE_EXHAUSTED; default 16 x max_batch_size"
+        default=None, gt=0, description="rows waiting before RESOURCE_EXHAUSTED; default 64 x max_batch_size"
     )
 
 
@@ -80,7 +84,7 @@ class ModelConfig(BaseModel):
 
     @property
     def max_queue_rows(self) -> int:
-        return self.dynamic_batching.max_queue_rows or 16 * self.max_batch_size
+        return self.dynamic_batching.max_queue_rows or DEFAULT_QUEUE_BATCHES * self.max_batch_size
 
 
 class ServerConfig(BaseSettings):
