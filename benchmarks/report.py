@@ -55,7 +55,7 @@ class Table:
 
 @dataclass
 class TargetCheck:
-    """A target of the issue, the measured value and whether it was met in this run."""
+    """A benchmark target, the measured value and whether it was met in this run."""
 
     target: str
     measured: str
