@@ -46,7 +46,7 @@ class Settings:
     @classmethod
     def make(cls, quick: bool) -> Settings:
         if quick:
-            return cls(quick, (1, 4), ("remote_predict", "cached_pandas_udf"), 2048, memory_batches=5)
+            return cls(quick, (1, 4), ("remote_predict",), 2048, memory_batches=5)
         return cls(quick, (1, 4, 16), tuple(LABELS), 4096, memory_batches=30)
 
 
