@@ -53,9 +53,11 @@ matplotlib; py-spy (optional) adds sampled profiles.
 **Read ratios, not absolute figures.** The numbers were measured on a shared machine with two cores
 and no GPU, while other work was running: the load average at the start of each comparison is
 recorded under it. Between runs, throughput moves by 15-20% or more; a ratio measured within one
-run (both contenders under the same conditions) is much steadier. Targets are stated as ratios for
-this reason. A target that is missed stays a target: the section says so and shows where the time
-goes.
+run (both contenders under the same conditions) is much steadier, and CPU time per unit of work
+steadier still, which is why the tables give it next to the rates. Resident memory moves too, by up
+to 15% between runs (it counts the shared-library pages the kernel maps, which depends on the page
+cache), while the ratios between contenders hold. Targets are stated as ratios for this reason. A
+target that is missed stays a target: the section says so and shows where the time goes.
 """
 
 
