@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +26,17 @@ _PREFIX = re.compile(r"^.*?/(site-packages|lib/python3\.\d+)/")
 _PROJECT_PREFIXES = ("services/", "udfserve/", "spark_client/", "benchmarks/")
 
 
+def py_spy_path() -> str | None:
+    """py-spy from PATH, else the one installed next to this interpreter (a venv not activated)."""
+    found = shutil.which("py-spy")
+    if found is None:
+        candidate = Path(sys.executable).parent / "py-spy"
+        found = str(candidate) if candidate.exists() else None
+    return found
+
+
 def py_spy_available() -> bool:
-    return shutil.which("py-spy") is not None
+    return py_spy_path() is not None
 
 
 @dataclass
@@ -128,7 +138,7 @@ class SampledProfile:
         self.pid = pid
         self.output = output
         self._command = [
-            "py-spy",
+            py_spy_path() or "py-spy",
             "record",
             "--pid",
             str(pid),
