@@ -40,6 +40,11 @@ class ClientConfig(BaseModel):
         description="gRPC target of the server ('unix:///path' or 'host:port'); beats every other way "
         "of finding a server",
     )
+    protocol: Literal["arrow", "kserve"] = Field(
+        default="arrow",
+        description="'arrow': udfserve's Arrow stream; 'kserve': the KServe v2 gRPC protocol, spoken by "
+        "udfserve (same port) and by NVIDIA Triton (needs the 'kserve' extra: tritonclient)",
+    )
     discovery_file: str | None = Field(
         default=None,
         description="the node's discovery file; default: UDFSERVE_DISCOVERY_FILE, then "

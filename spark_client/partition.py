@@ -26,16 +26,10 @@ from spark_client.credentials import auth_metadata
 from spark_client.errors import RemotePredictError, ServerUnavailable
 from spark_client.job_context import SparkJobContext
 from spark_client.metadata import ModelSpec
+from spark_client.protocols import open_stream
 from spark_client.routing import NoServerFound, TaskPlacement, fallback_repository, resolve_route
 from spark_client.stats import ClientStats
-from spark_client.transport import (
-    ConnectFailed,
-    HeldBatch,
-    PredictStream,
-    StreamFailed,
-    connect,
-    forget_channel,
-)
+from spark_client.transport import ConnectFailed, HeldBatch, PredictStream, StreamFailed, forget_channel
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +181,7 @@ class _PartitionRunner:
     def _open_stream(self, target: str) -> PredictStream | None:
         self._failure.tried.append(target)
         try:
-            channel, _ = connect(target, self._config, self._job.model, self._metadata)
+            stream = open_stream(target, self._config, self._job.model, self._metadata)
         except ConnectFailed as exc:
             self._server_failed(target, "connect_failed", f"could not connect: {exc}")
             return None
@@ -200,7 +194,7 @@ class _PartitionRunner:
                 self._cpu_batches,
             )
             self._on_cpu = False
-        return PredictStream(channel, target, self._job.model, self._config, self._metadata)
+        return stream
 
     def _server_failed(self, target: str, kind: str, cause: str) -> None:
         self._failed_since_last_batch.add(target)

@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 ADDRESS_ENV = "UDFSERVE_ADDRESS"
 SPARK_CONF_ADDRESS = "spark.udfserve.address"
+SPARK_CONF_PROTOCOL = "spark.udfserve.protocol"
 SPARK_CONF_DISCOVERY_FILE = "spark.udfserve.discoveryFile"
 SPARK_CONF_MODEL_REPOSITORY = "spark.udfserve.modelRepository"
 SPARK_CONF_AUTH_TOKEN = "spark.udfserve.authToken"
@@ -47,7 +48,7 @@ _SPARK_CONF_PATHS = {
     SPARK_CONF_TLS_CLIENT_CERTIFICATE_FILE: "tls_client_certificate_file",
     SPARK_CONF_TLS_CLIENT_KEY_FILE: "tls_client_key_file",
 }
-SPARK_CONF_KEYS = (SPARK_CONF_ADDRESS, SPARK_CONF_AUTH_TOKEN, *_SPARK_CONF_PATHS)
+SPARK_CONF_KEYS = (SPARK_CONF_ADDRESS, SPARK_CONF_PROTOCOL, SPARK_CONF_AUTH_TOKEN, *_SPARK_CONF_PATHS)
 """Every Spark conf key the driver reads when a UDF is built."""
 
 
@@ -86,6 +87,9 @@ def apply_spark_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientCon
     if config.address is None and conf.get(SPARK_CONF_ADDRESS):
         update["address"] = check_target(conf[SPARK_CONF_ADDRESS], SPARK_CONF_ADDRESS)
         used.append(SPARK_CONF_ADDRESS)
+    if "protocol" not in config.model_fields_set and conf.get(SPARK_CONF_PROTOCOL):
+        update["protocol"] = conf[SPARK_CONF_PROTOCOL].strip()
+        used.append(SPARK_CONF_PROTOCOL)
     has_token = config.auth_token is not None or config.auth_token_file is not None
     for key, field in _SPARK_CONF_PATHS.items():
         if field == "auth_token_file" and has_token:
@@ -99,7 +103,7 @@ def apply_spark_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientCon
     if not update:
         return config
     try:
-        return ClientConfig.model_validate({**config.model_dump(), **update})
+        return ClientConfig.model_validate({**config.model_dump(exclude_unset=True), **update})
     except ValueError as exc:
         raise ValueError(
             f"the Spark conf ({', '.join(used)}) does not make a valid ClientConfig: {exc}"

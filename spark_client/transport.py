@@ -1,8 +1,11 @@
-"""gRPC to a model server: a channel per worker process and target, and one Predict stream per partition.
+"""gRPC to a model server: a channel per worker process and target, and one stream per partition.
 
 A ``PredictStream`` keeps up to ``max_in_flight`` batches of a partition held at once: sent
 and awaiting an answer, waiting to be resent after RESOURCE_EXHAUSTED, or answered and waiting
 for the batches before them. Answers are paired with batches by id and yielded in input order.
+How the batches travel is the ``Wire``'s business: ``ArrowWire`` here (udfserve's bidirectional
+``Predict`` stream of Arrow IPC payloads), ``KServeWire`` in ``kserve_transport.py``. A batch is
+encoded when it is sent, and again if it is resent, so only the Arrow batch is held meanwhile.
 
 When the server answers a batch UNAVAILABLE or INTERNAL (it is draining, or broken) the stream
 stops sending but still waits for the batches the server already accepted, which a draining
@@ -20,9 +23,10 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import pyarrow as pa
@@ -126,25 +130,32 @@ def forget_channel(target: str, config: ClientConfig) -> None:
         channel.close()
 
 
+Described = TypeVar("Described")
+
+
 def connect(
-    target: str, config: ClientConfig, model: str, metadata: Metadata = ()
-) -> tuple[grpc.Channel, ModelSpec]:
-    """A channel to ``target`` whose server has ``model`` ready, and the model's spec.
+    target: str,
+    config: ClientConfig,
+    model: str,
+    metadata: Metadata = (),
+    describe: Callable[[grpc.Channel, str, str, int, float, Metadata], Described] | None = None,
+) -> tuple[grpc.Channel, Described]:
+    """A channel to ``target`` whose server has ``model`` ready, and the model as ``describe`` tells it.
 
     Asking for the model's metadata is the connection check: it fails fast when nothing
     listens, and it proves the server can answer for this model before any batch is sent.
-    Raises ``ConnectFailed`` with the reason, or ``AuthenticationFailed`` when the server
-    refuses the client's token or certificate.
+    ``describe`` is the protocol's way of asking (default: the Arrow protocol's
+    ``fetch_model_spec``). Raises ``ConnectFailed`` with the reason, or ``AuthenticationFailed``
+    when the server refuses the client's token or certificate.
     """
+    ask: Callable[..., Any] = describe or fetch_model_spec
     if target.startswith("unix:"):
         path = Path(target.removeprefix("unix:").removeprefix("//"))
         if not path.exists():
             raise ConnectFailed(f"{target}: socket file {path} does not exist")
     channel = channel_for(target, config)
     try:
-        spec = fetch_model_spec(
-            channel, target, model, config.model_version, config.connect_timeout_s, metadata
-        )
+        described = ask(channel, target, model, config.model_version, config.connect_timeout_s, metadata)
     except ModelMetadataError as exc:
         forget_channel(target, config)
         if exc.code in {c.name for c in AUTH_ERROR_CODES}:
@@ -154,7 +165,7 @@ def connect(
                 exc.code,
             ) from None
         raise ConnectFailed(str(exc)) from None
-    return channel, spec
+    return channel, described
 
 
 def fetch_model_spec(
@@ -187,9 +198,48 @@ def fetch_model_spec(
 
 
 @dataclass
+class Reply:
+    """A server's answer to one batch, whatever the protocol: a result, or an error with its code."""
+
+    batch_id: int
+    result: pa.RecordBatch | None = None
+    code: grpc.StatusCode | None = None
+    message: str = ""
+    unreadable: str = ""
+    """Set when the answer could not be read: the reason (the stream fails, ``bad_answer``)."""
+
+
+class StreamBroken(Exception):
+    """The call itself ended with a status (the connection reset, the server killed)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class Wire(Protocol):
+    """How one protocol carries a partition's batches; ``PredictStream`` does the rest.
+
+    ``open`` starts the call; from then on the wire puts ``Reply``, ``StreamBroken`` or ``END``
+    (the server closed a stream normally) into ``events``, from any thread. ``send`` encodes the
+    batch when it is sent, so that only the Arrow batch is held while it waits for its answer.
+    """
+
+    def open(self, events: queue.Queue[object]) -> None: ...
+
+    def send(self, batch_id: int, batch: pa.RecordBatch) -> None: ...
+
+    def finish(self) -> bool:
+        """No more batches: end the call; True when it ended cleanly."""
+        ...
+
+    def cancel(self) -> None: ...
+
+
+@dataclass
 class _Slot:
     held: HeldBatch
-    payload: bytes = b""
     batch_id: int | None = None
     sent_at_s: float = 0.0
     retry_since_s: float | None = None
@@ -216,20 +266,17 @@ class _Closing:
     kind: str
 
 
-_END = object()
+END = object()
 
 
 class PredictStream:
-    """One bidirectional Predict call carrying a partition's batches; use once."""
+    """A partition's batches through one ``Wire`` to one server; use once."""
 
-    def __init__(
-        self, channel: grpc.Channel, target: str, model: str, config: ClientConfig, metadata: Metadata = ()
-    ) -> None:
-        self._stub = pb_grpc.InferenceStub(channel)
+    def __init__(self, wire: Wire, target: str, model: str, config: ClientConfig) -> None:
+        self._wire = wire
         self._target = target
         self._model = model
         self._config = config
-        self._metadata = metadata
         self._ids = itertools.count(1)
         self._closing: _Closing | None = None
         self.counters = StreamCounters()
@@ -242,11 +289,8 @@ class PredictStream:
         what has been yielded; after ``StreamFailed`` the caller goes on reading it where the
         stream stopped.
         """
-        outbox: queue.Queue[pb.PredictRequest | None] = queue.Queue()
         events: queue.Queue[object] = queue.Queue()
-        call = self._stub.Predict(_drain(outbox), metadata=self._metadata)
-        reader = threading.Thread(target=_read_responses, args=(call, events), daemon=True)
-        reader.start()
+        self._wire.open(events)
         slots: dict[int, _Slot] = {}  # by sequence number
         in_flight: dict[int, int] = {}  # batch id -> sequence number
         resends: list[tuple[float, int]] = []
@@ -262,8 +306,7 @@ class PredictStream:
                         break
                     slots[next_seq] = _Slot(item)
                     if item.result is None:
-                        slots[next_seq].payload = encode_batch(item.batch)
-                        self._send(outbox, slots[next_seq], next_seq, in_flight)
+                        self._send(slots[next_seq], next_seq, in_flight)
                     next_seq += 1
                 if head in slots and slots[head].held.result is not None:
                     result = slots.pop(head).held.result
@@ -279,34 +322,23 @@ class PredictStream:
                 while self._closing is None and resends and resends[0][0] <= now:
                     _, seq = heapq.heappop(resends)
                     self.counters.resent += 1
-                    self._send(outbox, slots[seq], seq, in_flight)
+                    self._send(slots[seq], seq, in_flight)
                 event = self._next_event(events, slots, in_flight, resends, head)
                 if event is None:
                     continue
                 self._handle(event, slots, in_flight, resends, head)
-            outbox.put(None)
-            finished = self._wait_for_end(events)
+            finished = self._wire.finish()
         finally:
             if not finished:
-                call.cancel()
-                outbox.put(None)
+                self._wire.cancel()
 
     # -- sending and receiving -------------------------------------------------------------
-    def _send(
-        self, outbox: queue.Queue[pb.PredictRequest | None], slot: _Slot, seq: int, in_flight: dict[int, int]
-    ) -> None:
+    def _send(self, slot: _Slot, seq: int, in_flight: dict[int, int]) -> None:
         slot.batch_id = next(self._ids)
         slot.sent_at_s = time.monotonic()
         in_flight[slot.batch_id] = seq
         self.counters.sent += 1
-        outbox.put(
-            pb.PredictRequest(
-                model=self._model,
-                version=self._config.model_version,
-                batch_id=slot.batch_id,
-                arrow_ipc=slot.payload,
-            )
-        )
+        self._wire.send(slot.batch_id, slot.held.batch)
 
     def _next_event(
         self,
@@ -346,41 +378,40 @@ class PredictStream:
         resends: list[tuple[float, int]],
         head: int,
     ) -> None:
-        if event is _END:
+        if event is END:
             raise self._failed(
                 f"{self._target} closed the stream with batches unanswered", "stream_closed", slots, head
             )
-        if isinstance(event, grpc.RpcError):
-            code = event.code()
-            if code in AUTH_ERROR_CODES:
+        if isinstance(event, StreamBroken):
+            if event.code in AUTH_ERROR_CODES:
                 raise AuthenticationFailed(
-                    f"server {self._target} refused the Predict call for model {self._model!r} with "
-                    f"{code.name}: {event.details()}; set ClientConfig.auth_token or auth_token_file",
-                    code.name,
+                    f"server {self._target} refused the call for model {self._model!r} with "
+                    f"{event.code.name}: {event.details}; set ClientConfig.auth_token or auth_token_file",
+                    event.code.name,
                 )
             raise self._failed(
-                f"{self._target} broke the stream: {code.name}: {event.details()}",
-                f"stream_error:{code.name}",
+                f"{self._target} broke the stream: {event.code.name}: {event.details}",
+                f"stream_error:{event.code.name}",
                 slots,
                 head,
             )
-        assert isinstance(event, pb.PredictResponse)
+        assert isinstance(event, Reply)
         seq = in_flight.pop(event.batch_id, None)
         if seq is None:
             logger.warning("ignoring an answer from %s to unknown batch id %d", self._target, event.batch_id)
             return
         slot = slots[seq]
         slot.batch_id = None
-        if event.HasField("error"):
-            self._handle_error(event.error, slot, seq, slots, resends, head)
+        if event.code is not None:
+            self._handle_error(event.code, event.message, slot, seq, slots, resends, head)
             return
-        rows = slot.held.batch.num_rows
-        try:
-            result = decode_batch(event.arrow_ipc, "PredictResponse.arrow_ipc")
-        except ArrowPayloadError as exc:
+        if event.unreadable:
             raise self._failed(
-                f"{self._target} sent an unreadable answer: {exc}", "bad_answer", slots, head
-            ) from None
+                f"{self._target} sent an unreadable answer: {event.unreadable}", "bad_answer", slots, head
+            )
+        result = event.result
+        assert result is not None
+        rows = slot.held.batch.num_rows
         if result.num_rows != rows:
             raise self._failed(
                 f"{self._target} answered {result.num_rows} rows to a batch of {rows} rows",
@@ -394,14 +425,14 @@ class PredictStream:
 
     def _handle_error(
         self,
-        error: pb.Error,
+        code: grpc.StatusCode,
+        message: str,
         slot: _Slot,
         seq: int,
         slots: dict[int, _Slot],
         resends: list[tuple[float, int]],
         head: int,
     ) -> None:
-        code = _CODES_BY_NUMBER.get(error.code, grpc.StatusCode.UNKNOWN)
         if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
             now = time.monotonic()
             if slot.retry_since_s is None:
@@ -410,7 +441,7 @@ class PredictStream:
                 raise self._failed(
                     f"{self._target} kept answering RESOURCE_EXHAUSTED for "
                     f"{now - slot.retry_since_s:.1f} s (max_retry_time_s={self._config.max_retry_time_s:g}): "
-                    f"{error.message}",
+                    f"{message}",
                     "retry_time_exceeded",
                     slots,
                     head,
@@ -424,21 +455,20 @@ class PredictStream:
         if code in AUTH_ERROR_CODES:
             raise AuthenticationFailed(
                 f"server {self._target} refused a batch for model {self._model!r} with {code.name}: "
-                f"{error.message}",
+                f"{message}",
                 code.name,
             )
         if code in USER_ERROR_CODES:
             raise RequestRejected(
                 f"server {self._target} refused a batch of {slot.held.batch.num_rows} rows for model "
-                f"{self._model!r} with {code.name}: {error.message}",
+                f"{self._model!r} with {code.name}: {message}",
                 code.name,
             )
         if self._closing is None:
             # Draining (UNAVAILABLE) or broken (INTERNAL): what the server accepted before is still
             # answered, so collect it instead of computing it a second time elsewhere.
             self._closing = _Closing(
-                f"{self._target} answered a batch with {code.name}: {error.message}",
-                f"server_error:{code.name}",
+                f"{self._target} answered a batch with {code.name}: {message}", f"server_error:{code.name}"
             )
 
     def _failed(self, reason: str, kind: str, slots: dict[int, _Slot], head: int) -> StreamFailed:
@@ -446,13 +476,49 @@ class PredictStream:
         assert not slots or min(slots) == head
         return StreamFailed(reason, kind, held)
 
-    def _wait_for_end(self, events: queue.Queue[object]) -> bool:
-        """After the last answer, let the server close the stream; True if it did."""
+
+# -- the Arrow protocol ------------------------------------------------------------------------
+class ArrowWire:
+    """udfserve's own protocol: one bidirectional ``Predict`` stream of Arrow IPC payloads."""
+
+    def __init__(
+        self, channel: grpc.Channel, model: str, config: ClientConfig, metadata: Metadata = ()
+    ) -> None:
+        self._stub = pb_grpc.InferenceStub(channel)
+        self._model = model
+        self._version = config.model_version
+        self._end_timeout_s = config.connect_timeout_s
+        self._metadata = metadata
+        self._outbox: queue.Queue[pb.PredictRequest | None] = queue.Queue()
+        self._events: queue.Queue[object] | None = None
+        self._call: Any = None
+
+    def open(self, events: queue.Queue[object]) -> None:
+        self._events = events
+        self._call = self._stub.Predict(_drain(self._outbox), metadata=self._metadata)
+        threading.Thread(target=_read_responses, args=(self._call, events), daemon=True).start()
+
+    def send(self, batch_id: int, batch: pa.RecordBatch) -> None:
+        self._outbox.put(
+            pb.PredictRequest(
+                model=self._model, version=self._version, batch_id=batch_id, arrow_ipc=encode_batch(batch)
+            )
+        )
+
+    def finish(self) -> bool:
+        """Half-close, then let the server close the stream."""
+        self._outbox.put(None)
+        assert self._events is not None
         try:
-            event = events.get(timeout=self._config.connect_timeout_s)
+            event = self._events.get(timeout=self._end_timeout_s)
         except queue.Empty:
             return False
-        return event is _END
+        return event is END
+
+    def cancel(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+        self._outbox.put(None)
 
 
 def _drain(outbox: queue.Queue[pb.PredictRequest | None]) -> Iterator[pb.PredictRequest]:
@@ -465,10 +531,28 @@ def _drain(outbox: queue.Queue[pb.PredictRequest | None]) -> Iterator[pb.Predict
 
 
 def _read_responses(call: Iterator[pb.PredictResponse], events: queue.Queue[object]) -> None:
+    """Decode each answer on this thread, so the task's thread only pairs and yields them."""
     try:
         for response in call:
-            events.put(response)
+            events.put(_reply(response))
     except grpc.RpcError as exc:
-        events.put(exc)
+        events.put(StreamBroken(exc.code(), exc.details() or ""))
     else:
-        events.put(_END)
+        events.put(END)
+
+
+def _reply(response: pb.PredictResponse) -> Reply:
+    if response.HasField("error"):
+        code = _CODES_BY_NUMBER.get(response.error.code, grpc.StatusCode.UNKNOWN)
+        return Reply(response.batch_id, code=code, message=response.error.message)
+    try:
+        return Reply(response.batch_id, result=decode_batch(response.arrow_ipc, "PredictResponse.arrow_ipc"))
+    except ArrowPayloadError as exc:
+        return Reply(response.batch_id, unreadable=str(exc))
+
+
+def arrow_stream(
+    channel: grpc.Channel, target: str, model: str, config: ClientConfig, metadata: Metadata = ()
+) -> PredictStream:
+    """A ``PredictStream`` over udfserve's Arrow protocol."""
+    return PredictStream(ArrowWire(channel, model, config, metadata), target, model, config)

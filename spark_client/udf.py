@@ -31,6 +31,7 @@ from spark_client.errors import ModelMetadataError, ServerUnavailable
 from spark_client.job_context import SparkJobContext, application_context
 from spark_client.metadata import ModelSpec, Tensor
 from spark_client.partition import PredictJob, predict_partition
+from spark_client.protocols import DescribedModel, describe_model
 from spark_client.rechunk import Rechunker
 from spark_client.routing import (
     SPARK_CONF_KEYS,
@@ -42,7 +43,7 @@ from spark_client.routing import (
     resolve_route,
 )
 from spark_client.stats import ClientStats, new_accumulator
-from spark_client.transport import ConnectFailed, connect
+from spark_client.transport import ConnectFailed
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -211,12 +212,23 @@ def build_job(model: str, config: ClientConfig | None, overrides: Mapping[str, A
     application's id and name, and the accumulator the tasks count into."""
     base = config or ClientConfig()
     if overrides:
-        base = ClientConfig.model_validate({**base.model_dump(), **overrides})
+        base = ClientConfig.model_validate({**base.model_dump(exclude_unset=True), **overrides})
     spark = _active_session()
     full = apply_spark_conf(base, _spark_conf(spark))
+    described = describe_in_driver(model, full)
+    limit = described.max_rows_per_request
+    if limit and limit < full.rows_per_request:
+        logger.info(
+            "model %r takes at most %d rows per request (the server's max_batch_size); requests are cut to "
+            "that instead of rows_per_request=%d",
+            model,
+            limit,
+            full.rows_per_request,
+        )
+        full = full.model_copy(update={"rows_per_request": limit})
     return PredictJob(
         model=model,
-        spec=fetch_spec_in_driver(model, full),
+        spec=described.spec,
         config=full,
         application=application_context(spark),
         counters=_accumulator(spark),
@@ -233,7 +245,7 @@ def read_stats(job: PredictJob) -> ClientStats:
     return ClientStats().merge(job.counters.value)
 
 
-def fetch_spec_in_driver(model: str, config: ClientConfig) -> ModelSpec:
+def describe_in_driver(model: str, config: ClientConfig) -> DescribedModel:
     """The model's spec from a server the driver can reach, else from the repository on the CPU.
 
     Reading it from the repository imports TensorFlow in the driver; it is the price of a driver
@@ -252,7 +264,7 @@ def fetch_spec_in_driver(model: str, config: ClientConfig) -> ModelSpec:
         for target in route.targets + route.alternates:
             tried.append(target)
             try:
-                return connect(target, config, model, metadata)[1]
+                return describe_model(target, config, model, metadata)
             except ConnectFailed as exc:
                 cause = str(exc)
     if config.fallback == "error":
@@ -275,7 +287,7 @@ def fetch_spec_in_driver(model: str, config: ClientConfig) -> ModelSpec:
     )
     from spark_client.fallback import cpu_model_spec
 
-    return cpu_model_spec(repository, model, config.model_version)
+    return DescribedModel(cpu_model_spec(repository, model, config.model_version))
 
 
 # -- what runs in the executors --------------------------------------------------------------

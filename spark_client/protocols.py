@@ -1,0 +1,45 @@
+"""The one place that picks the protocol: udfserve's Arrow stream or KServe v2.
+
+Everything above this module (routing, fallback, re-chunking, counters) is the same for both;
+everything below it is one protocol's. ``tritonclient`` is imported only when a job speaks
+KServe v2, so the Arrow path keeps the Python worker as light as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spark_client.config import ClientConfig
+from spark_client.credentials import Metadata
+from spark_client.metadata import ModelSpec
+from spark_client.transport import PredictStream, arrow_stream, connect
+
+
+@dataclass(frozen=True)
+class DescribedModel:
+    """A model's spec, and the most rows one request may carry (0: no limit)."""
+
+    spec: ModelSpec
+    max_rows_per_request: int = 0
+
+
+def describe_model(target: str, config: ClientConfig, model: str, metadata: Metadata = ()) -> DescribedModel:
+    """The model as the server at ``target`` describes it; raises ``ConnectFailed`` as ``connect``."""
+    if config.protocol == "kserve":
+        from spark_client.kserve_transport import describe_kserve_model
+
+        _, kserve_model = connect(target, config, model, metadata, describe_kserve_model)
+        return DescribedModel(kserve_model.spec, kserve_model.max_batch_size)
+    _, spec = connect(target, config, model, metadata)
+    return DescribedModel(spec)
+
+
+def open_stream(target: str, config: ClientConfig, model: str, metadata: Metadata = ()) -> PredictStream:
+    """A connected ``PredictStream`` to ``target``; raises ``ConnectFailed`` as ``connect``."""
+    if config.protocol == "kserve":
+        from spark_client.kserve_transport import describe_kserve_model, kserve_stream
+
+        channel, kserve_model = connect(target, config, model, metadata, describe_kserve_model)
+        return kserve_stream(channel, target, kserve_model, config, metadata)
+    channel, _ = connect(target, config, model, metadata)
+    return arrow_stream(channel, target, model, config, metadata)
