@@ -20,7 +20,20 @@ DEFAULT_QUEUE_BATCHES = 64
 """Default queue bound, in full batches: room for the in-flight windows of several Spark tasks
 (each holds up to 4 x 4,096 rows by default) without refusing them, yet bounded."""
 
-SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+SUPPORTED_DTYPES = (
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "bool",
+    "string",
+)
+"""Tensor dtypes by their TensorFlow names. ``string`` is TensorFlow's ``tf.string``: byte strings,
+held in numpy as an object array of ``bytes`` (numpy has no variable-length string dtype)."""
 
 
 def validate_model_name(name: str) -> str:

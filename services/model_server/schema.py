@@ -16,7 +16,11 @@ Types (the values at the innermost level)
       names the column, the allowed range and the received range); floating-point values are
       refused rather than silently truncated.
     - bool inputs accept bool values only.
-    - strings, binary, decimals, dates and timestamps, structs, maps, dictionaries: refused.
+    - string inputs (TensorFlow's ``tf.string``) accept ``string``, ``large_string``, ``binary``,
+      ``large_binary`` and ``fixed_size_binary`` values, and give an object array of ``bytes``
+      (text as its UTF-8 bytes); numbers are refused rather than formatted.
+    - strings and binary for a numeric input, decimals, dates and timestamps, structs, maps,
+      dictionaries: refused.
 
 Shapes
     - A scalar input (shape ``()``) is a primitive column.
@@ -35,11 +39,20 @@ Values
 
 No value is converted row by row in Python: lists are checked through their offsets and the
 innermost values are reshaped in one piece. Where the received type is already the declared one
-the arrays are zero-copy, read-only views of the request's buffers.
+the arrays are zero-copy, read-only views of the request's buffers (string values are the one
+exception: numpy holds them as one ``bytes`` object each, which is what ``tf.string`` takes).
+
+Requests of one model mostly share one Arrow schema, so what can be decided from the schema
+alone (the column names, each column's nesting and value type, and whether it is the common
+case) is decided once and cached per (model, inputs, schema). For the common case, a column of
+the declared value type whose every list level has a declared fixed length, a request then
+costs a null count and one offsets comparison per level and one reshape; anything else, or any
+doubt, goes through the full check, which also writes every error message.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -52,20 +65,46 @@ from services.model_server.config import TensorSpec
 from services.model_server.errors import BackendFault, InvalidInput
 
 FREE_DIM = -1
+STRING_DTYPE = "string"
+PLAN_CACHE_SIZE = 256
+"""Conversion plans kept, least recently used out: far more than the (model, schema) pairs a
+server meets, yet bounded against clients that send a new schema with every request."""
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype holding a tensor of ``dtype``: ``string`` tensors are object arrays of bytes."""
+    return np.dtype(object) if dtype == STRING_DTYPE else np.dtype(dtype)
+
+
+def zeros(spec: TensorSpec, rows: int) -> np.ndarray:
+    """A ``(rows, *shape)`` array of ``spec`` filled with zeros (empty strings), free dims 1 row long
+    when ``rows`` > 0 and 0 otherwise: what warm-up calls and empty answers are made of."""
+    shape = (rows, *((1 if rows else 0) if dim == FREE_DIM else dim for dim in spec.shape))
+    if spec.dtype == STRING_DTYPE:
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, dtype=spec.dtype)
 
 
 def batch_to_inputs(
     batch: pa.RecordBatch, model_name: str, inputs: Sequence[TensorSpec]
 ) -> dict[str, np.ndarray]:
     """Check ``batch`` against the model's inputs and return one array per input, by name."""
+    plan = _plan(model_name, tuple(inputs), batch.schema)
+    return {name: column.convert(batch.column(index)) for name, index, column in plan}
+
+
+@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+def _plan(
+    model_name: str, inputs: tuple[TensorSpec, ...], schema: pa.Schema
+) -> tuple[tuple[str, int, _ColumnPlan], ...]:
+    """What the schema alone decides; a schema that is refused raises, and is not cached."""
     prefix = f"model '{model_name}': "
-    _check_column_names(batch.schema.names, [spec.name for spec in inputs], prefix)
-    return {
-        spec.name: _ColumnConverter(prefix, spec).convert(
-            batch.column(batch.schema.get_field_index(spec.name))
-        )
-        for spec in inputs
-    }
+    _check_column_names(schema.names, [spec.name for spec in inputs], prefix)
+    plan = []
+    for spec in inputs:
+        index = schema.get_field_index(spec.name)
+        plan.append((spec.name, index, _ColumnPlan(_ColumnConverter(prefix, spec), schema.field(index).type)))
+    return tuple(plan)
 
 
 def outputs_to_batch(outputs: Mapping[str, np.ndarray], specs: Sequence[TensorSpec]) -> pa.RecordBatch:
@@ -89,7 +128,7 @@ def outputs_to_batch(outputs: Mapping[str, np.ndarray], specs: Sequence[TensorSp
                 f"backend output '{spec.name}' has {array.shape[0]} rows but output '{first_name}' "
                 f"has {rows}; every output must have one row per input row"
             )
-        columns.append(_tensor_to_arrow(array.astype(spec.dtype, copy=False)))
+        columns.append(_tensor_to_arrow(array.astype(numpy_dtype(spec.dtype), copy=False), spec.dtype))
     return pa.RecordBatch.from_arrays(columns, names=[spec.name for spec in specs])
 
 
@@ -130,13 +169,127 @@ def _shape_text(shape: tuple[int, ...]) -> str:
     )
 
 
+def _is_string_type(arrow_type: pa.DataType) -> bool:
+    return (
+        pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+        or pa.types.is_binary(arrow_type)
+        or pa.types.is_large_binary(arrow_type)
+        or pa.types.is_fixed_size_binary(arrow_type)
+    )
+
+
+class _ColumnPlan:
+    """One column of one Arrow type: the common case converted directly, anything else (and every
+    refusal) through the full ``_ColumnConverter``."""
+
+    def __init__(self, converter: _ColumnConverter, column_type: pa.DataType) -> None:
+        self.converter = converter
+        self.rows_shape = converter.spec.shape
+        self.levels = self._common_case_levels(converter, column_type)
+        self.values_kind = "" if self.levels is None else self._values_kind(converter, column_type)
+        self._offsets_bytes: dict[tuple[int, int, int], bytes] = {}
+
+    @staticmethod
+    def _common_case_levels(
+        converter: _ColumnConverter, column_type: pa.DataType
+    ) -> tuple[tuple[int, int], ...] | None:
+        """Per list level, the length every list must have and the byte width of its offsets (0 for
+        a fixed-size list, whose type already guarantees the length); None when the column is not
+        the common case."""
+        shape = converter.spec.shape
+        if FREE_DIM in shape:
+            return None
+        depth, leaf_type = converter._list_depth(column_type)
+        try:
+            converter._check_value_type(leaf_type, column_type)
+        except InvalidInput:
+            return None
+        if depth == len(shape):
+            wanted: tuple[int, ...] = shape
+        elif depth == 1 and len(shape) > 1:
+            wanted = (math.prod(shape),)
+        else:
+            return None
+        levels: list[tuple[int, int]] = []
+        for length in wanted:
+            if pa.types.is_fixed_size_list(column_type):
+                if column_type.list_size != length:
+                    return None
+                levels.append((length, 0))
+            else:
+                levels.append((length, 8 if pa.types.is_large_list(column_type) else 4))
+            column_type = column_type.value_type
+        return tuple(levels)
+
+    @staticmethod
+    def _values_kind(converter: _ColumnConverter, column_type: pa.DataType) -> str:
+        """How the innermost values become the declared dtype: ``string``, ``cast`` (no value can be
+        out of range), ``narrow_float`` (may overflow to infinity, on purpose) or ``check`` (integers
+        that may not fit: narrowed, and compared with what was received)."""
+        if converter.spec.dtype == STRING_DTYPE:
+            return "string"
+        _, leaf_type = converter._list_depth(column_type)
+        source, target = np.dtype(leaf_type.to_pandas_dtype()), converter.target
+        if np.can_cast(source, target, casting="safe"):
+            return "cast"
+        return "narrow_float" if target.kind == "f" else "check"
+
+    def convert(self, column: pa.Array) -> np.ndarray:
+        levels = self.levels
+        if levels is None or column.null_count:
+            return self.converter.convert(column)
+        rows = count = len(column)
+        values = column
+        for length, offset_bytes in levels:
+            if offset_bytes:
+                expected = self._offsets(count, length, offset_bytes)
+                if values.offsets.to_numpy().tobytes() != expected:
+                    return self.converter.convert(column)  # ragged, sliced or of another length
+            count *= length
+            if values.offset:
+                values = values.flatten()
+            else:
+                values = values.values
+                if len(values) != count:
+                    values = values.slice(0, count)
+            if values.null_count:
+                return self.converter.convert(column)
+        kind = self.values_kind
+        if kind == "string":
+            array = _bytes_objects(values)
+        elif kind == "cast":
+            array = values.to_numpy(zero_copy_only=False).astype(self.converter.target, copy=False)
+        elif kind == "narrow_float":
+            with np.errstate(over="ignore"):  # documented: too large for a narrower float becomes +-inf
+                array = values.to_numpy(zero_copy_only=False).astype(self.converter.target)
+        else:
+            received = values.to_numpy(zero_copy_only=False)
+            array = received.astype(self.converter.target)
+            if not (array == received).all():  # some value did not fit: the converter names it
+                return self.converter.convert(column)
+        return array.reshape((rows, *self.rows_shape))
+
+    def _offsets(self, count: int, length: int, offset_bytes: int) -> bytes:
+        """The offsets of ``count`` lists of ``length`` from 0, as the buffer holds them."""
+        key = (count, length, offset_bytes)
+        expected = self._offsets_bytes.get(key)
+        if expected is None:
+            if len(self._offsets_bytes) >= 16:  # batch sizes vary little; keep a handful
+                self._offsets_bytes.clear()
+            dtype = np.dtype(np.int64 if offset_bytes == 8 else np.int32).newbyteorder("=")
+            expected = (np.arange(count + 1, dtype=dtype) * length).tobytes()
+            self._offsets_bytes[key] = expected
+        return expected
+
+
 class _ColumnConverter:
     """Converts one column; holds what every error message about it has to say."""
 
     def __init__(self, prefix: str, spec: TensorSpec) -> None:
         self.spec = spec
         self.prefix = f"{prefix}column '{spec.name}': "
-        self.target = np.dtype(spec.dtype)
+        self.target = numpy_dtype(spec.dtype)
 
     def convert(self, column: pa.Array) -> np.ndarray:
         rows = len(column)
@@ -181,7 +334,10 @@ class _ColumnConverter:
 
     def _check_value_type(self, leaf_type: pa.DataType, column_type: pa.DataType) -> None:
         kind = self.target.kind
-        if kind == "f":
+        if self.spec.dtype == STRING_DTYPE:
+            accepted = _is_string_type(leaf_type)
+            allowed = "string or binary"
+        elif kind == "f":
             accepted = pa.types.is_integer(leaf_type) or pa.types.is_floating(leaf_type)
             allowed = "integer or floating-point"
         elif kind in "iu":
@@ -285,6 +441,8 @@ class _ColumnConverter:
         return wanted
 
     def _values_to_numpy(self, leaf: pa.Array, per_row: int) -> np.ndarray:
+        if self.spec.dtype == STRING_DTYPE:
+            return _bytes_objects(leaf)
         values = leaf.to_numpy(zero_copy_only=False)
         narrowing = not np.can_cast(values.dtype, self.target, casting="safe")
         if self.target.kind in "iu" and narrowing and values.size:
@@ -301,6 +459,16 @@ class _ColumnConverter:
             return values.astype(self.target, copy=False)
 
 
+def _bytes_objects(values: pa.Array) -> np.ndarray:
+    """String or binary values as an object array of ``bytes``: text is cast to binary first (a
+    view of the same buffers), so nothing is decoded or re-encoded."""
+    if pa.types.is_string(values.type):
+        values = values.cast(pa.binary())
+    elif pa.types.is_large_string(values.type):
+        values = values.cast(pa.large_binary())
+    return values.to_numpy(zero_copy_only=False)
+
+
 def _check_output_shape(array: np.ndarray, spec: TensorSpec) -> None:
     shape = spec.shape
     per_row = tuple(array.shape[1:])
@@ -313,10 +481,12 @@ def _check_output_shape(array: np.ndarray, spec: TensorSpec) -> None:
         )
 
 
-def _tensor_to_arrow(array: np.ndarray) -> pa.Array:
-    """Nest fixed-size lists around the flat values; numeric values are not copied when contiguous."""
+def _tensor_to_arrow(array: np.ndarray, dtype: str) -> pa.Array:
+    """Nest fixed-size lists around the flat values; numeric values are not copied when contiguous,
+    string values (``bytes`` objects) become ``binary``."""
     array = np.ascontiguousarray(array)
-    result = pa.array(array.reshape(-1))
+    value_type = pa.binary() if dtype == STRING_DTYPE else None
+    result = pa.array(array.reshape(-1), type=value_type)
     for axis in range(array.ndim - 1, 0, -1):
         dim, length = array.shape[axis], math.prod(array.shape[:axis])
         result = pa.Array.from_buffers(pa.list_(result.type, dim), length, [None], children=[result])

@@ -130,6 +130,63 @@ def test_bool_input_takes_bool_values_only() -> None:
     assert "received type int8" in refused(pa.array([1, 0], pa.int8()), spec(dtype="bool"))
 
 
+# -- string values -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        pa.array(["héllo", ""], pa.string()),
+        pa.array(["héllo", ""], pa.large_string()),
+        pa.array(["héllo".encode(), b""], pa.binary()),
+        pa.array(["héllo".encode(), b""], pa.large_binary()),
+    ],
+    ids=["string", "large_string", "binary", "large_binary"],
+)
+def test_string_and_binary_columns_feed_a_string_input_as_bytes(array: pa.Array) -> None:
+    result = convert(array, spec(dtype="string"))
+    assert result.dtype == object
+    assert result.tolist() == ["héllo".encode(), b""]
+
+
+def test_lists_of_strings_feed_a_string_vector_input() -> None:
+    result = convert(pa.array([["a", "b"], ["c", "d"]]), spec(dtype="string", shape=(2,)))
+    assert result.shape == (2, 2)
+    assert result.tolist() == [[b"a", b"b"], [b"c", b"d"]]
+
+
+def test_flat_lists_of_strings_are_reshaped_to_a_string_matrix_input() -> None:
+    result = convert(pa.array([["a", "b", "c", "d"]]), spec(dtype="string", shape=(2, 2)))
+    assert result.tolist() == [[[b"a", b"b"], [b"c", b"d"]]]
+
+
+def test_null_string_is_refused_naming_its_row() -> None:
+    message = refused(pa.array(["a", None, "c"]), spec(dtype="string"))
+    assert "expected no nulls, received a null row 1" in message
+
+
+def test_null_string_inside_a_list_is_refused_naming_its_row() -> None:
+    message = refused(pa.array([["a"], ["b"], [None]]), spec(dtype="string", shape=(1,)))
+    assert "received a null value inside row 2" in message
+
+
+def test_numbers_are_refused_for_a_string_input_naming_expected_and_received() -> None:
+    message = refused(pa.array([1, 2], pa.int64()), spec(dtype="string"))
+    assert "column 'x'" in message
+    assert "a column of string scalars holding string or binary values" in message
+    assert "received type int64" in message
+
+
+def test_a_string_column_for_a_numeric_input_names_expected_and_received() -> None:
+    message = refused(pa.array(["0.5"]), spec(dtype="float32"))
+    assert "holding integer or floating-point values, received type string" in message
+
+
+def test_zero_rows_of_strings_give_an_empty_object_array() -> None:
+    result = convert(pa.array([], pa.list_(pa.string())), spec(dtype="string", shape=(3,)))
+    assert result.shape == (0, 3) and result.dtype == object
+
+
 @pytest.mark.parametrize(
     "array",
     [
@@ -268,6 +325,53 @@ def test_sliced_fixed_size_list_column_is_read_from_its_offset() -> None:
     np.testing.assert_array_equal(convert(column, spec(dtype="int64", shape=(2,))), [[1, 2], [3, 4]])
 
 
+# -- the same schema again -----------------------------------------------------------------------
+# Conversion plans are cached per (model, inputs, schema): a later request of a schema seen before
+# must still be checked in full.
+
+
+def test_ragged_lists_are_refused_after_a_valid_request_of_the_same_type() -> None:
+    convert(pa.array([[1.0, 2.0], [3.0, 4.0]]), spec(shape=(2,)))
+    message = refused(pa.array([[1.0, 2.0], [3.0]]), spec(shape=(2,)))
+    assert "expected lists of length 2, received length 1 in row 1" in message
+
+
+def test_lists_of_another_length_are_refused_after_a_valid_request_of_the_same_type() -> None:
+    convert(pa.array([[1.0, 2.0, 3.0]]), spec(shape=(3,)))
+    message = refused(pa.array([[1.0, 2.0], [3.0, 4.0]]), spec(shape=(3,)))
+    assert "expected lists of length 3, received length 2 in row 0" in message
+
+
+def test_a_null_is_refused_after_a_valid_request_of_the_same_type() -> None:
+    convert(pa.array([[1.0], [2.0]]), spec(shape=(1,)))
+    assert "received a null value inside row 1" in refused(pa.array([[1.0], [None]]), spec(shape=(1,)))
+
+
+def test_integers_out_of_range_are_refused_after_integers_that_fit() -> None:
+    convert(pa.array([1, 2], pa.int64()), spec(dtype="int8"))
+    message = refused(pa.array([1, -200], pa.int64()), spec(dtype="int8"))
+    assert "[-128, 127]" in message and "row 1" in message
+
+
+def test_a_sliced_column_is_read_from_its_offset_after_an_unsliced_one() -> None:
+    convert(pa.array([[5.0, 6.0]]), spec(shape=(2,)))
+    column = pa.array([[0.0, 0.0], [1.0, 2.0], [3.0, 4.0]]).slice(1)
+    np.testing.assert_array_equal(convert(column, spec(shape=(2,))), [[1.0, 2.0], [3.0, 4.0]])
+
+
+def test_a_sliced_nested_column_is_read_from_its_offset_after_an_unsliced_one() -> None:
+    convert(pa.array([[[5.0, 6.0]]]), spec(shape=(1, 2)))
+    column = pa.array([[[0.0, 0.0]], [[1.0, 2.0]], [[3.0, 4.0]]]).slice(1)
+    np.testing.assert_array_equal(convert(column, spec(shape=(1, 2))), [[[1.0, 2.0]], [[3.0, 4.0]]])
+
+
+def test_a_column_name_missing_is_refused_after_a_valid_request_of_the_model() -> None:
+    tensor = spec("a")
+    batch_to_inputs(one_column(pa.array([1.0]), "a"), "m", [tensor])
+    with pytest.raises(InvalidInput, match=r"missing input column\(s\) \['a'\]"):
+        batch_to_inputs(one_column(pa.array([1.0]), "b"), "m", [tensor])
+
+
 # -- outputs -------------------------------------------------------------------------------------
 
 
@@ -290,6 +394,13 @@ def test_matrix_output_becomes_nested_fixed_size_lists() -> None:
     values = np.arange(12, dtype=np.float64).reshape(3, 2, 2)
     batch = outputs_to_batch({"y": values}, [spec("y", "float64", shape=(2, -1))])
     assert batch.column(0).type == pa.list_(pa.list_(pa.float64(), 2), 2)
+    assert batch.column(0).to_pylist() == values.tolist()
+
+
+def test_string_output_becomes_a_binary_column() -> None:
+    values = np.array([[b"a", b"bc"], [b"", b"d"]], dtype=object)
+    batch = outputs_to_batch({"y": values}, [spec("y", "string", shape=(2,))])
+    assert batch.column(0).type == pa.list_(pa.binary(), 2)
     assert batch.column(0).to_pylist() == values.tolist()
 
 
