@@ -2,9 +2,10 @@
 
 The integration tests, the benchmarks and the quick start all serve these, so they cover the
 shapes people meet: a flat feature vector (``tabular_mlp``), a window of per-line vectors
-through a recurrent layer (``sequence_bilstm``), and several named inputs and outputs of
-different dtypes and ranks, scalars included (``multi_io``). Every model loads with
-``safe_mode=True``: no Lambda layers, no custom objects.
+through a recurrent layer (``sequence_bilstm``), several named inputs and outputs of
+different dtypes and ranks, scalars included (``multi_io``), and a string input (``text_hashing``:
+one text per row, hashed into an embedding, as a Spark string column feeds it). Every model
+loads with ``safe_mode=True``: no Lambda layers, no custom objects.
 
     python -m services.examples.generate_models --output ./model_repository
 """
@@ -70,6 +71,20 @@ def _multi_io() -> keras.Model:
     )
 
 
+TEXT_HASH_BINS = 1024
+
+
+def _text_hashing() -> keras.Model:
+    import keras
+
+    text = keras.Input(shape=(), dtype="string", name="text")
+    token = keras.layers.Hashing(num_bins=TEXT_HASH_BINS, name="hashing")(text)
+    vector = keras.layers.Embedding(TEXT_HASH_BINS, 16, name="text_embedding")(token)
+    hidden = keras.layers.Dense(16, activation="relu", name="hidden")(vector)
+    probabilities = keras.layers.Dense(3, activation="softmax", name="probabilities")(hidden)
+    return keras.Model(text, probabilities, name="text_hashing")
+
+
 # name -> (builder, seed, config.yaml contents)
 EXAMPLES: dict[str, tuple[Callable[[], Any], int, dict[str, Any]]] = {
     "tabular_mlp": (
@@ -80,12 +95,22 @@ EXAMPLES: dict[str, tuple[Callable[[], Any], int, dict[str, Any]]] = {
     "sequence_bilstm": (
         _sequence_bilstm,
         2,
-        {"max_batch_size": 256, "dynamic_batching": {"max_queue_delay_s": 0.002}},
+        # One call serves a whole 4,096-row request of the Spark client; 256 made it 16 calls.
+        {"max_batch_size": 4096, "dynamic_batching": {"max_queue_delay_s": 0.002}},
     ),
     "multi_io": (
         _multi_io,
         3,
         {"max_batch_size": 512, "dynamic_batching": {"max_queue_delay_s": 0.002}},
+    ),
+    "text_hashing": (
+        _text_hashing,
+        4,
+        {
+            "max_batch_size": 1024,
+            "dynamic_batching": {"max_queue_delay_s": 0.002},
+            "inputs": [{"name": "text", "dtype": "string", "shape": []}],
+        },
     ),
 }
 

@@ -4,6 +4,7 @@ message naming the model and the file."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +18,7 @@ from services.model_server.config import TensorSpec
 from services.model_server.errors import InvalidInput, ModelLoadError
 from services.model_server.repository import ModelSource, load_model, scan_repository
 
-KERAS_MODELS = ("tabular_mlp", "sequence_bilstm", "multi_io")
+KERAS_MODELS = ("tabular_mlp", "sequence_bilstm", "multi_io", "text_hashing")
 TOLERANCE = 1e-5
 
 
@@ -38,7 +39,10 @@ def random_inputs(specs: tuple[TensorSpec, ...], rows: int, seed: int = 0) -> di
     arrays = {}
     for spec in specs:
         shape = (rows, *spec.shape)
-        if spec.dtype.startswith("int"):
+        if spec.dtype == "string":
+            words = [f"word {index}".encode() for index in rng.integers(0, 50, size=math.prod(shape))]
+            arrays[spec.name] = np.array(words, dtype=object).reshape(shape)
+        elif spec.dtype.startswith("int"):
             arrays[spec.name] = rng.integers(0, 16, size=shape).astype(spec.dtype)
         else:
             arrays[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
@@ -105,6 +109,11 @@ def test_predictions_equal_keras_for_every_batch_size(
             "tabular_mlp_savedmodel",
             [("features", "float32", (64,))],
             [("probabilities", "float32", (8,))],
+        ),
+        (
+            "text_hashing",
+            [("text", "string", ())],
+            [("probabilities", "float32", (3,))],
         ),
     ],
 )
@@ -199,6 +208,50 @@ def test_declared_dtypes_are_cast_to_and_from_the_model(
     np.testing.assert_allclose(
         predicted["probabilities"], loaded["tabular_mlp"].predict(inputs)["probabilities"], atol=TOLERANCE
     )
+
+
+def test_a_savedmodel_with_a_string_signature_answers_like_its_keras_model(
+    sources: dict[str, ModelSource], loaded: dict[str, LoadedModel], tmp_path: Path
+) -> None:
+    keras_model = keras.saving.load_model(sources["text_hashing"].path / "model.keras", compile=False)
+    keras_model.export(str(tmp_path / "text_hashing" / "1"), format="tf_saved_model", verbose=False)
+    (tmp_path / "text_hashing" / "config.yaml").write_text("max_batch_size: 8\n", encoding="utf-8")
+    model = load_model(scan_repository(tmp_path).sources[0])
+    inputs = random_inputs(loaded["text_hashing"].inputs, 5)
+
+    assert [(spec.name, spec.dtype) for spec in model.inputs] == [("text", "string")]
+    exported = next(iter(model.predict(inputs).values()))
+    np.testing.assert_allclose(exported, keras_reference(sources["text_hashing"], inputs)["probabilities"])
+
+
+def test_text_and_bytes_of_the_same_strings_give_the_same_predictions(loaded: dict[str, LoadedModel]) -> None:
+    model = loaded["text_hashing"]
+    texts = ["héllo", "", "spark"]
+
+    as_bytes = model.predict({"text": np.array([t.encode() for t in texts], dtype=object)})
+    as_text = model.predict({"text": np.array(texts, dtype=object)})
+
+    np.testing.assert_array_equal(as_bytes["probabilities"], as_text["probabilities"])
+
+
+def test_config_declaring_a_number_for_a_string_input_is_refused_naming_both_dtypes(
+    sources: dict[str, ModelSource], tmp_path: Path
+) -> None:
+    source = copy_model(sources["text_hashing"], tmp_path, "inputs:\n  - {name: text, dtype: float32}\n")
+
+    with pytest.raises(ModelLoadError, match=r"input 'text' as float32, but the model's is string"):
+        load_model(source)
+
+
+def test_config_declaring_a_string_for_a_numeric_input_is_refused_naming_both_dtypes(
+    sources: dict[str, ModelSource], tmp_path: Path
+) -> None:
+    source = copy_model(
+        sources["tabular_mlp"], tmp_path, "inputs:\n  - {name: features, dtype: string, shape: [64]}\n"
+    )
+
+    with pytest.raises(ModelLoadError, match=r"input 'features' as string, but the model's is float32"):
+        load_model(source)
 
 
 def test_config_declaring_a_wrong_input_name_is_refused_naming_it(

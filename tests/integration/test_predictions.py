@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import grpc
 import numpy as np
+import pyarrow as pa
 import pytest
 from server_harness import batch_of, column_to_numpy, keras_reference, request, stream_predict
 
 from services.model_server.launcher import ServerProcess
 
-MAX_BATCH = {"tabular_mlp": 1024, "sequence_bilstm": 256, "multi_io": 512}
+MAX_BATCH = {"tabular_mlp": 1024, "sequence_bilstm": 4096, "multi_io": 512, "text_hashing": 1024}
 
 
 def example_inputs(model: str, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -19,6 +21,9 @@ def example_inputs(model: str, rows: int, seed: int = 0) -> dict[str, np.ndarray
         return {"features": rng.normal(size=(rows, 64)).astype(np.float32)}
     if model == "sequence_bilstm":
         return {"lines": rng.normal(size=(rows, 16, 32)).astype(np.float32)}
+    if model == "text_hashing":
+        words = [f"row {index} of the text column".encode() for index in rng.integers(0, 5000, size=rows)]
+        return {"text": np.array(words, dtype=object)}
     return {
         "numeric": rng.normal(size=(rows, 8)).astype(np.float32),
         "category": rng.integers(0, 16, size=rows).astype(np.int32),
@@ -76,3 +81,29 @@ def test_answers_on_one_stream_are_paired_with_their_batch_ids(server: ServerPro
         outputs = answers[batch_id].outputs
         assert outputs is not None
         assert outputs.num_rows == len(inputs["features"])
+
+
+def test_a_spark_string_column_is_answered_like_its_utf8_bytes(
+    server: ServerProcess, example_repository: Path
+) -> None:
+    texts = ["héllo wörld", "", "naïve café", "spark"]
+    column = pa.array(texts, pa.string())
+    answer = stream_predict(
+        f"unix://{server.unix_socket}", [request("text_hashing", pa.record_batch({"text": column}))]
+    )
+    outputs = answer[0].outputs
+    assert outputs is not None, answer[0].message
+    expected = keras_reference(
+        example_repository, "text_hashing", {"text": np.array([t.encode() for t in texts], dtype=object)}
+    )
+    got = column_to_numpy(outputs.column("probabilities"))
+    np.testing.assert_allclose(got, expected["probabilities"], atol=1e-5, rtol=1e-5)
+
+
+def test_a_null_text_is_refused_naming_the_column_and_the_row(server: ServerProcess) -> None:
+    column = pa.array(["a", None], pa.string())
+    answer = stream_predict(
+        f"unix://{server.unix_socket}", [request("text_hashing", pa.record_batch({"text": column}))]
+    )
+    assert answer[0].outputs is None and answer[0].code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "column 'text'" in answer[0].message and "null row 1" in answer[0].message

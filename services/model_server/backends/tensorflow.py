@@ -4,7 +4,8 @@ The model is wrapped in a ``tf.function`` with a fixed input signature (batch di
 traced and warmed up at load: a call is then 2-20x cheaper than ``model.predict`` or ``model(x)``,
 the first request pays no tracing, and calls from several worker threads are safe. Inputs and
 outputs are read from the model's signature unless config.yaml declares them, in which case the
-two must agree. Declared dtypes that differ from the model's are cast inside the graph.
+two must agree. Declared dtypes that differ from the model's are cast inside the graph; strings
+(``tf.string``, fed as object arrays of ``bytes``) and numbers never convert into each other.
 TensorFlow's own resource-exhausted error becomes ``DeviceOutOfMemory``, so the batcher can split
 the batch in halves without knowing the framework.
 """
@@ -25,6 +26,7 @@ from services.model_server import device
 from services.model_server.config import SUPPORTED_DTYPES, TensorSpec
 from services.model_server.errors import DeviceOutOfMemory, InvalidInput, ModelLoadError
 from services.model_server.repository import ModelSource
+from services.model_server.schema import STRING_DTYPE, zeros
 
 logger = logging.getLogger(__name__)
 
@@ -292,6 +294,13 @@ def _agreed_specs(
             + (f"; not declared: {missing}" if missing else "")
         )
     for spec in declared:
+        model_dtype = by_name[spec.name].dtype
+        if (spec.dtype == STRING_DTYPE) != (model_dtype == STRING_DTYPE):
+            wanted = STRING_DTYPE if model_dtype == STRING_DTYPE else "a numeric dtype"
+            raise _Mismatch(
+                f"config.yaml declares {kind} {spec.name!r} as {spec.dtype}, but the model's is "
+                f"{model_dtype}; strings and numbers do not convert into each other: declare {wanted}"
+            )
         model_shape = by_name[spec.name].shape
         if not _shape_fits(spec.shape, model_shape):
             raise _Mismatch(
@@ -339,7 +348,4 @@ def _oom_line(message: str) -> str:
 
 
 def _zeros(specs: tuple[TensorSpec, ...], rows: int) -> dict[str, np.ndarray]:
-    return {
-        spec.name: np.zeros((rows, *(1 if dim == -1 else dim for dim in spec.shape)), dtype=spec.dtype)
-        for spec in specs
-    }
+    return {spec.name: zeros(spec, rows) for spec in specs}
