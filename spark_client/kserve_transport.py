@@ -97,7 +97,8 @@ def describe_kserve_model(
 ) -> KServeModel:
     """The model's tensors from ``ModelMetadata``, refined by ``ModelConfig`` where the server has it.
 
-    ``ModelReady`` is the connection check, as ``GetModelMetadata`` is for the Arrow protocol.
+    ``ModelMetadata`` is the connection check, as ``GetModelMetadata`` is for the Arrow protocol
+    (NOT_FOUND names an unknown model); ``ModelReady`` then proves the model can infer.
     ``ModelConfig`` is Triton's extension: when the server does not implement it the metadata
     alone describes the model (per-row shapes as declared, no batch-size limit).
     """
@@ -115,10 +116,10 @@ def describe_kserve_model(
                 exc.code().name,
             ) from None
 
+    meta = call(stub.ModelMetadata, service_pb2.ModelMetadataRequest(name=model, version=wanted))
     ready = call(stub.ModelReady, service_pb2.ModelReadyRequest(name=model, version=wanted))
     if not ready.ready:
         raise ModelMetadataError(f"{where}: {described} is not ready; expected a model ready to infer")
-    meta = call(stub.ModelMetadata, service_pb2.ModelMetadataRequest(name=model, version=wanted))
     try:
         inputs, outputs = specs_from_metadata(meta)
         max_batch_size = 0

@@ -8,9 +8,11 @@ KServe v2, so the Arrow path keeps the Python worker as light as it was.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 from spark_client.config import ClientConfig
 from spark_client.credentials import Metadata
+from spark_client.errors import ClientSetupError
 from spark_client.metadata import ModelSpec
 from spark_client.transport import PredictStream, arrow_stream, connect
 
@@ -26,9 +28,8 @@ class DescribedModel:
 def describe_model(target: str, config: ClientConfig, model: str, metadata: Metadata = ()) -> DescribedModel:
     """The model as the server at ``target`` describes it; raises ``ConnectFailed`` as ``connect``."""
     if config.protocol == "kserve":
-        from spark_client.kserve_transport import describe_kserve_model
-
-        _, kserve_model = connect(target, config, model, metadata, describe_kserve_model)
+        kserve = _kserve()
+        _, kserve_model = connect(target, config, model, metadata, kserve.describe_kserve_model)
         return DescribedModel(kserve_model.spec, kserve_model.max_batch_size)
     _, spec = connect(target, config, model, metadata)
     return DescribedModel(spec)
@@ -37,9 +38,19 @@ def describe_model(target: str, config: ClientConfig, model: str, metadata: Meta
 def open_stream(target: str, config: ClientConfig, model: str, metadata: Metadata = ()) -> PredictStream:
     """A connected ``PredictStream`` to ``target``; raises ``ConnectFailed`` as ``connect``."""
     if config.protocol == "kserve":
-        from spark_client.kserve_transport import describe_kserve_model, kserve_stream
-
-        channel, kserve_model = connect(target, config, model, metadata, describe_kserve_model)
-        return kserve_stream(channel, target, kserve_model, config, metadata)
+        kserve = _kserve()
+        channel, kserve_model = connect(target, config, model, metadata, kserve.describe_kserve_model)
+        return kserve.kserve_stream(channel, target, kserve_model, config, metadata)
     channel, _ = connect(target, config, model, metadata)
     return arrow_stream(channel, target, model, config, metadata)
+
+
+def _kserve() -> ModuleType:
+    try:
+        from spark_client import kserve_transport
+    except ImportError as exc:
+        raise ClientSetupError(
+            f"protocol='kserve' needs tritonclient's gRPC code where the call is made ({exc}); install "
+            "udfserve with the 'kserve' extra (pip install 'udfserve[kserve]') on the driver and executors"
+        ) from exc
+    return kserve_transport

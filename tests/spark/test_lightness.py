@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 from spark_data import feature_column
@@ -12,13 +13,14 @@ from services.model_server.launcher import ServerProcess
 from spark_client import ClientConfig, arrow_predictor
 
 
+@pytest.mark.parametrize("protocol", ["arrow", "kserve"])
 def test_a_worker_that_predicts_through_the_server_never_imports_tensorflow(
-    spark: SparkSession, server: ServerProcess
+    spark: SparkSession, server: ServerProcess, protocol: str
 ) -> None:
     """The check runs in the worker, after its predictions, in the same Arrow function; the fallback
     is off, so a CPU fallback cannot have answered instead (it would import TensorFlow)."""
     predictor = arrow_predictor(
-        "tabular_mlp", config=ClientConfig(address=server.grpc_target(), fallback="error")
+        "tabular_mlp", config=ClientConfig(address=server.grpc_target(), fallback="error", protocol=protocol)
     )
 
     def predict_then_list_heavy_modules(batches: Iterator[object]) -> Iterator[object]:
