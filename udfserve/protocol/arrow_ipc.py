@@ -11,6 +11,10 @@ declares its own uncompressed size in 8 bytes, so a few bytes could make the rea
 and fill gigabytes (a decompression bomb), and our encoder never compresses. A batch may not
 declare more rows than its payload has bits: rows of lists of length zero take no bytes, and
 a few hundred bytes could otherwise declare 2**62 rows for the receiver to cut into chunks.
+
+Decoding sits on every request's path, so the payload is read once: its messages are read and
+checked one by one and the batch is built from the message already read; a schema checked once
+is kept by its bytes, since a client repeats one schema in every request.
 """
 
 from __future__ import annotations
@@ -22,10 +26,16 @@ import pyarrow as pa
 # Arrow's Message flatbuffer (format/Message.fbs): field slots of the tables read below.
 _MESSAGE_HEADER_TYPE_SLOT = 1  # the union ``header`` takes two slots: its type, then its offset
 _MESSAGE_HEADER_SLOT = 2
-_DICTIONARY_BATCH = 2  # MessageHeader union members
+_SCHEMA = 1  # MessageHeader union members
+_DICTIONARY_BATCH = 2
 _RECORD_BATCH = 3
 _DICTIONARY_BATCH_DATA_SLOT = 1  # DictionaryBatch.data: RecordBatch
 _RECORD_BATCH_COMPRESSION_SLOT = 3  # RecordBatch.compression: BodyCompression, absent when uncompressed
+_SCHEMA_ENDIANNESS_SLOT = 0  # Schema.endianness: a short, Little (0) when absent
+_LITTLE_ENDIAN = 0
+_KNOWN_SCHEMAS: dict[bytes, tuple[pa.Schema, bool]] = {}
+_KNOWN_SCHEMAS_MAX = 64
+_KNOWN_SCHEMA_MAX_BYTES = 1 << 16
 # Arrow types pyarrow has no array class for (it reads month_day_nano_interval only), by Arrow's
 # own names for them; pyarrow has no predicate for them.
 _UNREADABLE_TYPES = frozenset({"month_interval", "day_time_interval"})
@@ -49,31 +59,25 @@ def decode_batch(payload: bytes, what: str = "arrow_ipc") -> pa.RecordBatch:
         raise ArrowPayloadError(f"{what} is empty; expected an Arrow IPC stream holding one record batch")
     buffer = pa.py_buffer(payload)
     try:
-        _refuse_compressed_bodies(buffer, what)
-        reader = pa.ipc.open_stream(buffer)
-        _check_fields(reader.schema, what)
-        batches = list(reader)
+        schema, count, batch = _read_stream(buffer, what)
     except ArrowPayloadError:
         raise
     except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         raise ArrowPayloadError(
             f"{what} is not a valid Arrow IPC stream ({len(payload)} bytes): {exc}"
         ) from exc
-    if len(batches) == 0:
+    if count == 0:
         # A stream with a schema and no batch is how an empty batch travels when a writer
         # skipped it; treat it as zero rows of that schema.
         try:
-            return pa.RecordBatch.from_pylist([], schema=reader.schema)
+            return pa.RecordBatch.from_pylist([], schema=schema)
         except pa.ArrowException as exc:  # pyarrow cannot build empty columns of some types (unions)
             raise ArrowPayloadError(
                 f"{what} holds a schema and no record batch, and no empty batch of that schema can be "
                 f"made: {exc}; send one record batch"
             ) from exc
-    if len(batches) > 1:
-        raise ArrowPayloadError(
-            f"{what} holds {len(batches)} record batches; expected exactly one per message"
-        )
-    batch = batches[0]
+    if batch is None:
+        raise ArrowPayloadError(f"{what} holds {count} record batches; expected exactly one per message")
     if batch.num_rows > 8 * len(payload):
         # Arrow lets rows take no bytes at all (null columns, lists of length zero): bounded by the
         # payload's bits, a row count is never more than the message size allows any real data.
@@ -86,6 +90,71 @@ def decode_batch(payload: bytes, what: str = "arrow_ipc") -> pa.RecordBatch:
     except pa.ArrowException as exc:
         raise ArrowPayloadError(f"{what} holds a malformed record batch: {exc}") from exc
     return batch
+
+
+def _read_stream(buffer: pa.Buffer, what: str) -> tuple[pa.Schema, int, pa.RecordBatch | None]:
+    """The stream's schema, the number of record batches it holds, and the batch when it holds
+    exactly one. Each message is read once: the batch is built from the message already read and
+    checked, unless the stream needs pyarrow's stream reader (dictionaries, big-endian data).
+    Every record or dictionary batch is checked for a compressed body before anything reads it."""
+    source = pa.BufferReader(buffer)
+    first = _next_message(source)
+    if first is None or first.type != "schema":
+        received = "the end of the stream" if first is None else f"a {first.type} message"
+        raise ArrowPayloadError(
+            f"{what} is not a valid Arrow IPC stream ({buffer.size} bytes): expected a schema message "
+            f"first, received {received}"
+        )
+    schema, needs_stream_reader = _schema_of(first, what)
+    batch_messages: list[pa.Message] = []
+    while (message := _next_message(source)) is not None:
+        kind = message.type
+        if kind not in ("record batch", "dictionary"):
+            raise ArrowPayloadError(
+                f"{what} is not a valid Arrow IPC stream ({buffer.size} bytes): expected record batch "
+                f"messages after the schema, received a {kind} message"
+            )
+        _refuse_compressed_body(message, what)
+        if kind == "dictionary":
+            needs_stream_reader = True  # pyarrow reads dictionary batches only through its readers
+        else:
+            batch_messages.append(message)
+    if needs_stream_reader:
+        batches = list(pa.ipc.open_stream(buffer))
+        return schema, len(batches), batches[0] if len(batches) == 1 else None
+    if len(batch_messages) != 1:
+        return schema, len(batch_messages), None
+    return schema, 1, pa.ipc.read_record_batch(batch_messages[0], schema)
+
+
+def _next_message(source: pa.BufferReader) -> pa.Message | None:
+    """The next message of the stream; None at its end (the end marker, or no bytes left)."""
+    try:
+        return pa.ipc.read_message(source)
+    except EOFError:
+        return None
+
+
+def _schema_of(message: pa.Message, what: str) -> tuple[pa.Schema, bool]:
+    """The checked schema of a schema message, and whether its data must go through pyarrow's
+    stream reader (it is big-endian: only that reader swaps it to the native order). Requests of
+    one client repeat one schema, so checked schemas are kept by their metadata bytes."""
+    key = message.metadata.to_pybytes()
+    known = _KNOWN_SCHEMAS.get(key)
+    if known is not None:
+        return known
+    schema = pa.ipc.read_schema(message)
+    _check_fields(schema, what)
+    try:
+        big_endian = _declares_big_endian(key)
+    except (struct.error, IndexError) as exc:
+        raise ArrowPayloadError(f"{what} holds a malformed schema message: {exc}") from exc
+    checked = (schema, big_endian)
+    if len(key) <= _KNOWN_SCHEMA_MAX_BYTES:
+        if len(_KNOWN_SCHEMAS) >= _KNOWN_SCHEMAS_MAX:
+            _KNOWN_SCHEMAS.clear()  # bounded against a client sending a new schema every time
+        _KNOWN_SCHEMAS[key] = checked
+    return checked
 
 
 def _check_fields(schema: pa.Schema, what: str) -> None:
@@ -110,24 +179,34 @@ def _check_fields(schema: pa.Schema, what: str) -> None:
         pending.extend(field_type.field(index) for index in range(field_type.num_fields))
 
 
-def _refuse_compressed_bodies(buffer: pa.Buffer, what: str) -> None:
-    """Read each message's metadata (pyarrow verifies the flatbuffer) and refuse the stream if a
-    record or dictionary batch declares a compressed body."""
-    for message in pa.ipc.MessageReader.open_stream(buffer):
-        if message.type not in ("record batch", "dictionary"):
-            continue
-        try:
-            codec_declared = _declares_compression(message.metadata.to_pybytes())
-        except (struct.error, IndexError) as exc:
-            raise ArrowPayloadError(f"{what} holds a malformed {message.type} message: {exc}") from exc
-        if codec_declared:
-            raise ArrowPayloadError(
-                f"{what} holds a compressed {message.type}; expected an uncompressed Arrow IPC stream "
-                "(compressed bodies are not accepted: encode with the default IpcWriteOptions)"
-            )
+def _refuse_compressed_body(message: pa.Message, what: str) -> None:
+    """Refuse a record or dictionary batch message that declares a compressed body (pyarrow has
+    verified its metadata flatbuffer when it read the message)."""
+    try:
+        codec_declared = _declares_compression(memoryview(message.metadata))
+    except (struct.error, IndexError) as exc:
+        raise ArrowPayloadError(f"{what} holds a malformed {message.type} message: {exc}") from exc
+    if codec_declared:
+        raise ArrowPayloadError(
+            f"{what} holds a compressed {message.type}; expected an uncompressed Arrow IPC stream "
+            "(compressed bodies are not accepted: encode with the default IpcWriteOptions)"
+        )
 
 
-def _declares_compression(metadata: bytes) -> bool:
+def _declares_big_endian(metadata: bytes) -> bool:
+    """Whether a Message flatbuffer holding a Schema declares big-endian data."""
+    root = struct.unpack_from("<I", metadata, 0)[0]
+    type_at = _field_position(metadata, root, _MESSAGE_HEADER_TYPE_SLOT)
+    header_at = _field_position(metadata, root, _MESSAGE_HEADER_SLOT)
+    if type_at is None or metadata[type_at] != _SCHEMA or header_at is None:
+        return False
+    endianness_at = _field_position(metadata, _table_at(metadata, header_at), _SCHEMA_ENDIANNESS_SLOT)
+    return (
+        endianness_at is not None and struct.unpack_from("<h", metadata, endianness_at)[0] != _LITTLE_ENDIAN
+    )
+
+
+def _declares_compression(metadata: bytes | memoryview) -> bool:
     """Whether a Message flatbuffer holding a RecordBatch or DictionaryBatch sets ``compression``."""
     root = struct.unpack_from("<I", metadata, 0)[0]
     type_at = _field_position(metadata, root, _MESSAGE_HEADER_TYPE_SLOT)
@@ -144,7 +223,7 @@ def _declares_compression(metadata: bytes) -> bool:
     return _field_position(metadata, table, _RECORD_BATCH_COMPRESSION_SLOT) is not None
 
 
-def _field_position(metadata: bytes, table: int, slot: int) -> int | None:
+def _field_position(metadata: bytes | memoryview, table: int, slot: int) -> int | None:
     """Where field ``slot`` of the flatbuffer table at ``table`` is stored; None when absent."""
     vtable = table - struct.unpack_from("<i", metadata, table)[0]
     vtable_bytes = struct.unpack_from("<H", metadata, vtable)[0]
@@ -155,6 +234,6 @@ def _field_position(metadata: bytes, table: int, slot: int) -> int | None:
     return table + offset if offset else None
 
 
-def _table_at(metadata: bytes, position: int) -> int:
+def _table_at(metadata: bytes | memoryview, position: int) -> int:
     """The table an offset field at ``position`` points to."""
     return position + struct.unpack_from("<I", metadata, position)[0]

@@ -1,0 +1,79 @@
+"""``decode_batch`` reads each message of a payload once; the streams that need pyarrow's own
+stream reader (dictionaries) and the malformed sequences of messages are still answered exactly.
+
+The hostile payloads (random, truncated, forged lengths, compressed) are in ``test_hostile_input.py``.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
+
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def two_batch_stream(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def encode_schema_only(schema: pa.Schema) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema):
+        pass
+    return sink.getvalue().to_pybytes()
+
+
+def test_a_batch_decodes_to_the_batch_that_was_encoded() -> None:
+    batch = pa.record_batch({"features": pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float32()))})
+    assert decode_batch(encode_batch(batch)).equals(batch)
+
+
+def test_a_repeated_schema_decodes_every_payload_to_its_own_values() -> None:
+    first = pa.record_batch({"x": pa.array([1.0, 2.0], pa.float32())})
+    second = pa.record_batch({"x": pa.array([5.0], pa.float32())})
+    assert decode_batch(encode_batch(first)).equals(first)
+    assert decode_batch(encode_batch(second)).equals(second)
+
+
+def test_a_dictionary_column_is_decoded_with_its_dictionary() -> None:
+    indices = pa.array([0, 1, 0], pa.int8())
+    batch = pa.record_batch(
+        {"label": pa.DictionaryArray.from_arrays(indices, pa.array(["a", "b"])), "x": pa.array([1, 2, 3])}
+    )
+    assert decode_batch(encode_batch(batch)).equals(batch)
+
+
+def test_two_record_batches_are_refused_naming_how_many() -> None:
+    batch = pa.record_batch({"x": pa.array([1.0, 2.0])})
+    with pytest.raises(ArrowPayloadError, match="holds 2 record batches; expected exactly one per message"):
+        decode_batch(two_batch_stream(batch))
+
+
+def test_a_second_schema_message_is_refused() -> None:
+    payload = encode_batch(pa.record_batch({"x": pa.array([1.0])}))
+    restarted = payload[: -len(END_OF_STREAM)] + payload
+    with pytest.raises(
+        ArrowPayloadError, match="expected record batch messages after the schema, received a schema message"
+    ):
+        decode_batch(restarted)
+
+
+def test_an_end_marker_alone_is_refused_naming_the_missing_schema() -> None:
+    with pytest.raises(
+        ArrowPayloadError, match="expected a schema message first, received the end of the stream"
+    ):
+        decode_batch(END_OF_STREAM)
+
+
+def test_a_batch_without_its_schema_is_refused() -> None:
+    payload = encode_batch(pa.record_batch({"x": pa.array([1.0])}))
+    schema_only = encode_schema_only(pa.schema([pa.field("x", pa.float64())]))
+    batch_first = payload[len(schema_only) - len(END_OF_STREAM) :]
+    with pytest.raises(ArrowPayloadError, match="expected a schema message first, received a record batch"):
+        decode_batch(batch_first)
