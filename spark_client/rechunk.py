@@ -19,6 +19,16 @@ import pyarrow as pa
 Carry = TypeVar("Carry")
 
 
+class Continuation:
+    """The carry of a piece that continues the Spark batch before it (see ``Rechunker.requests``)."""
+
+    def __repr__(self) -> str:
+        return "CONTINUES"
+
+
+CONTINUES = Continuation()
+
+
 @dataclass
 class _Waiting(Generic[Carry]):
     carry: Carry
@@ -38,12 +48,24 @@ class Rechunker(Generic[Carry]):
         self._empty_answer = empty_answer
         self._waiting: deque[_Waiting[Carry]] = deque()
 
-    def requests(self, batches: Iterable[tuple[Carry, pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
-        """Requests of ``rows_per_request`` rows at most (fewer when too many bytes), never empty."""
+    def requests(
+        self, batches: Iterable[tuple[Carry | Continuation, pa.RecordBatch]]
+    ) -> Iterator[pa.RecordBatch]:
+        """Requests of ``rows_per_request`` rows at most (fewer when too many bytes), never empty.
+
+        A batch whose carry is ``CONTINUES`` is more rows of the Spark batch before it: a caller
+        that converts a big Spark batch piece by piece hands the pieces over as they are
+        converted, and still gets one answer for the whole Spark batch.
+        """
         pending: list[pa.RecordBatch] = []
         pending_rows = pending_limit = 0
         for carry, batch in batches:
-            self._waiting.append(_Waiting(carry, batch.num_rows))
+            if isinstance(carry, Continuation):
+                if not self._waiting:
+                    raise ValueError("the first batch cannot continue a batch before it (carry CONTINUES)")
+                self._waiting[-1].rows += batch.num_rows
+            else:
+                self._waiting.append(_Waiting(carry, batch.num_rows))
             if batch.num_rows == 0:
                 continue
             limit = self._row_limit(batch)

@@ -24,7 +24,7 @@ from spark_client.convert import (
     answer_to_spark_columns,
     arrow_to_request,
     match_inputs,
-    pandas_to_request,
+    pandas_pieces,
 )
 from spark_client.credentials import auth_metadata
 from spark_client.errors import ModelMetadataError, ServerUnavailable
@@ -323,7 +323,9 @@ def _predict_pandas(job: PredictJob, batches: Iterator[Any], as_struct: bool) ->
     rechunker: Rechunker[None] = Rechunker(
         job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
     )
-    requests = ((None, pandas_to_request(item, job.spec)) for item in batches)
+    requests = (
+        piece for item in batches for piece in pandas_pieces(item, job.spec, job.config.rows_per_request)
+    )
     with counted(job) as (context, stats):
         answers = predict_partition(
             job, rechunker.requests(requests), os.environ, task_placement(), context=context, stats=stats

@@ -13,10 +13,12 @@ from spark_client.convert import (
     answer_to_spark_columns,
     arrow_to_request,
     match_inputs,
+    pandas_pieces,
     pandas_to_request,
     series_to_arrow,
 )
 from spark_client.metadata import ModelSpec, Tensor
+from spark_client.rechunk import CONTINUES
 from spark_client.udf import spark_return_type
 
 MULTI = ModelSpec(
@@ -140,3 +142,29 @@ def test_the_return_type_is_a_scalar_an_array_or_a_struct() -> None:
 def test_a_matrix_output_is_an_array_of_arrays() -> None:
     spec = ModelSpec("m", 1, (), (Tensor("y", "int64", (2, 3)),))
     assert spark_return_type(spec) == T.ArrayType(T.ArrayType(T.LongType(), False), False)
+
+
+def spark_row(matrix: np.ndarray) -> np.ndarray:
+    """A matrix as Spark hands an array of arrays to pandas: an object array of 1-d arrays."""
+    row = np.empty(len(matrix), dtype=object)
+    row[:] = list(matrix)
+    return row
+
+
+def test_a_big_pandas_batch_is_converted_in_pieces_that_continue_it() -> None:
+    series = pd.Series([spark_row(np.arange(6, dtype=np.float32).reshape(2, 3) + row) for row in range(10)])
+    pieces = list(pandas_pieces(series, SEQUENCE, 4))
+    assert [(carry is CONTINUES, piece.num_rows) for carry, piece in pieces] == [
+        (False, 4),
+        (True, 4),
+        (True, 2),
+    ]
+    assert pieces[0][0] is None
+    joined = pa.concat_batches([piece for _, piece in pieces])
+    assert joined.equals(pandas_to_request(series, SEQUENCE))
+
+
+def test_an_empty_pandas_batch_is_one_empty_piece() -> None:
+    columns = (pd.Series([], dtype=np.int32), pd.Series([], dtype=object))
+    pieces = list(pandas_pieces(columns, MULTI, 4))
+    assert [(carry, piece.num_rows) for carry, piece in pieces] == [(None, 0)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from spark_client.rechunk import Rechunker
+from spark_client.rechunk import CONTINUES, Rechunker
 
 EMPTY = pa.RecordBatch.from_arrays([pa.array([], pa.int64())], names=["y"])
 
@@ -58,3 +58,18 @@ def test_answers_that_do_not_cover_the_requests_are_an_error() -> None:
     short = [pa.RecordBatch.from_arrays([requests[0].column(0).slice(0, 3)], names=["y"])]
     with pytest.raises(RuntimeError, match="3 answered rows left over, 5 requested rows unanswered"):
         list(rechunker.answers(short))
+
+
+def test_pieces_that_continue_a_batch_are_answered_as_that_one_batch() -> None:
+    rechunker: Rechunker[object] = Rechunker(4, 1 << 20, EMPTY)
+    inputs = [(0, batch(0, 3)), (CONTINUES, batch(3, 3)), (1, batch(6, 2)), (CONTINUES, batch(8, 0))]
+    requests = list(rechunker.requests(iter(inputs)))
+    answers = [(carry, answer.column(0).to_pylist()) for carry, answer in rechunker.answers(echo(requests))]
+    assert [r.num_rows for r in requests] == [4, 4]
+    assert answers == [(0, [0, 1, 2, 3, 4, 5]), (1, [6, 7])]
+
+
+def test_a_first_piece_that_continues_nothing_is_refused() -> None:
+    rechunker: Rechunker[object] = Rechunker(4, 1 << 20, EMPTY)
+    with pytest.raises(ValueError, match="the first batch cannot continue"):
+        list(rechunker.requests(iter([(CONTINUES, batch(0, 2))])))
