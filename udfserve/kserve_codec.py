@@ -7,13 +7,17 @@ Messages are the ones that ``tritonclient`` ships (``tritonclient.grpc.service_p
 Tensors
     Numeric and BOOL tensors travel as raw little-endian bytes (``raw_input_contents`` /
     ``raw_output_contents``) or in the typed ``contents`` fields; both decode to one numpy
-    array without per-element Python. BOOL is one byte per value. BYTES tensors (strings) are
-    refused: every model udfserve serves takes and returns numbers.
+    array without per-element Python. BOOL is one byte per value. BYTES tensors (strings, a
+    model's ``tf.string``) are numpy object arrays of ``bytes``; in raw form each element is
+    a 4-byte little-endian length followed by its bytes, as Triton encodes them
+    (``tritonclient.utils.serialize_byte_tensor``), in typed form ``contents.bytes_contents``.
 
 Arrow columns
     A column is a primitive array (one value per row) or nested ``list`` / ``large_list`` /
     ``fixed_size_list`` levels; every list of one level must have the same length in the whole
-    batch, since a KServe tensor is rectangular. Nulls are refused. When the caller knows the
+    batch, since a KServe tensor is rectangular. Nulls are refused. String and binary values
+    (``string``, ``large_string``, ``binary``, ``large_binary``) become BYTES, text as its
+    UTF-8 bytes; a BYTES output comes back as a ``binary`` column. When the caller knows the
     model's per-row shape (``TensorSpec``), a column whose values per row equal the shape's
     element count is reshaped to it (Spark's flat ``array<float>`` for a matrix input, or a
     primitive column for a ``[1]`` input).
@@ -23,12 +27,14 @@ Coercion to a declared datatype (``coerce``), the same rules as the Arrow path o
       FP32 is accepted on purpose and a value beyond the narrower range becomes an infinity;
     - integer targets accept integer values when every value fits, floating point is refused
       rather than truncated;
-    - BOOL accepts BOOL only.
+    - BOOL accepts BOOL only;
+    - BYTES accepts BYTES only: numbers are never formatted into strings nor parsed out of them.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -52,8 +58,9 @@ NUMPY_DTYPE_OF: dict[str, np.dtype] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
 }
-"""KServe datatypes that map to a numpy dtype; BYTES and BF16 have none here."""
+"""KServe datatypes that map to a numpy dtype (BYTES: an object array of ``bytes``); BF16 has none."""
 
 DATATYPE_OF: dict[np.dtype, str] = {dtype: name for name, dtype in NUMPY_DTYPE_OF.items()}
 
@@ -74,6 +81,8 @@ _CONTENTS_FIELD = {
 """The typed field of ``InferTensorContents`` each datatype uses (FP16 has none: raw only)."""
 
 _LITTLE_ENDIAN = np.little_endian
+_BYTES_LENGTH = struct.Struct("<I")
+"""The length prefix of one element of a raw BYTES tensor."""
 
 
 class KServeCodecError(ValueError):
@@ -176,6 +185,8 @@ def tensor_from_raw(raw: bytes, datatype: str, shape: Sequence[int], what: str) 
     """A read-only view of ``raw`` as an array of ``shape`` (no copy on little-endian hosts)."""
     dtype = numpy_dtype(datatype, what)
     count = element_count(shape, what)
+    if datatype == "BYTES":
+        return deserialize_bytes(raw, count, what).reshape(tuple(shape))
     expected_bytes = count * dtype.itemsize
     if len(raw) != expected_bytes:
         raise KServeCodecError(
@@ -204,11 +215,71 @@ def tensor_from_contents(
         raise KServeCodecError(
             f"{what}: shape {list(shape)} needs {count} values in contents.{field}, received {len(values)}"
         )
+    if datatype == "BYTES":
+        array = np.empty(count, dtype=object)
+        array[:] = list(values)
+        return array.reshape(tuple(shape))
     return np.array(values, dtype=dtype).reshape(tuple(shape))
 
 
+def deserialize_bytes(raw: bytes, count: int, what: str) -> np.ndarray:
+    """``count`` length-prefixed elements of a raw BYTES tensor as an object array of ``bytes``.
+
+    The prefixes chain, each element's position depending on the lengths before it, so this is
+    one pass in Python (what ``tritonclient.utils.deserialize_bytes_tensor`` does too); every
+    length is checked against the bytes left, and nothing may follow the last element.
+    """
+    size, position = len(raw), 0
+    if count * _BYTES_LENGTH.size > size:  # checked before allocating: the shape is the sender's word
+        raise KServeCodecError(
+            f"{what}: {count} BYTES elements need at least {count * _BYTES_LENGTH.size} bytes of raw "
+            f"contents (a 4-byte length each), received {size} bytes"
+        )
+    values = np.empty(count, dtype=object)
+    for index in range(count):
+        if position + _BYTES_LENGTH.size > size:
+            raise KServeCodecError(
+                f"{what}: raw BYTES contents end after {index} of {count} elements ({size} bytes); expected "
+                "a 4-byte little-endian length before every element"
+            )
+        (length,) = _BYTES_LENGTH.unpack_from(raw, position)
+        position += _BYTES_LENGTH.size
+        if position + length > size:
+            raise KServeCodecError(
+                f"{what}: element {index} of the raw BYTES contents declares {length} bytes, but only "
+                f"{size - position} bytes are left"
+            )
+        values[index] = bytes(raw[position : position + length])
+        position += length
+    if position != size:
+        raise KServeCodecError(
+            f"{what}: raw BYTES contents hold {size - position} bytes beyond the {count} elements of the "
+            "tensor's shape; expected exactly one length-prefixed element per value"
+        )
+    return values
+
+
+def serialize_bytes(array: np.ndarray, what: str = "tensor") -> bytes:
+    """An object array of ``bytes`` (or ``str``, sent as UTF-8) in C order as raw BYTES contents."""
+    parts = []
+    for value in np.ascontiguousarray(array).reshape(-1):
+        if isinstance(value, str):
+            value = value.encode("utf-8")
+        elif not isinstance(value, bytes | bytearray | memoryview | np.bytes_):
+            raise KServeCodecError(
+                f"{what}: expected bytes or str elements in a BYTES tensor, received {type(value).__name__}"
+            )
+        value = bytes(value)
+        parts.append(_BYTES_LENGTH.pack(len(value)))
+        parts.append(value)
+    return b"".join(parts)
+
+
 def tensor_to_raw(array: np.ndarray) -> bytes:
-    """The raw little-endian bytes of ``array`` in C order (one copy, into Python bytes)."""
+    """The raw little-endian bytes of ``array`` in C order (one copy, into Python bytes); an object
+    array is a BYTES tensor, length-prefixed element by element."""
+    if array.dtype == object:
+        return serialize_bytes(array)
     array = np.ascontiguousarray(array)
     if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not _LITTLE_ENDIAN):
         array = array.astype(array.dtype.newbyteorder("<"))
@@ -222,7 +293,9 @@ def coerce(array: np.ndarray, datatype: str, what: str) -> np.ndarray:
     if source == target:
         return array
     received = DATATYPE_OF.get(source, str(source))
-    if target.kind == "f":
+    if datatype == "BYTES":
+        accepted, allowed = False, "BYTES"  # only an object array is BYTES, and it equals the target
+    elif target.kind == "f":
         accepted, allowed = source.kind in "iuf", "integer or floating-point"
     elif target.kind in "iu":
         accepted, allowed = source.kind in "iu", "integer"
@@ -251,6 +324,25 @@ def _is_list_type(arrow_type: pa.DataType) -> bool:
         or pa.types.is_large_list(arrow_type)
         or pa.types.is_fixed_size_list(arrow_type)
     )
+
+
+def _is_string_type(arrow_type: pa.DataType) -> bool:
+    return (
+        pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+        or pa.types.is_binary(arrow_type)
+        or pa.types.is_large_binary(arrow_type)
+        or pa.types.is_fixed_size_binary(arrow_type)
+    )
+
+
+def _bytes_objects(values: pa.Array) -> np.ndarray:
+    """String or binary values as an object array of ``bytes`` (text cast to binary: no decoding)."""
+    if pa.types.is_string(values.type):
+        values = values.cast(pa.binary())
+    elif pa.types.is_large_string(values.type):
+        values = values.cast(pa.large_binary())
+    return values.to_numpy(zero_copy_only=False)
 
 
 def column_to_tensor(column: pa.Array, what: str, spec: TensorSpec | None = None) -> np.ndarray:
@@ -286,16 +378,19 @@ def column_to_tensor(column: pa.Array, what: str, spec: TensorSpec | None = None
                 f"{what}: expected no nulls, received a null value inside row "
                 f"{index // max(lists // max(rows, 1), 1)}"
             )
-    if not (
+    if _is_string_type(values.type):
+        array = _bytes_objects(values).reshape((rows, *dims))
+    elif (
         pa.types.is_integer(values.type)
         or pa.types.is_floating(values.type)
         or pa.types.is_boolean(values.type)
     ):
+        array = values.to_numpy(zero_copy_only=False).reshape((rows, *dims))
+    else:
         raise KServeCodecError(
-            f"{what}: expected numeric or boolean values, received type {column.type} (values of type "
-            f"{values.type})"
+            f"{what}: expected numeric, boolean or string values, received type {column.type} (values of "
+            f"type {values.type})"
         )
-    array = values.to_numpy(zero_copy_only=False).reshape((rows, *dims))
     if spec is None:
         return array
     return coerce(_reshape_to(array, spec, what), spec.datatype, what)
@@ -364,10 +459,6 @@ def response_tensors(response: service_pb2.ModelInferResponse) -> dict[str, np.n
     tensors = {}
     for index, tensor in enumerate(response.outputs):
         what = f"model {response.model_name!r}: output {tensor.name!r}"
-        if tensor.datatype == "BYTES":
-            raise KServeCodecError(
-                f"{what}: BYTES outputs are not supported; expected a numeric or BOOL output"
-            )
         if raw:
             tensors[tensor.name] = tensor_from_raw(raw[index], tensor.datatype, tensor.shape, what)
         else:
@@ -409,9 +500,10 @@ def infer_response_to_arrow(
 
 
 def tensor_to_arrow(array: np.ndarray) -> pa.Array:
-    """Nested ``fixed_size_list`` levels around the flat values; no copy when contiguous."""
+    """Nested ``fixed_size_list`` levels around the flat values; no copy when contiguous. BYTES
+    values become a ``binary`` column."""
     array = np.ascontiguousarray(array)
-    result = pa.array(array.reshape(-1))
+    result = pa.array(array.reshape(-1), type=pa.binary() if array.dtype == object else None)
     for axis in range(array.ndim - 1, 0, -1):
         result = pa.FixedSizeListArray.from_arrays(result, array.shape[axis])
     return result

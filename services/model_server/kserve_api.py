@@ -12,9 +12,11 @@ Tensors (decoded by ``udfserve.kserve_codec``, the rules the Spark client also u
     the way Triton writes it, ``dims: [1]`` reshaped to ``[]``, so ``[rows, 1]`` and ``[rows]``
     are both accepted and outputs come back as ``[rows, 1]``. Datatypes are coerced to the
     model's as on the Arrow path: float inputs accept integer and floating-point values (FP64
-    narrowed to FP32), integer inputs accept integers that fit, BOOL only BOOL; BYTES is
-    refused naming the input, since every served model takes numbers. Outputs are answered in
-    ``raw_output_contents``.
+    narrowed to FP32), integer inputs accept integers that fit, BOOL only BOOL. A ``string``
+    input (``tf.string``) is a BYTES tensor, raw (each element a 4-byte little-endian length
+    and its bytes, as Triton encodes it) or in ``contents.bytes_contents``; BYTES for a numeric
+    input, or numbers for a string input, are refused naming the input and both datatypes.
+    Outputs are answered in ``raw_output_contents``.
 
 Status codes are Triton's: INVALID_ARGUMENT for a request that does not match the model,
 NOT_FOUND for an unknown model or version, UNAVAILABLE while a model loads or the server
@@ -49,6 +51,7 @@ from services.model_server.grpc_api import UNKNOWN_MODEL_LABEL
 from services.model_server.in_flight import InFlightRequests
 from services.model_server.metrics import ServerMetrics
 from services.model_server.models import ModelTable, ServedModel
+from services.model_server.schema import numpy_dtype, zeros
 from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_concurrently
 from udfserve import kserve_codec as codec
 
@@ -75,10 +78,15 @@ DATATYPE_OF_DTYPE = {
     "float16": "FP16",
     "float32": "FP32",
     "float64": "FP64",
+    "string": "BYTES",
 }
 """Every dtype of ``config.SUPPORTED_DTYPES`` as a KServe datatype."""
 
-_PROTO_TYPE_OF_DTYPE = {dtype: mc.DataType.Value(f"TYPE_{name}") for dtype, name in DATATYPE_OF_DTYPE.items()}
+_PROTO_TYPE_OF_DTYPE = {
+    dtype: mc.DataType.Value("TYPE_STRING" if name == "BYTES" else f"TYPE_{name}")
+    for dtype, name in DATATYPE_OF_DTYPE.items()
+}
+"""Triton's model configuration names BYTES ``TYPE_STRING``."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +112,13 @@ def _shape_matches(received: tuple[int, ...], spec: TensorSpec) -> bool:
 def _check_datatype(datatype: str, spec: TensorSpec, what: str) -> None:
     """Refuse before decoding what no coercion can turn into the model's dtype."""
     expected = DATATYPE_OF_DTYPE[spec.dtype]
-    if datatype == "BYTES":
+    if datatype == "BYTES" and expected != "BYTES":
         raise InvalidInput(
-            f"{what}: expected datatype {expected}, received BYTES; this model takes numbers, not strings"
+            f"{what}: expected datatype {expected}, received BYTES; this input takes numbers, not strings"
+        )
+    if expected == "BYTES" and datatype != "BYTES" and datatype in codec.NUMPY_DTYPE_OF:
+        raise InvalidInput(
+            f"{what}: expected datatype BYTES, received {datatype}; this input takes strings, not numbers"
         )
     if datatype not in codec.NUMPY_DTYPE_OF:
         raise InvalidInput(
@@ -184,7 +196,7 @@ def outputs_to_response(
                 f"*{list(spec.shape)}]"
             )
         shape = [rows, *array.shape[1:]] if spec.shape else [rows, 1]
-        raw = codec.tensor_to_raw(np.asarray(array, dtype=spec.dtype))
+        raw = codec.tensor_to_raw(np.asarray(array, dtype=numpy_dtype(spec.dtype)))
         response.outputs.add(name=spec.name, datatype=DATATYPE_OF_DTYPE[spec.dtype], shape=shape)
         response.raw_output_contents.append(raw)
         total_bytes += len(raw)
@@ -212,7 +224,7 @@ def _requested_outputs(
 
 
 def _empty_outputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
-    return {spec.name: np.zeros((0, *(max(d, 0) for d in spec.shape)), dtype=spec.dtype) for spec in specs}
+    return {spec.name: zeros(spec, 0) for spec in specs}
 
 
 def _parse_version(version: str, model: str) -> int:

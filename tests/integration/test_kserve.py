@@ -3,7 +3,8 @@
 The server serves the Arrow service and the KServe service on one port; the answers of both
 come from the same batcher, so KServe predictions are checked against the Arrow path's.
 FP64, INT64 and BOOL reach real model inputs through copies of the example models whose
-config.yaml declares those dtypes (the TensorFlow backend casts inside the graph).
+config.yaml declares those dtypes (the TensorFlow backend casts inside the graph); BYTES reaches
+the string input of ``text_hashing``, checked against the Keras model in this process.
 """
 
 from __future__ import annotations
@@ -15,11 +16,20 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import pyarrow as pa
 import pytest
 import tritonclient.grpc as triton
 import yaml
-from server_harness import batch_of, column_to_numpy, metric_value, request, scrape, stream_predict
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from server_harness import (
+    batch_of,
+    column_to_numpy,
+    keras_reference,
+    metric_value,
+    request,
+    scrape,
+    stream_predict,
+)
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from services.model_server.launcher import ServerProcess, launch_server
@@ -33,7 +43,7 @@ def kserve_server(
     example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("kserve-repo")
-    for name in ("tabular_mlp", "multi_io"):
+    for name in ("tabular_mlp", "multi_io", "text_hashing"):
         shutil.copytree(example_repository / name, repository / name)
     variants = {
         "multi_io_bool": (
@@ -103,6 +113,12 @@ def multi_io_inputs(rows: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.normal(size=(rows, 8)).astype(np.float32), rng.integers(0, 16, size=rows).astype(np.int32)
 
 
+def texts(rows: int) -> np.ndarray:
+    """Strings as tritonclient takes them: an object array of bytes, UTF-8 beyond ASCII included."""
+    words = np.random.default_rng(rows).integers(0, 1000, size=rows)
+    return np.array([f"texte n°{word}".encode() for word in words], dtype=object)
+
+
 def arrow_answer(server: ServerProcess, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The same model's answer through the Arrow protocol of the same server."""
     answer = stream_predict(server.grpc_target(), [request(model, batch_of(inputs))])[0]
@@ -156,6 +172,15 @@ def test_model_config_gives_max_batch_size_dims_and_the_queue_delay(
     assert [(i.name, list(i.dims)) for i in config.input] == [("features", [64])]
     assert [(o.name, list(o.dims)) for o in config.output] == [("probabilities", [8])]
     assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+
+
+def test_a_string_input_is_advertised_as_bytes_and_type_string(client: triton.InferenceServerClient) -> None:
+    metadata = client.get_model_metadata("text_hashing")
+    config = client.get_model_config("text_hashing").config
+    assert [(t.name, t.datatype, list(t.shape)) for t in metadata.inputs] == [("text", "BYTES", [-1, 1])]
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        ("text", model_config_pb2.TYPE_STRING, [1])
+    ]
 
 
 def test_metadata_of_an_unknown_model_is_not_found(client: triton.InferenceServerClient) -> None:
@@ -245,6 +270,35 @@ def test_bool_input_of_a_model_declaring_it(client: triton.InferenceServerClient
     np.testing.assert_allclose(as_bool.as_numpy("embedding"), as_int.as_numpy("embedding"), rtol=1e-6)
 
 
+def test_bytes_inference_equals_the_keras_model_in_process(
+    client: triton.InferenceServerClient, example_repository: Path
+) -> None:
+    text = texts(9)
+    result = client.infer("text_hashing", [tensor("text", text)])
+    expected = keras_reference(example_repository, "text_hashing", {"text": text})["probabilities"]
+    np.testing.assert_allclose(result.as_numpy("probabilities"), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_bytes_may_also_come_as_rows_by_one(client: triton.InferenceServerClient) -> None:
+    text = texts(4)
+    as_rows = client.infer("text_hashing", [tensor("text", text)])
+    as_rows_by_one = client.infer("text_hashing", [tensor("text", text.reshape(4, 1))])
+    np.testing.assert_array_equal(as_rows.as_numpy("probabilities"), as_rows_by_one.as_numpy("probabilities"))
+
+
+def test_typed_bytes_contents_are_read_like_raw_contents(
+    client: triton.InferenceServerClient, kserve_server: ServerProcess
+) -> None:
+    text = texts(3)
+    typed = service_pb2.ModelInferRequest(model_name="text_hashing")
+    typed.inputs.add(name="text", datatype="BYTES", shape=[3]).contents.bytes_contents.extend(text.tolist())
+    with grpc.insecure_channel(kserve_server.grpc_target()) as channel:
+        response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(typed, timeout=30)
+    raw = client.infer("text_hashing", [tensor("text", text)])
+    received = np.frombuffer(response.raw_output_contents[0], dtype=np.float32).reshape(3, 3)
+    np.testing.assert_array_equal(received, raw.as_numpy("probabilities"))
+
+
 def test_typed_contents_fields_are_read_like_raw_contents(
     client: triton.InferenceServerClient, kserve_server: ServerProcess
 ) -> None:
@@ -311,7 +365,28 @@ def test_bytes_for_a_numeric_input_are_refused_naming_the_input(client: triton.I
     strings = np.array([[b"0.5"] * 64] * 2, dtype=object)
     error = refusal(client, "tabular_mlp", [tensor("features", strings)])
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
-    assert "'features'" in error.message() and "BYTES" in error.message() and "FP32" in error.message()
+    assert "'features'" in error.message() and "expected datatype FP32, received BYTES" in error.message()
+
+
+def test_numbers_for_a_string_input_are_refused_naming_both_datatypes(
+    client: triton.InferenceServerClient,
+) -> None:
+    error = refusal(client, "text_hashing", [tensor("text", np.array([1.5, 2.5], np.float32))])
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "'text'" in error.message() and "expected datatype BYTES, received FP32" in error.message()
+
+
+def test_raw_bytes_cut_inside_an_element_are_refused_naming_the_input(kserve_server: ServerProcess) -> None:
+    cut = service_pb2.ModelInferRequest(model_name="text_hashing")
+    cut.inputs.add(name="text", datatype="BYTES", shape=[2])
+    cut.raw_input_contents.append(b"\x02\x00\x00\x00ab\x09\x00\x00\x00abc")
+    with (
+        grpc.insecure_channel(kserve_server.grpc_target()) as channel,
+        pytest.raises(grpc.RpcError) as raised,
+    ):
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(cut, timeout=30)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'text'" in raised.value.details() and "declares 9 bytes" in raised.value.details()
 
 
 def test_a_missing_input_is_refused_naming_the_expected_inputs(client: triton.InferenceServerClient) -> None:
@@ -409,12 +484,14 @@ def test_kserve_requests_are_counted_in_the_server_metrics(
 
 
 # -- the shared codec against the real server --------------------------------------------------
-@pytest.mark.parametrize("model", ["tabular_mlp", "multi_io"])
+@pytest.mark.parametrize("model", ["tabular_mlp", "multi_io", "text_hashing"])
 def test_the_codec_gives_the_same_arrow_batch_as_the_arrow_protocol(
     client: triton.InferenceServerClient, kserve_server: ServerProcess, model: str
 ) -> None:
     if model == "tabular_mlp":
         inputs = {"features": features(4)}
+    elif model == "text_hashing":
+        inputs = {"text": texts(4)}
     else:
         numeric, category = multi_io_inputs(4)
         inputs = {"numeric": numeric.astype(np.float64), "category": category.astype(np.int64)}
@@ -433,3 +510,22 @@ def test_the_codec_gives_the_same_arrow_batch_as_the_arrow_protocol(
             rtol=1e-5,
             atol=1e-6,
         )
+
+
+def test_the_codec_sends_a_spark_string_column_as_bytes(
+    client: triton.InferenceServerClient, kserve_server: ServerProcess, example_repository: Path
+) -> None:
+    text = ["héllo", "", "spark"]
+    input_specs, output_specs = specs_from_config(client.get_model_config("text_hashing").config)
+    batch = pa.record_batch({"text": pa.array(text, pa.string())})
+    request_message = arrow_batch_to_infer_request(batch, "text_hashing", input_specs=input_specs)
+    assert [t.datatype for t in request_message.inputs] == ["BYTES"]
+    with grpc.insecure_channel(kserve_server.grpc_target()) as channel:
+        response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request_message, timeout=30)
+    answer = infer_response_to_arrow(response, output_specs)
+    expected = keras_reference(
+        example_repository, "text_hashing", {"text": np.array([t.encode() for t in text], dtype=object)}
+    )
+    np.testing.assert_allclose(
+        column_to_numpy(answer.column("probabilities")), expected["probabilities"], rtol=1e-5, atol=1e-6
+    )

@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from tritonclient.grpc import model_config_pb2, service_pb2
+from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from udfserve.kserve_codec import (
     KServeCodecError,
@@ -38,7 +39,13 @@ def decoded_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarr
 def response_of(outputs: dict[str, np.ndarray], model: str = "m") -> service_pb2.ModelInferResponse:
     response = service_pb2.ModelInferResponse(model_name=model, model_version="1", id="r")
     for name, array in outputs.items():
-        datatype = {"float32": "FP32", "float64": "FP64", "int32": "INT32", "bool": "BOOL"}[array.dtype.name]
+        datatype = {
+            "float32": "FP32",
+            "float64": "FP64",
+            "int32": "INT32",
+            "bool": "BOOL",
+            "object": "BYTES",
+        }[array.dtype.name]
         response.outputs.add(name=name, datatype=datatype, shape=array.shape)
         response.raw_output_contents.append(tensor_to_raw(array))
     return response
@@ -84,9 +91,104 @@ def test_a_null_value_inside_a_row_is_refused_naming_the_row() -> None:
         arrow_batch_to_infer_request(pa.record_batch({"x": column}), "m")
 
 
-def test_a_string_column_is_refused_naming_its_type() -> None:
-    with pytest.raises(KServeCodecError, match=r"'x'.*numeric or boolean.*string"):
-        arrow_batch_to_infer_request(pa.record_batch({"x": pa.array(["a", "b"])}), "m")
+def test_a_struct_column_is_refused_naming_its_type() -> None:
+    column = pa.array([{"a": 1}], pa.struct([("a", pa.int64())]))
+    with pytest.raises(KServeCodecError, match=r"'x'.*numeric, boolean or string.*struct"):
+        arrow_batch_to_infer_request(pa.record_batch({"x": column}), "m")
+
+
+# -- strings (BYTES) ---------------------------------------------------------------------------
+def test_a_string_column_becomes_a_bytes_tensor_encoded_as_tritonclient_encodes_it() -> None:
+    texts = ["héllo", "", "spark"]
+    request = arrow_batch_to_infer_request(pa.record_batch({"text": pa.array(texts)}), "m")
+    assert [(t.name, t.datatype, list(t.shape)) for t in request.inputs] == [("text", "BYTES", [3])]
+    expected = serialize_byte_tensor(np.array([t.encode() for t in texts], dtype=object)).item()
+    assert request.raw_input_contents[0] == expected
+
+
+@pytest.mark.parametrize(
+    "column_type", [pa.string(), pa.large_string(), pa.binary(), pa.large_binary()], ids=str
+)
+def test_string_and_binary_columns_of_every_width_become_bytes(column_type: pa.DataType) -> None:
+    values = pa.array(["a", "bc"]).cast(column_type)
+    request = arrow_batch_to_infer_request(pa.record_batch({"x": values}), "m")
+    assert request.inputs[0].datatype == "BYTES"
+    assert decoded_inputs(request)["x"].tolist() == [b"a", b"bc"]
+
+
+def test_a_column_of_string_lists_becomes_a_rows_by_width_bytes_tensor() -> None:
+    column = pa.array([["a", "b"], ["c", "d"], ["e", "f"]])
+    request = arrow_batch_to_infer_request(pa.record_batch({"x": column}), "m")
+    assert list(request.inputs[0].shape) == [3, 2]
+    assert decoded_inputs(request)["x"].tolist() == [[b"a", b"b"], [b"c", b"d"], [b"e", b"f"]]
+
+
+def test_a_null_string_is_refused_naming_the_row() -> None:
+    with pytest.raises(KServeCodecError, match=r"'x'.*null row 1"):
+        arrow_batch_to_infer_request(pa.record_batch({"x": pa.array(["a", None])}), "m")
+
+
+def test_raw_bytes_from_tritonclient_decode_to_the_same_values() -> None:
+    values = np.array([[b"ab", "né".encode()], [b"", b"\x00\xff"]], dtype=object)
+    raw = serialize_byte_tensor(values).item()
+    decoded = tensor_from_raw(raw, "BYTES", [2, 2], "x")
+    assert decoded.dtype == object and decoded.tolist() == values.tolist()
+
+
+def test_raw_bytes_encode_as_tritonclient_decodes_them() -> None:
+    values = np.array([b"ab", "né", b""], dtype=object)
+    assert deserialize_bytes_tensor(tensor_to_raw(values)).tolist() == [b"ab", "né".encode(), b""]
+
+
+def test_raw_bytes_cut_inside_an_element_are_refused_naming_it() -> None:
+    raw = serialize_byte_tensor(np.array([b"ab", b"cdef"], dtype=object)).item()[:-1]
+    with pytest.raises(KServeCodecError, match=r"element 1 .* declares 4 bytes, but only 3 bytes are left"):
+        tensor_from_raw(raw, "BYTES", [2], "x")
+
+
+def test_raw_bytes_with_fewer_elements_than_the_shape_are_refused() -> None:
+    raw = serialize_byte_tensor(np.array([b"abcdefgh"], dtype=object)).item()
+    with pytest.raises(KServeCodecError, match=r"end after 1 of 3 elements"):
+        tensor_from_raw(raw, "BYTES", [3], "x")
+
+
+def test_a_bytes_shape_too_large_for_the_raw_contents_is_refused_before_allocating() -> None:
+    with pytest.raises(
+        KServeCodecError, match=r"1000000000000 BYTES elements need at least 4000000000000 bytes"
+    ):
+        tensor_from_raw(b"\x00" * 8, "BYTES", [1_000_000, 1_000_000], "x")
+
+
+def test_raw_bytes_beyond_the_shape_are_refused() -> None:
+    raw = serialize_byte_tensor(np.array([b"ab", b"c"], dtype=object)).item()
+    with pytest.raises(KServeCodecError, match=r"5 bytes beyond the 1 elements"):
+        tensor_from_raw(raw, "BYTES", [1], "x")
+
+
+def test_typed_bytes_contents_decode_to_the_declared_shape() -> None:
+    contents = service_pb2.InferTensorContents(bytes_contents=[b"a", b"b", b"c", b"d"])
+    decoded = tensor_from_contents(contents, "BYTES", [2, 2], "x")
+    assert decoded.tolist() == [[b"a", b"b"], [b"c", b"d"]]
+
+
+def test_a_bytes_tensor_of_non_strings_is_refused_naming_the_element_type() -> None:
+    with pytest.raises(KServeCodecError, match=r"expected bytes or str elements.*received int"):
+        tensor_to_raw(np.array([b"a", 3], dtype=object))
+
+
+def test_coerce_refuses_bytes_for_a_number_and_numbers_for_bytes() -> None:
+    with pytest.raises(KServeCodecError, match=r"expected datatype FP32 .* received BYTES"):
+        coerce(np.array([b"1.5"], dtype=object), "FP32", "x")
+    with pytest.raises(KServeCodecError, match=r"expected datatype BYTES .* received INT64"):
+        coerce(np.array([1], dtype=np.int64), "BYTES", "x")
+
+
+def test_specs_send_a_string_column_for_a_bytes_input_and_refuse_numbers() -> None:
+    specs = [TensorSpec("text", "BYTES", ())]
+    request = arrow_batch_to_infer_request(pa.record_batch({"text": pa.array(["a"])}), "m", input_specs=specs)
+    assert request.inputs[0].datatype == "BYTES"
+    with pytest.raises(KServeCodecError, match=r"'text'.*expected datatype BYTES .* received INT64"):
+        arrow_batch_to_infer_request(pa.record_batch({"text": pa.array([1])}), "m", input_specs=specs)
 
 
 def test_primitive_columns_become_one_value_per_row_of_their_own_datatype() -> None:
@@ -204,9 +306,9 @@ def test_typed_contents_of_the_wrong_count_are_refused() -> None:
         tensor_from_contents(contents, "FP32", [3], "x")
 
 
-def test_bytes_and_unknown_datatypes_are_refused_by_name() -> None:
-    with pytest.raises(KServeCodecError, match="'BYTES' is not supported"):
-        tensor_from_raw(b"", "BYTES", [0], "x")
+def test_unknown_datatypes_are_refused_by_name() -> None:
+    with pytest.raises(KServeCodecError, match="'BF16' is not supported"):
+        tensor_from_raw(b"", "BF16", [0], "x")
     with pytest.raises(KServeCodecError, match="'FP8' is not supported"):
         tensor_from_raw(b"", "FP8", [0], "x")
 
@@ -231,6 +333,13 @@ def test_a_matrix_output_becomes_nested_fixed_size_lists() -> None:
     batch = infer_response_to_arrow(response_of({"y": values}), [TensorSpec("y", "FP32", (3, 2))])
     assert batch.column("y").type == pa.list_(pa.list_(pa.float32(), 2), 3)
     assert batch.column("y").to_pylist() == values.tolist()
+
+
+def test_a_bytes_output_becomes_a_binary_column() -> None:
+    response = response_of({"label": np.array([[b"cat"], [b"dog"]], dtype=object)})
+    batch = infer_response_to_arrow(response, [TensorSpec("label", "BYTES", ())])
+    assert batch.column(0).type == pa.binary()
+    assert batch.column(0).to_pylist() == [b"cat", b"dog"]
 
 
 def test_typed_output_contents_are_read_too() -> None:
