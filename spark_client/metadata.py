@@ -23,14 +23,17 @@ _ARROW_TYPES = {
     "int64": pa.int64(),
     "uint8": pa.uint8(),
     "bool": pa.bool_(),
+    "string": pa.binary(),
 }
+"""Value types by dtype name; a ``string`` tensor (``tf.string``, KServe BYTES) holds bytes, which
+Spark reads as ``binary``."""
 
 _SPARK_VALUE_TYPES = {"float16": pa.float32(), "uint8": pa.int16()}
 
 
 @dataclass(frozen=True)
 class Tensor:
-    """One input or output: numpy dtype name and per-row shape (-1 for a free dimension)."""
+    """One input or output: numpy dtype name (or ``string``) and per-row shape (-1 for a free dimension)."""
 
     name: str
     dtype: str
@@ -92,6 +95,8 @@ def spec_from_tensors(
 
 
 def _value_type(tensor: Tensor) -> pa.DataType:
+    if tensor.dtype in _ARROW_TYPES:
+        return _ARROW_TYPES[tensor.dtype]
     try:
         return _ARROW_TYPES[np.dtype(tensor.dtype).name]
     except (KeyError, TypeError) as exc:
