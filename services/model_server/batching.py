@@ -1,12 +1,22 @@
 """The dynamic batcher of one model: merges concurrent requests into few backend calls.
 
-Requests from many streams wait in one FIFO queue. A worker task takes the oldest request and
-merges the requests behind it until the next would not fit in the batch limit (``max_batch_size``
-rows unless the backend ran out of memory, below), or until
-``max_queue_delay_s`` has passed since the oldest was queued, whichever comes first; then one
-backend call runs in the executor and its outputs are split back by row counts. The worker
-sleeps on an ``asyncio.Event`` with a timeout computed from the oldest request's deadline: it
-never polls.
+Requests from many streams wait in one FIFO queue. A batch takes the oldest request and the
+requests behind it until the next would not fit in the batch limit (``max_batch_size`` rows
+unless the backend ran out of memory, below). When a batch starts:
+
+- At once when no batch of the model is running: a lone client never waits for partners that
+  cannot come. It merges whatever was queued by the time the batcher runs (the requests that
+  arrived in the same turn of the event loop).
+- While batches run, requests accumulate: the next batch starts when it is full and a slot is
+  free (``max_concurrent_batches``), when its oldest request has waited ``max_queue_delay_s``
+  and a slot is free, or when the running batches have all finished, whichever comes first.
+  Under load, the requests that arrive during one backend call are merged into the next.
+
+One backend call runs in the executor per batch and its outputs are split back by row counts.
+Nothing polls and nothing runs per request beyond queueing: a request wakes the batcher only
+when a batch could be due, a waiting batch has one timer for its delay, and a call that
+succeeds is answered from its completion callback (a task runs only for the rare batches that
+need several calls: out of memory, or a failed merged call).
 
 Decisions callers rely on:
 
@@ -167,8 +177,18 @@ def _signature(inputs: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
     return tuple((name, array.dtype.str, array.shape[1:]) for name, array in sorted(inputs.items()))
 
 
+@dataclass(eq=False)
+class _Batch:
+    """Chunks taken from the queue and run together; ``call`` or ``task`` is what runs them."""
+
+    chunks: list[_Chunk]
+    rows: int
+    inputs: Arrays
+    task: asyncio.Task[None] | None = None
+
+
 class DynamicBatcher:
-    """One model's queue and the worker task that runs its batches.
+    """One model's queue and the batches it runs.
 
     ``max_queue_rows`` defaults to ``config.max_queue_rows``, else 64 x ``max_batch_size``
     (the same rule as ``ModelConfig.max_queue_rows``).
@@ -194,6 +214,7 @@ class DynamicBatcher:
         self._predict = predict
         self._max_batch_size = max_batch_size
         self._config = config
+        self._delay_s = config.max_queue_delay_s
         self._executor = executor
         self._observer = observer
         self._memory_observer = observer if isinstance(observer, MemoryObserver) else None
@@ -205,11 +226,19 @@ class DynamicBatcher:
         )
         self._queue: deque[_Chunk] = deque()
         self._queued_rows = 0
-        self._wakeup: asyncio.Event | None = None
-        self._slots: asyncio.Semaphore | None = None
-        self._worker: asyncio.Task[None] | None = None
-        self._running: dict[asyncio.Task[None], list[_Chunk]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._dispatch_handle: asyncio.Handle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at_s = 0.0
+        self._running: set[_Batch] = set()
+        self._drained: asyncio.Future[None] | None = None
         self._stopping = False
+        self._closed = False
+        self._broken = False
+        self.batches_started = 0
+        """Batches started so far (the backend calls of out-of-memory splits not counted)."""
+        self.batches_started_at_once = 0
+        """Of them, batches started while no other batch ran, without waiting for the delay."""
 
     @property
     def queued_rows(self) -> int:
@@ -227,62 +256,64 @@ class DynamicBatcher:
         return self._batch_limit
 
     def start(self) -> None:
-        """Start the worker task on the running event loop."""
-        if self._worker is not None:
+        """Serve requests on the running event loop."""
+        if self._loop is not None:
             raise RuntimeError(f"batcher of model '{self.model_name}' is already started")
-        self._wakeup = asyncio.Event()
-        self._slots = asyncio.Semaphore(self._max_concurrent_batches)
-        self._worker = asyncio.get_running_loop().create_task(self._work(), name=f"batcher-{self.model_name}")
+        self._loop = asyncio.get_running_loop()
         self._report_limit()
 
     async def submit(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Queue one request and return its outputs, each with the request's row count."""
+        return await self.enqueue(inputs)
+
+    def enqueue(self, inputs: dict[str, np.ndarray]) -> asyncio.Future[dict[str, np.ndarray]]:
+        """Queue one request now and return the future of its outputs, for callers that answer
+        from a callback rather than a task. Cancelling the future drops what has not run yet.
+        Refusals (``QueueFull``, ``ModelUnavailable``, ``ValueError``) are raised here."""
         if self._stopping:
             raise ModelUnavailable(f"model '{self.model_name}' is shutting down; retry on another server")
-        if self._worker is None or self._wakeup is None:
+        if self._loop is None:
             raise RuntimeError(f"batcher of model '{self.model_name}' is not started")
+        if self._broken:
+            raise ModelUnavailable(f"model '{self.model_name}': batcher failed; retry on another server")
         rows = self._rows_of(inputs)
         if self._queued_rows > 0 and self._queued_rows + rows > self._max_queue_rows:
             raise QueueFull(
                 f"model '{self.model_name}': queue full: {self._queued_rows} rows queued, this request "
                 f"has {rows}, the limit is {self._max_queue_rows} rows; retry later"
             )
-        chunks = self._enqueue(inputs, rows)
-        futures = [chunk.future for chunk in chunks]
-        try:
-            results = await asyncio.gather(*futures)
-        except BaseException:
-            # The caller went away or one chunk failed: the chunks not yet run are not needed.
-            for future in futures:
-                future.cancel()
-            raise
-        if len(results) == 1:
-            return results[0]
-        return {name: np.concatenate([result[name] for result in results]) for name in results[0]}
+        chunks = self._queue_chunks(inputs, rows)
+        if len(chunks) == 1:
+            return chunks[0].future
+        return self._whole(chunks)
 
     async def stop(self, grace_period_s: float) -> None:
         """Refuse new requests, finish the queued and running ones within ``grace_period_s``,
         then answer whatever is left with ``ModelUnavailable``."""
         self._stopping = True
-        if self._worker is None or self._wakeup is None:
+        loop = self._loop
+        if loop is None or self._closed:
             return
-        self._wakeup.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(self._worker), timeout=grace_period_s)
-            return
-        except asyncio.TimeoutError:
-            logger.warning(
-                "model '%s': grace period of %.1f s over with %d rows queued and %d batches running; "
-                "cancelling them",
-                self.model_name,
-                grace_period_s,
-                self._queued_rows,
-                len(self._running),
-            )
-        except Exception:
-            return  # the worker failed, logged why and answered everything it held
-        unanswered = [*self._queue, *(chunk for chunks in self._running.values() for chunk in chunks)]
-        tasks = [self._worker, *self._running]
+        self._dispatch()  # the delay no longer applies: whatever is queued starts as slots free
+        if self._queue or self._running:
+            self._drained = loop.create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._drained), timeout=grace_period_s)
+            except TimeoutError:
+                logger.warning(
+                    "model '%s': grace period of %.1f s over with %d rows queued and %d batches running; "
+                    "cancelling them",
+                    self.model_name,
+                    grace_period_s,
+                    self._queued_rows,
+                    len(self._running),
+                )
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        running, self._running = self._running, set()
+        unanswered = [*self._queue, *(chunk for batch in running for chunk in batch.chunks)]
+        tasks = [batch.task for batch in running if batch.task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -294,63 +325,123 @@ class DynamicBatcher:
     def _rows_of(inputs: Mapping[str, np.ndarray]) -> int:
         if not inputs:
             raise ValueError("a request needs at least one input array")
-        counts = {name: len(array) for name, array in inputs.items()}
-        rows = next(iter(counts.values()))
-        if any(count != rows for count in counts.values()):
+        arrays = iter(inputs.values())
+        rows = len(next(arrays))
+        if any(len(array) != rows for array in arrays):
+            counts = {name: len(array) for name, array in inputs.items()}
             raise ValueError(f"input arrays differ in row count: {counts}")
         if rows == 0:
             raise ValueError("empty request: callers answer zero-row requests without queuing them")
         return rows
 
-    def _enqueue(self, inputs: Arrays, rows: int) -> list[_Chunk]:
-        loop = asyncio.get_running_loop()
+    def _queue_chunks(self, inputs: Arrays, rows: int) -> list[_Chunk]:
+        loop = self._loop
+        assert loop is not None
         now = loop.time()
         signature = _signature(inputs)
-        chunks = []
-        for start in range(0, rows, self._batch_limit):
-            stop = min(start + self._batch_limit, rows)
-            part = inputs if (start, stop) == (0, rows) else {k: v[start:stop] for k, v in inputs.items()}
-            chunk = _Chunk(part, stop - start, signature, loop.create_future(), now, start, rows)
-            chunk.future.add_done_callback(functools.partial(self._on_chunk_done, chunk))
-            chunks.append(chunk)
+        limit = self._batch_limit
+        if rows <= limit:
+            chunks = [_Chunk(inputs, rows, signature, loop.create_future(), now, 0, rows)]
+        else:
+            chunks = [
+                _Chunk(
+                    {name: array[start : start + limit] for name, array in inputs.items()},
+                    min(limit, rows - start),
+                    signature,
+                    loop.create_future(),
+                    now,
+                    start,
+                    rows,
+                )
+                for start in range(0, rows, limit)
+            ]
+        for chunk in chunks:
+            chunk.future.add_done_callback(self._on_queued_chunk_done)
         self._queue.extend(chunks)
         self._queued_rows += rows
-        assert self._wakeup is not None
-        self._wakeup.set()
+        self._wake()
         return chunks
 
-    def _on_chunk_done(self, chunk: _Chunk, _future: asyncio.Future[Arrays]) -> None:
-        """A chunk cancelled while queued leaves the queue at once, freeing its rows."""
-        if chunk.queued and chunk.future.cancelled():
-            chunk.queued = False
-            self._queue.remove(chunk)
-            self._queued_rows -= chunk.rows
-            if self._wakeup is not None:
-                self._wakeup.set()
+    def _wake(self) -> None:
+        """After a request was queued: look for a batch to start when one could be due."""
+        if len(self._running) >= self._max_concurrent_batches:
+            return  # the batch that finishes first starts the next one
+        if not self._running or self._queued_rows >= self._batch_limit or not self._config.enabled:
+            if self._dispatch_handle is None:
+                assert self._loop is not None
+                self._dispatch_handle = self._loop.call_soon(self._dispatch_soon)
+        elif self._timer is None:
+            self._arm_timer(self._queue[0].enqueued_at_s + self._delay_s)
 
-    def _drop_cancelled(self) -> None:
-        """Cancelled chunks whose done-callback has not run yet must not take a place in a batch."""
-        cancelled = [chunk for chunk in self._queue if chunk.future.done()]
-        if cancelled:
-            self._take(cancelled)
+    def _whole(self, chunks: list[_Chunk]) -> asyncio.Future[Arrays]:
+        """One future for the chunks of a request cut to the batch limit: their outputs joined in
+        order, or the first failure; cancelling it, or a failure, cancels the chunks not run."""
+        assert self._loop is not None
+        whole: asyncio.Future[Arrays] = self._loop.create_future()
+        pending = [len(chunks)]
 
-    def _take(self, chunks: list[_Chunk]) -> None:
-        taken = set(chunks)
-        self._queue = deque(chunk for chunk in self._queue if chunk not in taken)
+        def on_chunk_done(future: asyncio.Future[Arrays]) -> None:
+            if whole.done():
+                return
+            if future.cancelled():
+                whole.cancel()
+                return
+            error = future.exception()
+            if error is not None:
+                whole.set_exception(error)
+                return
+            pending[0] -= 1
+            if pending[0] == 0:
+                results = [chunk.future.result() for chunk in chunks]
+                whole.set_result({name: np.concatenate([r[name] for r in results]) for name in results[0]})
+
+        def on_whole_done(_whole: asyncio.Future[Arrays]) -> None:
+            for chunk in chunks:
+                chunk.future.cancel()
+
         for chunk in chunks:
+            chunk.future.add_done_callback(on_chunk_done)
+        whole.add_done_callback(on_whole_done)
+        return whole
+
+    def _on_queued_chunk_done(self, future: asyncio.Future[Arrays]) -> None:
+        """A chunk cancelled while queued leaves the queue at once, freeing its rows (the callback
+        is removed when a chunk is taken into a batch)."""
+        for chunk in self._queue:
+            if chunk.future is future:
+                self._queue.remove(chunk)
+                chunk.queued = False
+                self._queued_rows -= chunk.rows
+                return
+
+    def _take(self, batch: list[_Chunk]) -> None:
+        queue = self._queue
+        if all(queued is chunk for queued, chunk in zip(queue, batch, strict=False)):
+            for _ in batch:
+                queue.popleft()
+        else:
+            taken = set(batch)
+            self._queue = deque(chunk for chunk in queue if chunk not in taken)
+        for chunk in batch:
             chunk.queued = False
             self._queued_rows -= chunk.rows
+            chunk.future.remove_done_callback(self._on_queued_chunk_done)
 
     def _candidates(self) -> tuple[list[_Chunk], bool]:
-        """The batch the oldest chunk would run in now, and whether it can still grow."""
-        head = self._queue[0]
-        if not self._config.enabled:
-            return [head], False
+        """The batch the oldest chunk would run in now, and whether it can still grow. Chunks
+        cancelled whose callback has not run yet are passed over."""
         limit = self._batch_limit
+        head: _Chunk | None = None
         batch: list[_Chunk] = []
         rows = 0
         for chunk in self._queue:
-            if chunk.signature != head.signature:
+            if chunk.future.done():
+                continue
+            if head is None:
+                head = chunk
+                if not self._config.enabled:
+                    return [chunk], False
+            elif chunk.signature != head.signature:
                 continue
             # The head always runs, even when queued before the limit dropped below its size.
             if batch and rows + chunk.rows > limit:
@@ -359,53 +450,120 @@ class DynamicBatcher:
             rows += chunk.rows
         return batch, rows < limit
 
-    async def _next_batch(self) -> list[_Chunk] | None:
-        """Wait until a batch is due; ``None`` once stopping with nothing left."""
-        assert self._wakeup is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            self._wakeup.clear()
-            self._drop_cancelled()
-            if not self._queue:
-                if self._stopping:
-                    return None
-                await self._wakeup.wait()
-                continue
-            batch, can_grow = self._candidates()
-            remaining_s = self._queue[0].enqueued_at_s + self._config.max_queue_delay_s - loop.time()
-            if not can_grow or self._stopping or remaining_s <= 0:
-                self._take(batch)
-                return batch
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout=remaining_s)
+    # -- dispatching ------------------------------------------------------------------------------
+
+    def _dispatch_soon(self) -> None:
+        self._dispatch_handle = None
+        self._dispatch()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._dispatch()
+
+    def _arm_timer(self, at_s: float) -> None:
+        if self._timer is not None:
+            if self._timer_at_s <= at_s:
+                return  # an earlier check comes first and arms the next one
+            self._timer.cancel()
+        assert self._loop is not None
+        self._timer_at_s = at_s
+        self._timer = self._loop.call_at(at_s, self._on_timer)
+
+    def _dispatch(self) -> None:
+        """Start every batch that is due while slots are free: at once when no batch runs; while
+        one does, when the batch is full or its oldest request has waited ``max_queue_delay_s``."""
+        if self._closed:
+            return
+        try:
+            self._start_due_batches()
+        except Exception:
+            logger.exception("model '%s': batcher failed", self.model_name)
+            self._broken = True
+            unanswered = [*self._queue, *(chunk for batch in self._running for chunk in batch.chunks)]
+            self._fail(unanswered, ModelUnavailable(f"model '{self.model_name}': batcher failed"))
+        drained = self._drained
+        if drained is not None and not drained.done() and not self._queue and not self._running:
+            drained.set_result(None)
+
+    def _start_due_batches(self) -> None:
+        assert self._loop is not None
+        while self._queue and len(self._running) < self._max_concurrent_batches:
+            chunks, can_grow = self._candidates()
+            if not chunks:
+                return
+            at_once = not self._running
+            if can_grow and not at_once and not self._stopping:
+                due_at_s = chunks[0].enqueued_at_s + self._delay_s
+                if due_at_s > self._loop.time():
+                    self._arm_timer(due_at_s)
+                    return
+            self._take(chunks)
+            self.batches_started += 1
+            self.batches_started_at_once += at_once
+            self._start(chunks)
 
     # -- running ----------------------------------------------------------------------------------
 
-    async def _work(self) -> None:
-        assert self._slots is not None
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                await self._slots.acquire()
-                batch = await self._next_batch()
-                if batch is None:
-                    self._slots.release()
-                    break
-                task = loop.create_task(self._run_batch(batch))
-                self._running[task] = batch
-                task.add_done_callback(self._on_batch_done)
-            if self._running:
-                await asyncio.gather(*self._running, return_exceptions=True)
-        except Exception:
-            logger.exception("model '%s': batcher worker failed", self.model_name)
-            unanswered = [*self._queue, *(chunk for chunks in self._running.values() for chunk in chunks)]
-            self._fail(unanswered, ModelUnavailable(f"model '{self.model_name}': batcher failed"))
-            raise
+    def _start(self, chunks: list[_Chunk]) -> None:
+        """Start one batch. The common case, one call within the batch limit that succeeds, is
+        answered from the call's completion callback; anything else continues in a task."""
+        loop = self._loop
+        assert loop is not None
+        started_s = loop.time()
+        for chunk in chunks:
+            self._observe_wait(started_s - chunk.enqueued_at_s)
+        if len(chunks) == 1:
+            inputs = chunks[0].inputs
+        else:
+            inputs = {name: np.concatenate([c.inputs[name] for c in chunks]) for name in chunks[0].inputs}
+        rows = sum(chunk.rows for chunk in chunks)
+        batch = _Batch(chunks, rows, inputs)
+        self._running.add(batch)
+        if rows > self._batch_limit:  # queued before the limit dropped: several calls
+            batch.task = loop.create_task(self._run_batch(batch, None))
+            return
+        call = self._executor.submit(self._call_backend, inputs, rows)
+        call.add_done_callback(functools.partial(self._call_finished, loop, batch))
 
-    def _on_batch_done(self, task: asyncio.Task[None]) -> None:
-        self._running.pop(task, None)
-        assert self._slots is not None
-        self._slots.release()
+    def _call_finished(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batch: _Batch,
+        call: concurrent.futures.Future[_CallResult],
+    ) -> None:
+        """Runs in the executor's thread: hand the result to the event loop."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for the answer
+            loop.call_soon_threadsafe(self._on_call_done, batch, call)
+
+    def _on_call_done(self, batch: _Batch, call: concurrent.futures.Future[_CallResult]) -> None:
+        if batch not in self._running:
+            return  # stopped after the grace period: its requests were answered already
+        try:
+            result = call.result()
+        except Exception as error:  # _call_backend never raises; the executor might
+            result = _CallResult(None, error, 0.0)
+        self._report_batch(batch.rows, len(batch.chunks), result.seconds)
+        if result.error is not None:
+            assert self._loop is not None
+            batch.task = self._loop.create_task(self._run_batch(batch, result))
+            return
+        self._on_success(batch.rows)
+        outputs = result.outputs
+        assert outputs is not None
+        if len(batch.chunks) == 1:
+            _set_result(batch.chunks[0].future, outputs)
+        else:
+            start = 0
+            for chunk in batch.chunks:
+                stop = start + chunk.rows
+                _set_result(chunk.future, {name: array[start:stop] for name, array in outputs.items()})
+                start = stop
+        self._finish(batch)
+
+    def _finish(self, batch: _Batch) -> None:
+        if batch in self._running:
+            self._running.discard(batch)
+            self._dispatch()
 
     def _fail(self, chunks: list[_Chunk], error: ServingError) -> None:
         for chunk in chunks:
@@ -414,27 +572,31 @@ class DynamicBatcher:
         self._queue.clear()
         self._queued_rows = 0
 
-    async def _run_batch(self, chunks: list[_Chunk]) -> None:
-        loop = asyncio.get_running_loop()
-        chunks = [chunk for chunk in chunks if not chunk.future.done()]
-        if not chunks:
-            return
-        started_s = loop.time()
-        for chunk in chunks:
-            self._observe_wait(started_s - chunk.enqueued_at_s)
-        pieces = await self._run_rows(chunks)
-        isolate = self._answer(chunks, pieces)
-        if not isolate:
-            return
-        logger.warning(
-            "model '%s': a merged batch of %d requests failed (%s); running each alone",
-            self.model_name,
-            len(isolate),
-            next(piece.error for piece in pieces if piece.error is not None),
-        )
-        for chunk in isolate:
-            if not chunk.future.done():
-                self._answer([chunk], await self._run_rows([chunk]))
+    async def _run_batch(self, batch: _Batch, first: _CallResult | None) -> None:
+        """The batch's rows in calls of the batch limit, splitting on out-of-memory, and each
+        request of a failed merged call again alone; ``first`` is the failed whole-batch call."""
+        try:
+            chunks = batch.chunks
+            bounds = np.cumsum([0, *(chunk.rows for chunk in chunks)])
+            pieces = await self._run_range(batch.inputs, bounds, 0, batch.rows, first)
+            isolate = self._answer(chunks, pieces)
+            if isolate:
+                logger.warning(
+                    "model '%s': a merged batch of %d requests failed (%s); running each alone",
+                    self.model_name,
+                    len(isolate),
+                    next(piece.error for piece in pieces if piece.error is not None),
+                )
+                for chunk in isolate:
+                    if not chunk.future.done():
+                        self._answer([chunk], await self._run_rows([chunk]))
+        except Exception:
+            logger.exception("model '%s': running a batch failed", self.model_name)
+            error = BackendFault(f"model '{self.model_name}': running the batch failed; see the server log")
+            for chunk in batch.chunks:
+                _set_exception(chunk.future, error)
+        finally:
+            self._finish(batch)
 
     def _answer(self, chunks: list[_Chunk], pieces: list[_Piece]) -> list[_Chunk]:
         """Answer every chunk from the pieces covering its rows; return the chunks that share a
@@ -476,9 +638,12 @@ class DynamicBatcher:
         bounds = np.cumsum([0, *(chunk.rows for chunk in chunks)])
         return await self._run_range(inputs, bounds, 0, int(bounds[-1]))
 
-    async def _run_range(self, inputs: Arrays, bounds: np.ndarray, start: int, stop: int) -> list[_Piece]:
+    async def _run_range(
+        self, inputs: Arrays, bounds: np.ndarray, start: int, stop: int, first: _CallResult | None = None
+    ) -> list[_Piece]:
         """Rows ``start:stop`` in one call, or in calls of the batch limit when they exceed it
-        (chunks queued before the limit dropped); on out-of-memory, the two halves, recursively."""
+        (chunks queued before the limit dropped); on out-of-memory, the two halves, recursively.
+        ``first``, when given, is the outcome of the call of exactly these rows, already made."""
         rows = stop - start
         if rows > self._batch_limit:
             pieces: list[_Piece] = []
@@ -491,7 +656,7 @@ class DynamicBatcher:
         part = inputs if whole else {name: array[start:stop] for name, array in inputs.items()}
         first_chunk = int(np.searchsorted(bounds, start, side="right")) - 1
         last_chunk = int(np.searchsorted(bounds, stop, side="left")) - 1
-        result = await self._call(part, rows, last_chunk - first_chunk + 1)
+        result = first if first is not None else await self._call(part, rows, last_chunk - first_chunk + 1)
         if result.error is None:
             self._on_success(rows)
             return [_Piece(start, stop, result.outputs, None)]
@@ -560,12 +725,16 @@ class DynamicBatcher:
         """One backend call in the executor, reported to the observer."""
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(self._executor, self._call_backend, inputs, rows)
-        if self._observer is not None:
-            try:
-                self._observer.on_batch(self.model_name, rows, requests, result.seconds)
-            except Exception:
-                logger.exception("model '%s': batch observer failed", self.model_name)
+        self._report_batch(rows, requests, result.seconds)
         return result
+
+    def _report_batch(self, rows: int, requests: int, seconds: float) -> None:
+        if self._observer is None:
+            return
+        try:
+            self._observer.on_batch(self.model_name, rows, requests, seconds)
+        except Exception:
+            logger.exception("model '%s': batch observer failed", self.model_name)
 
     def _call_backend(self, inputs: Arrays, rows: int) -> _CallResult:
         """Runs in the executor; never raises, so the event loop sees one kind of answer."""

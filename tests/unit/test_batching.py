@@ -78,6 +78,28 @@ class Gated(Doubler):
         assert await asyncio.to_thread(self.started.wait, SAFETY_TIMEOUT_S)
 
 
+HOLD = 7.0
+
+
+class HeldOn(Doubler):
+    """A doubler whose calls holding ``value`` wait for ``release``; other calls run at once."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.value = value
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if (inputs["x"] == self.value).any():
+            self.held.set()
+            self.release.wait(timeout=SAFETY_TIMEOUT_S)
+        return super().__call__(inputs)
+
+    async def wait_held(self) -> None:
+        assert await asyncio.to_thread(self.held.wait, SAFETY_TIMEOUT_S)
+
+
 class Recorder:
     def __init__(self) -> None:
         self.waits: list[tuple[str, float]] = []
@@ -135,15 +157,25 @@ def test_a_full_batch_runs_without_waiting_for_the_delay(executor: concurrent.fu
 
 
 def test_the_delay_fires_for_a_batch_that_cannot_fill(executor: concurrent.futures.Executor) -> None:
-    backend = Doubler()
+    """While a batch runs, a request waits for partners; with a second slot free it starts once
+    it has waited the delay, the first batch still running."""
+    backend = HeldOn(HOLD)
 
     async def body() -> None:
-        b = batcher(backend, executor, max_batch_size=100, delay_s=0.01)
-        assert y(await b.submit(rows(1, 2, 3))) == [2, 4, 6]
+        b = batcher(backend, executor, max_batch_size=100, delay_s=0.01, max_concurrent_batches=2)
+        held = asyncio.create_task(b.submit(rows(HOLD)))
+        await backend.wait_held()
+        waiting = asyncio.create_task(b.submit(rows(1, 2, 3)))
+        await let_queued_tasks_run()
+        assert (b.batches_started, b.queued_rows) == (1, 3)
+        assert y(await waiting) == [2, 4, 6]
+        assert not held.done()
+        backend.release.set()
+        assert y(await held) == [2 * HOLD]
         await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
 
     run(body)
-    assert backend.batch_sizes == [3]
+    assert backend.batches == [[1, 2, 3], [HOLD]]
 
 
 def test_merged_requests_get_their_own_rows_back_in_order(executor: concurrent.futures.Executor) -> None:
@@ -242,6 +274,135 @@ def test_an_empty_request_is_a_caller_error(executor: concurrent.futures.Executo
         b = batcher(Doubler(), executor)
         with pytest.raises(ValueError, match="empty request"):
             await b.submit(rows())
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+
+
+# -- when a batch starts ---------------------------------------------------------------------------
+
+
+def test_a_lone_request_starts_at_once_without_waiting_for_the_delay(
+    executor: concurrent.futures.Executor,
+) -> None:
+    """With the longest delay a config allows, waiting for it would exceed the test's timeout."""
+    backend = Doubler()
+
+    async def body() -> None:
+        b = batcher(backend, executor, max_batch_size=100, delay_s=LONG_DELAY_S)
+        assert y(await b.submit(rows(1))) == [2]
+        assert y(await b.submit(rows(2, 3))) == [4, 6]
+        assert (b.batches_started, b.batches_started_at_once) == (2, 2)
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+    assert backend.batches == [[1], [2, 3]]
+
+
+def test_requests_queued_in_the_same_turn_of_the_loop_merge_when_idle(
+    executor: concurrent.futures.Executor,
+) -> None:
+    backend = Doubler()
+
+    async def body() -> None:
+        b = batcher(backend, executor, max_batch_size=100, delay_s=LONG_DELAY_S)
+        results = await asyncio.gather(b.submit(rows(1)), b.submit(rows(2)), b.submit(rows(3, 4)))
+        assert [y(r) for r in results] == [[2], [4], [6, 8]]
+        assert b.batches_started == 1
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+    assert backend.batches == [[1, 2, 3, 4]]
+
+
+def test_requests_arriving_while_a_batch_runs_merge_into_the_next_one(
+    executor: concurrent.futures.Executor,
+) -> None:
+    backend = HeldOn(HOLD)
+
+    async def body() -> None:
+        b = batcher(backend, executor, max_batch_size=100, delay_s=LONG_DELAY_S)
+        running = asyncio.create_task(b.submit(rows(HOLD)))
+        await backend.wait_held()
+        later = [asyncio.create_task(b.submit(rows(value))) for value in (1, 2, 3)]
+        await let_queued_tasks_run()
+        assert (b.batches_started, b.queued_rows) == (1, 3)
+        backend.release.set()
+        assert y(await running) == [2 * HOLD]
+        assert [y(await task) for task in later] == [[2], [4], [6]]
+        # The second batch started when the first finished, not after the delay.
+        assert (b.batches_started, b.batches_started_at_once) == (2, 2)
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+    assert backend.batches == [[HOLD], [1, 2, 3]]
+
+
+def test_a_full_batch_does_not_wait_for_the_running_one_when_a_slot_is_free(
+    executor: concurrent.futures.Executor,
+) -> None:
+    backend = HeldOn(HOLD)
+
+    async def body() -> None:
+        b = batcher(backend, executor, max_batch_size=2, delay_s=LONG_DELAY_S, max_concurrent_batches=2)
+        running = asyncio.create_task(b.submit(rows(HOLD)))
+        await backend.wait_held()
+        assert y(await b.submit(rows(1, 2))) == [2, 4]
+        assert not running.done()
+        assert (b.batches_started, b.batches_started_at_once) == (2, 1)
+        backend.release.set()
+        assert y(await running) == [2 * HOLD]
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+
+
+def test_a_cancelled_request_does_not_hold_back_the_batch_behind_it(
+    executor: concurrent.futures.Executor,
+) -> None:
+    backend = HeldOn(HOLD)
+
+    async def body() -> None:
+        b = batcher(backend, executor, max_batch_size=100, delay_s=LONG_DELAY_S)
+        running = asyncio.create_task(b.submit(rows(HOLD)))
+        await backend.wait_held()
+        abandoned = b.enqueue(rows(5, 6))
+        kept = asyncio.create_task(b.submit(rows(1)))
+        await let_queued_tasks_run()
+        abandoned.cancel()
+        backend.release.set()
+        assert y(await running) == [2 * HOLD]
+        assert y(await kept) == [2]
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+    assert backend.batches == [[HOLD], [1]]
+
+
+def test_enqueue_answers_through_the_future_it_returns(executor: concurrent.futures.Executor) -> None:
+    async def body() -> None:
+        b = batcher(Doubler(), executor, max_batch_size=4, delay_s=0.0)
+        whole = b.enqueue(rows(*range(10)))  # three chunks, one future
+        single = b.enqueue(rows(3))
+        assert y(await whole) == [2.0 * v for v in range(10)]
+        assert y(await single) == [6]
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+
+
+def test_enqueue_refuses_a_full_queue_at_once(executor: concurrent.futures.Executor) -> None:
+    backend = HeldOn(HOLD)
+
+    async def body() -> None:
+        b = batcher(backend, executor, max_batch_size=2, delay_s=0.0, max_queue_rows=2)
+        running = b.enqueue(rows(HOLD))
+        await backend.wait_held()
+        queued = b.enqueue(rows(1, 2))
+        with pytest.raises(QueueFull, match="2 rows queued, this request has 1, the limit is 2"):
+            b.enqueue(rows(3))
+        backend.release.set()
+        assert (y(await running), y(await queued)) == ([2 * HOLD], [2, 4])
         await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
 
     run(body)
