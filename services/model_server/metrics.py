@@ -4,6 +4,10 @@ Each server process has its own registry and serves it on its own ``/metrics``; 
 supervisor lists every server as a scrape target, so no series is exported twice. Names
 carry their unit (``_seconds``, ``_rows``, ``_total``). Labels stay bounded: ``model`` comes
 from the repository (never from a request), ``code`` is a gRPC status name.
+
+A request touches half a dozen series of its model. Looking a labelled child up costs several
+times what updating it does, so each model's children are resolved once (``ModelMetrics``,
+``ServerMetrics.for_model``) and kept for the life of the process.
 """
 
 from __future__ import annotations
@@ -22,6 +26,40 @@ LATENCY_BUCKETS_S = (
 )  # fmt: skip
 BATCH_ROWS_BUCKETS = tuple(float(1 << i) for i in range(0, 17))
 REQUESTS_PER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class ModelMetrics:
+    """The series of one model, labelled once: what the request path and the batcher update."""
+
+    def __init__(self, metrics: ServerMetrics, model: str) -> None:
+        self.model = model
+        self._requests = metrics.requests
+        self._requests_by_code: dict[str, Counter] = {}
+        self.request_duration = metrics.request_duration.labels(model=model)
+        self.rows = metrics.rows.labels(model=model)
+        self.in_flight = metrics.in_flight.labels(model=model)
+        self.queue_wait = metrics.queue_wait.labels(model=model)
+        self.batch_rows = metrics.batch_rows.labels(model=model)
+        self.batch_requests = metrics.batch_requests.labels(model=model)
+        self.inference_duration = metrics.inference_duration.labels(model=model)
+
+    def requests(self, code: str) -> Counter:
+        """The request counter of this model and status ``code`` (a gRPC status name)."""
+        child = self._requests_by_code.get(code)
+        if child is None:
+            child = self._requests_by_code[code] = self._requests.labels(model=self.model, code=code)
+        return child
+
+    def observe_request(self, code: str, seconds: float, rows: int) -> None:
+        self.requests(code).inc()
+        self.request_duration.observe(seconds)
+        if rows:
+            self.rows.inc(rows)
+
+    def observe_batch(self, rows: int, requests: int, seconds: float) -> None:
+        self.batch_rows.observe(rows)
+        self.batch_requests.observe(requests)
+        self.inference_duration.observe(seconds)
 
 
 class ServerMetrics:
@@ -139,6 +177,15 @@ class ServerMetrics:
             "udfserve_server_start_time_seconds", "Unix time the process started.", registry=registry
         )
         self.start_time.set(time.time())
+        self._models: dict[str, ModelMetrics] = {}
+
+    def for_model(self, model: str) -> ModelMetrics:
+        """The series of ``model``, labelled on first use and kept (models come from the repository,
+        so there are few)."""
+        children = self._models.get(model)
+        if children is None:
+            children = self._models[model] = ModelMetrics(self, model)
+        return children
 
     def register(self, collectors: Iterable[Collector]) -> None:
         """Add collectors of other parts of the process (GPU figures, for instance)."""
@@ -149,19 +196,14 @@ class ServerMetrics:
         self.queued_rows.labels(model=model).set_function(queued_rows)
 
     def observe_request(self, model: str, code: str, seconds: float, rows: int) -> None:
-        self.requests.labels(model=model, code=code).inc()
-        self.request_duration.labels(model=model).observe(seconds)
-        if rows:
-            self.rows.labels(model=model).inc(rows)
+        self.for_model(model).observe_request(code, seconds, rows)
 
     # BatchObserver
     def on_queue_wait(self, model: str, seconds: float) -> None:
-        self.queue_wait.labels(model=model).observe(seconds)
+        self.for_model(model).queue_wait.observe(seconds)
 
     def on_batch(self, model: str, rows: int, requests: int, seconds: float) -> None:
-        self.batch_rows.labels(model=model).observe(rows)
-        self.batch_requests.labels(model=model).observe(requests)
-        self.inference_duration.labels(model=model).observe(seconds)
+        self.for_model(model).observe_batch(rows, requests, seconds)
 
     # MemoryObserver
     def on_out_of_memory(self, model: str, rows: int) -> None:
