@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from spark_client.metadata import ModelSpec
-from spark_client.rechunk import CONTINUES, Continuation
+from spark_client.rechunk import Pieces
 
 PandasInput: TypeAlias = pd.Series | pd.DataFrame
 
@@ -60,19 +60,22 @@ def pandas_to_request(columns: PandasInput | tuple[PandasInput, ...], spec: Mode
     return pa.RecordBatch.from_arrays(arrays, names=list(spec.input_names))
 
 
-def pandas_pieces(
-    item: PandasInput | tuple[PandasInput, ...], spec: ModelSpec, rows: int
-) -> Iterator[tuple[Continuation | None, pa.RecordBatch]]:
-    """A Spark batch converted ``rows`` rows at a time, for the rechunker: the first piece carries
-    the batch, the others continue it. Converted rows then live only while their request is in
-    flight, instead of a converted copy of the whole batch (Spark hands over up to
-    ``maxRecordsPerBatch`` rows at once) living until its last request is answered."""
+def pandas_pieces(item: PandasInput | tuple[PandasInput, ...], spec: ModelSpec, rows: int) -> Pieces:
+    """A Spark batch for the rechunker, converted ``rows`` rows at a time as the requests need them.
+
+    Converted rows then live only while their request is in flight, instead of a converted copy
+    of the whole batch (Spark hands over up to ``maxRecordsPerBatch`` rows at once) living until
+    its last request is answered.
+    """
     given = item if isinstance(item, tuple) else (item,)
     total = len(given[0])
-    for start in range(0, max(total, 1), rows):
-        sliced = tuple(column.iloc[start : start + rows] for column in given)
-        piece = pandas_to_request(sliced if isinstance(item, tuple) else sliced[0], spec)
-        yield (None if start == 0 else CONTINUES), piece
+
+    def converted() -> Iterator[pa.RecordBatch]:
+        for start in range(0, total, rows):
+            sliced = tuple(column.iloc[start : start + rows] for column in given)
+            yield pandas_to_request(sliced if isinstance(item, tuple) else sliced[0], spec)
+
+    return Pieces(total, converted())
 
 
 def series_to_arrow(series: pd.Series) -> pa.Array:

@@ -19,14 +19,16 @@ import pyarrow as pa
 Carry = TypeVar("Carry")
 
 
-class Continuation:
-    """The carry of a piece that continues the Spark batch before it (see ``Rechunker.requests``)."""
+@dataclass
+class Pieces:
+    """A Spark batch of ``rows`` rows handed over in pieces, converted as the requests need them.
 
-    def __repr__(self) -> str:
-        return "CONTINUES"
+    The rows are announced first, so the batch's answer waits for all of them however far the
+    answers run ahead of the conversion.
+    """
 
-
-CONTINUES = Continuation()
+    rows: int
+    batches: Iterable[pa.RecordBatch]
 
 
 @dataclass
@@ -47,43 +49,50 @@ class Rechunker(Generic[Carry]):
         self._max_request_bytes = max_request_bytes
         self._empty_answer = empty_answer
         self._waiting: deque[_Waiting[Carry]] = deque()
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = self._pending_limit = 0
 
-    def requests(
-        self, batches: Iterable[tuple[Carry | Continuation, pa.RecordBatch]]
-    ) -> Iterator[pa.RecordBatch]:
+    def requests(self, batches: Iterable[tuple[Carry, pa.RecordBatch | Pieces]]) -> Iterator[pa.RecordBatch]:
         """Requests of ``rows_per_request`` rows at most (fewer when too many bytes), never empty.
 
-        A batch whose carry is ``CONTINUES`` is more rows of the Spark batch before it: a caller
-        that converts a big Spark batch piece by piece hands the pieces over as they are
-        converted, and still gets one answer for the whole Spark batch.
+        A Spark batch is a record batch, or ``Pieces`` read only as far as the requests need:
+        a caller that converts a big Spark batch piece by piece holds one request's worth of
+        converted rows, not a copy of the whole batch, and still gets one answer for it.
         """
-        pending: list[pa.RecordBatch] = []
-        pending_rows = pending_limit = 0
-        for carry, batch in batches:
-            if isinstance(carry, Continuation):
-                if not self._waiting:
-                    raise ValueError("the first batch cannot continue a batch before it (carry CONTINUES)")
-                self._waiting[-1].rows += batch.num_rows
+        for carry, item in batches:
+            if isinstance(item, Pieces):
+                self._waiting.append(_Waiting(carry, item.rows))
+                yield from self._cut(item.batches, item.rows)
             else:
-                self._waiting.append(_Waiting(carry, batch.num_rows))
+                self._waiting.append(_Waiting(carry, item.num_rows))
+                yield from self._cut((item,), item.num_rows)
+        if self._pending:
+            yield _join(self._pending)
+            self._pending, self._pending_rows = [], 0
+
+    def _cut(self, pieces: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+        """The requests that fill up with ``pieces``; what does not fill one waits in ``_pending``."""
+        seen = 0
+        for batch in pieces:
+            seen += batch.num_rows
             if batch.num_rows == 0:
                 continue
             limit = self._row_limit(batch)
-            if pending and (pending[0].schema != batch.schema or limit != pending_limit):
-                yield _join(pending)
-                pending, pending_rows = [], 0
-            pending_limit = limit
+            if self._pending and (self._pending[0].schema != batch.schema or limit != self._pending_limit):
+                yield _join(self._pending)
+                self._pending, self._pending_rows = [], 0
+            self._pending_limit = limit
             start = 0
             while start < batch.num_rows:
-                take = min(limit - pending_rows, batch.num_rows - start)
-                pending.append(batch.slice(start, take))
-                pending_rows += take
+                take = min(limit - self._pending_rows, batch.num_rows - start)
+                self._pending.append(batch.slice(start, take))
+                self._pending_rows += take
                 start += take
-                if pending_rows == limit:
-                    yield _join(pending)
-                    pending, pending_rows = [], 0
-        if pending:
-            yield _join(pending)
+                if self._pending_rows == limit:
+                    yield _join(self._pending)
+                    self._pending, self._pending_rows = [], 0
+        if seen != rows:
+            raise ValueError(f"a Spark batch announced {rows} rows but its pieces hold {seen}")
 
     def answers(self, results: Iterable[pa.RecordBatch]) -> Iterator[tuple[Carry, pa.RecordBatch]]:
         """One answer per Spark batch read by ``requests``, in order, row for row."""

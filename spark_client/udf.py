@@ -323,9 +323,7 @@ def _predict_pandas(job: PredictJob, batches: Iterator[Any], as_struct: bool) ->
     rechunker: Rechunker[None] = Rechunker(
         job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
     )
-    requests = (
-        piece for item in batches for piece in pandas_pieces(item, job.spec, job.config.rows_per_request)
-    )
+    requests = ((None, pandas_pieces(item, job.spec, job.config.rows_per_request)) for item in batches)
     with counted(job) as (context, stats):
         answers = predict_partition(
             job, rechunker.requests(requests), os.environ, task_placement(), context=context, stats=stats

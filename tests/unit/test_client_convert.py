@@ -18,7 +18,6 @@ from spark_client.convert import (
     series_to_arrow,
 )
 from spark_client.metadata import ModelSpec, Tensor
-from spark_client.rechunk import CONTINUES
 from spark_client.udf import spark_return_type
 
 MULTI = ModelSpec(
@@ -151,20 +150,14 @@ def spark_row(matrix: np.ndarray) -> np.ndarray:
     return row
 
 
-def test_a_big_pandas_batch_is_converted_in_pieces_that_continue_it() -> None:
+def test_a_big_pandas_batch_is_converted_in_pieces_of_the_request_size() -> None:
     series = pd.Series([spark_row(np.arange(6, dtype=np.float32).reshape(2, 3) + row) for row in range(10)])
-    pieces = list(pandas_pieces(series, SEQUENCE, 4))
-    assert [(carry is CONTINUES, piece.num_rows) for carry, piece in pieces] == [
-        (False, 4),
-        (True, 4),
-        (True, 2),
-    ]
-    assert pieces[0][0] is None
-    joined = pa.concat_batches([piece for _, piece in pieces])
-    assert joined.equals(pandas_to_request(series, SEQUENCE))
+    pieces = pandas_pieces(series, SEQUENCE, 4)
+    converted = list(pieces.batches)
+    assert pieces.rows == 10 and [piece.num_rows for piece in converted] == [4, 4, 2]
+    assert pa.concat_batches(converted).equals(pandas_to_request(series, SEQUENCE))
 
 
-def test_an_empty_pandas_batch_is_one_empty_piece() -> None:
-    columns = (pd.Series([], dtype=np.int32), pd.Series([], dtype=object))
-    pieces = list(pandas_pieces(columns, MULTI, 4))
-    assert [(carry, piece.num_rows) for carry, piece in pieces] == [(None, 0)]
+def test_an_empty_pandas_batch_announces_no_rows_and_has_no_piece() -> None:
+    pieces = pandas_pieces((pd.Series([], dtype=np.int32), pd.Series([], dtype=object)), MULTI, 4)
+    assert (pieces.rows, list(pieces.batches)) == (0, [])

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pyarrow as pa
 import pytest
 
-from spark_client.rechunk import CONTINUES, Rechunker
+from spark_client.rechunk import Pieces, Rechunker
 
 EMPTY = pa.RecordBatch.from_arrays([pa.array([], pa.int64())], names=["y"])
 
@@ -60,16 +62,25 @@ def test_answers_that_do_not_cover_the_requests_are_an_error() -> None:
         list(rechunker.answers(short))
 
 
-def test_pieces_that_continue_a_batch_are_answered_as_that_one_batch() -> None:
-    rechunker: Rechunker[object] = Rechunker(4, 1 << 20, EMPTY)
-    inputs = [(0, batch(0, 3)), (CONTINUES, batch(3, 3)), (1, batch(6, 2)), (CONTINUES, batch(8, 0))]
-    requests = list(rechunker.requests(iter(inputs)))
-    answers = [(carry, answer.column(0).to_pylist()) for carry, answer in rechunker.answers(echo(requests))]
-    assert [r.num_rows for r in requests] == [4, 4]
-    assert answers == [(0, [0, 1, 2, 3, 4, 5]), (1, [6, 7])]
+def test_a_batch_in_pieces_is_answered_whole_when_each_request_is_answered_before_the_next_is_cut() -> None:
+    """One request in flight: the answers run ahead of the pieces, and the batch's answer still
+    waits for all the rows it announced."""
+    rechunker: Rechunker[int] = Rechunker(2, 1 << 20, EMPTY)
+    pieces_read: list[int] = []
+
+    def pieces() -> Iterator[pa.RecordBatch]:
+        for start in (0, 2, 4):
+            pieces_read.append(start)
+            yield batch(start, 2)
+
+    inputs = [(0, Pieces(6, pieces())), (1, batch(6, 1))]
+    lockstep = (echo([request])[0] for request in rechunker.requests(iter(inputs)))
+    answers = [(carry, answer.column(0).to_pylist()) for carry, answer in rechunker.answers(lockstep)]
+    assert answers == [(0, [0, 1, 2, 3, 4, 5]), (1, [6])]
+    assert pieces_read == [0, 2, 4]
 
 
-def test_a_first_piece_that_continues_nothing_is_refused() -> None:
-    rechunker: Rechunker[object] = Rechunker(4, 1 << 20, EMPTY)
-    with pytest.raises(ValueError, match="the first batch cannot continue"):
-        list(rechunker.requests(iter([(CONTINUES, batch(0, 2))])))
+def test_pieces_that_do_not_hold_the_announced_rows_are_an_error() -> None:
+    rechunker: Rechunker[int] = Rechunker(4, 1 << 20, EMPTY)
+    with pytest.raises(ValueError, match="announced 5 rows but its pieces hold 2"):
+        list(rechunker.requests(iter([(0, Pieces(5, iter([batch(0, 2)])))])))
