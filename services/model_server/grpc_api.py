@@ -6,6 +6,8 @@ answered in its own ``PredictResponse.error``; the stream goes on for the others
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -17,10 +19,10 @@ from services.model_server.config import TensorSpec
 from services.model_server.errors import InvalidInput, ServingError
 from services.model_server.in_flight import InFlightRequests
 from services.model_server.job_context import JobContext, parse_job_context
-from services.model_server.metrics import ServerMetrics
+from services.model_server.metrics import ModelMetrics, ServerMetrics
 from services.model_server.models import ModelInfo, ModelTable, ServedModel
 from services.model_server.schema import batch_to_inputs, outputs_to_batch
-from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_concurrently
+from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
@@ -79,72 +81,124 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         self, request_iterator: AsyncIterator[pb.PredictRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.PredictResponse]:
         job = parse_job_context(context.invocation_metadata())
-
-        async def answer(request: pb.PredictRequest) -> pb.PredictResponse:
-            return await self._predict(request, job)
-
+        start = functools.partial(self._start, job=job)
+        responses: AsyncIterator[pb.PredictResponse] = answer_inline(
+            request_iterator, start, MAX_IN_FLIGHT_PER_STREAM
+        )
         self._metrics.streams_active.inc()
         try:
-            async for response in answer_concurrently(request_iterator, answer, MAX_IN_FLIGHT_PER_STREAM):
+            async for response in responses:
                 yield response
         finally:
             self._metrics.streams_active.dec()
 
-    async def _predict(self, request: pb.PredictRequest, job: JobContext) -> pb.PredictResponse:
-        """Answer one batch; never raises: failures become the response's error."""
-        started = time.perf_counter()
-        with self._in_flight.track():
-            model_label, code, rows, response = await self._answer(request)
-        seconds = time.perf_counter() - started
-        self._metrics.observe_request(model_label, code.name, seconds, rows)
-        self._metrics.applications.observe(job, model_label, request.batch_id, code.name, seconds, rows)
-        return response
-
-    async def _answer(
-        self, request: pb.PredictRequest
-    ) -> tuple[str, grpc.StatusCode, int, pb.PredictResponse]:
-        """(metrics label, status, rows answered, response) of one batch."""
-        model_label = UNKNOWN_MODEL_LABEL
+    def _start(
+        self, request: pb.PredictRequest, job: JobContext
+    ) -> pb.PredictResponse | Pending[pb.PredictResponse]:
+        """Check, decode and queue one batch, inline in the stream's reader; the answer, or the
+        batcher's future and what makes the answer from it. Never raises: failures become the
+        response's error."""
+        started_s = time.perf_counter()
+        model_metrics: ModelMetrics | None = None
         try:
             served = self._models.ready(request.model, request.version)
-            model_label = served.name
-            self._metrics.in_flight.labels(model=model_label).inc()
+            assert served.model is not None and served.batcher is not None and served.metrics is not None
+            model_metrics = served.metrics
             try:
-                payload, rows = await self._run(served, request)
-            finally:
-                self._metrics.in_flight.labels(model=model_label).dec()
-            assert served.source is not None
-            response = pb.PredictResponse(
-                batch_id=request.batch_id, arrow_ipc=payload, model_version=served.source.version
-            )
-            return model_label, grpc.StatusCode.OK, rows, response
-        except ServingError as exc:
-            return model_label, exc.code, 0, self._error(request.batch_id, exc.code, exc.message)
+                batch = decode_batch(request.arrow_ipc)
+            except ArrowPayloadError as exc:
+                raise InvalidInput(f"model {served.name!r}: {exc}") from None
+            inputs = batch_to_inputs(batch, served.name, served.model.inputs)
+            rows = batch.num_rows
+            if rows == 0:
+                response = self._respond(served, request, _empty_outputs(served), rows)
+                self._observe(model_metrics, job, request, grpc.StatusCode.OK, started_s, rows)
+                return response
+            future = served.batcher.enqueue(inputs)
         except Exception as exc:
-            logger.exception(
-                "unexpected failure answering model %r batch %d", request.model, request.batch_id
-            )
-            code = grpc.StatusCode.INTERNAL
-            return model_label, code, 0, self._error(request.batch_id, code, f"{type(exc).__name__}: {exc}")
+            return self._refuse(model_metrics, job, request, exc, started_s)
+        self._in_flight.begin()
+        model_metrics.in_flight.inc()
+        finish = functools.partial(self._finish, served, model_metrics, job, request, rows, started_s)
+        return Pending(future, finish)
 
-    async def _run(self, served: ServedModel, request: pb.PredictRequest) -> tuple[bytes, int]:
-        assert served.model is not None and served.batcher is not None
+    def _finish(
+        self,
+        served: ServedModel,
+        model_metrics: ModelMetrics,
+        job: JobContext,
+        request: pb.PredictRequest,
+        rows: int,
+        started_s: float,
+        outputs: asyncio.Future[dict[str, np.ndarray]],
+    ) -> pb.PredictResponse:
+        """The answer to one batch once the batcher answered it (or the stream closed first, and
+        the answer is not wanted)."""
+        self._in_flight.end()
+        model_metrics.in_flight.dec()
+        if outputs.cancelled():
+            raise asyncio.CancelledError
         try:
-            batch = decode_batch(request.arrow_ipc)
-        except ArrowPayloadError as exc:
-            raise InvalidInput(f"model {served.name!r}: {exc}") from None
-        inputs = batch_to_inputs(batch, served.name, served.model.inputs)
-        if batch.num_rows == 0:
-            outputs = _empty_outputs(served)
-        else:
-            outputs = await served.batcher.submit(inputs)
+            response = self._respond(served, request, outputs.result(), rows)
+        except Exception as exc:
+            return self._refuse(model_metrics, job, request, exc, started_s)
+        self._observe(model_metrics, job, request, grpc.StatusCode.OK, started_s, rows)
+        return response
+
+    def _respond(
+        self, served: ServedModel, request: pb.PredictRequest, outputs: dict[str, np.ndarray], rows: int
+    ) -> pb.PredictResponse:
+        assert served.model is not None and served.source is not None
         payload = encode_batch(outputs_to_batch(outputs, served.model.outputs))
         if len(payload) > self._max_response_bytes:
             raise InvalidInput(
-                f"model {served.name!r}: the answer to {batch.num_rows} rows is {len(payload)} bytes, over "
+                f"model {served.name!r}: the answer to {rows} rows is {len(payload)} bytes, over "
                 f"the {self._max_response_bytes} byte message limit; send fewer rows per request"
             )
-        return payload, batch.num_rows
+        return pb.PredictResponse(
+            batch_id=request.batch_id, arrow_ipc=payload, model_version=served.source.version
+        )
+
+    def _refuse(
+        self,
+        model_metrics: ModelMetrics | None,
+        job: JobContext,
+        request: pb.PredictRequest,
+        exc: Exception,
+        started_s: float,
+    ) -> pb.PredictResponse:
+        """The error answer to one batch: a ``ServingError`` with its status, anything else INTERNAL."""
+        if isinstance(exc, ServingError):
+            code, message = exc.code, exc.message
+        else:
+            logger.error(
+                "unexpected failure answering model %r batch %d",
+                request.model,
+                request.batch_id,
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+            code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+        self._observe(model_metrics, job, request, code, started_s, 0)
+        return self._error(request.batch_id, code, message)
+
+    def _observe(
+        self,
+        model_metrics: ModelMetrics | None,
+        job: JobContext,
+        request: pb.PredictRequest,
+        code: grpc.StatusCode,
+        started_s: float,
+        rows: int,
+    ) -> None:
+        """Count one answered batch; ``model_metrics`` is None for a request naming no served model."""
+        seconds = time.perf_counter() - started_s
+        if model_metrics is None:
+            model = UNKNOWN_MODEL_LABEL
+            self._metrics.observe_request(model, code.name, seconds, rows)
+        else:
+            model = model_metrics.model
+            model_metrics.observe_request(code.name, seconds, rows)
+        self._metrics.applications.observe(job, model, request.batch_id, code.name, seconds, rows)
 
     @staticmethod
     def _error(batch_id: int, code: grpc.StatusCode, message: str) -> pb.PredictResponse:

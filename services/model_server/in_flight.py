@@ -1,14 +1,14 @@
 """Requests accepted and not yet answered, across every protocol the server speaks.
 
 Draining waits on this one count, so a SIGTERM answers the Arrow and the KServe requests
-already accepted alike before the listeners close.
+already accepted alike before the listeners close. It is updated twice per request, so it is
+kept to plain attribute updates (the event changes only when the count leaves or reaches 0).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterator
+from types import TracebackType
 
 
 class InFlightRequests:
@@ -21,16 +21,32 @@ class InFlightRequests:
     def count(self) -> int:
         return self._count
 
-    @contextlib.contextmanager
-    def track(self) -> Iterator[None]:
+    def begin(self) -> None:
+        """One more request accepted; pair with ``end`` once it is answered."""
         self._count += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self._count -= 1
-            if self._count == 0:
-                self._idle.set()
+        if self._count == 1:
+            self._idle.clear()
+
+    def end(self) -> None:
+        """One accepted request answered (or abandoned by its client)."""
+        self._count -= 1
+        if self._count == 0:
+            self._idle.set()
+
+    def track(self) -> InFlightRequests:
+        """``with in_flight.track():`` counts the request for the duration of the block."""
+        return self
+
+    def __enter__(self) -> None:
+        self.begin()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.end()
 
     async def wait_idle(self) -> None:
         """Return once every accepted request has been answered."""

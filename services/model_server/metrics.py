@@ -180,8 +180,8 @@ class ServerMetrics:
         self._models: dict[str, ModelMetrics] = {}
 
     def for_model(self, model: str) -> ModelMetrics:
-        """The series of ``model``, labelled on first use and kept (models come from the repository,
-        so there are few)."""
+        """The series of a served ``model``, labelled on first use and kept (models come from the
+        repository, so there are few)."""
         children = self._models.get(model)
         if children is None:
             children = self._models[model] = ModelMetrics(self, model)
@@ -196,7 +196,16 @@ class ServerMetrics:
         self.queued_rows.labels(model=model).set_function(queued_rows)
 
     def observe_request(self, model: str, code: str, seconds: float, rows: int) -> None:
-        self.for_model(model).observe_request(code, seconds, rows)
+        """Through the model's cached series when it has them (it is served); else (a request naming
+        no served model) labelled here, so that such a label gets no series beyond these."""
+        children = self._models.get(model)
+        if children is not None:
+            children.observe_request(code, seconds, rows)
+            return
+        self.requests.labels(model=model, code=code).inc()
+        self.request_duration.labels(model=model).observe(seconds)
+        if rows:
+            self.rows.labels(model=model).inc(rows)
 
     # BatchObserver
     def on_queue_wait(self, model: str, seconds: float) -> None:

@@ -22,7 +22,7 @@ from services.model_server.backends.base import LoadedModel
 from services.model_server.batching import DynamicBatcher
 from services.model_server.config import ServerConfig, TensorSpec, validate_model_name
 from services.model_server.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelUnavailable
-from services.model_server.metrics import ServerMetrics
+from services.model_server.metrics import ModelMetrics, ServerMetrics
 from services.model_server.repository import ModelSource, load_model, scan_repository
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,8 @@ class ServedModel:
     model: LoadedModel | None = None
     batcher: DynamicBatcher | None = None
     executor: ThreadPoolExecutor | None = field(default=None, repr=False)
+    metrics: ModelMetrics | None = field(default=None, repr=False)
+    """The model's labelled series, resolved once at load for the request path."""
 
 
 class ModelTable:
@@ -122,6 +124,7 @@ class ModelTable:
                 max_concurrent_batches=self._config.inference_threads,
             )
             batcher.start()
+            served.metrics = self._metrics.for_model(source.name)
             served.batcher = batcher
             self._metrics.track_queue(source.name, lambda: batcher.queued_rows)
             served.state = "ready"
