@@ -65,3 +65,38 @@ def server(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -
     )
     yield process
     process.terminate()
+
+
+THROTTLED_ITERATIONS = 200
+"""Loop iterations of the throttled server's model: about a third of a second per 1,000 rows."""
+
+THROTTLED_CONFIG = """\
+max_batch_size: 4096
+warmup: false
+dynamic_batching:
+  max_queue_delay_s: 0.002
+  max_queue_rows: 1000
+"""
+
+
+@pytest.fixture(scope="module")
+def throttled_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server whose queue is full while a call runs: a genuinely slow model (``slow_model.py``)
+    behind a queue of one 1,000-row request, so that of a window of several such requests one
+    runs, one waits, and the others are refused until the call ends (a third of a second)."""
+    import subprocess
+
+    root = tmp_path_factory.mktemp("throttled")
+    slow_model = Path(__file__).with_name("slow_model.py")
+    subprocess.run(
+        [sys.executable, str(slow_model), str(root / "repository"), str(THROTTLED_ITERATIONS)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (root / "repository" / "slow_sum" / "config.yaml").write_text(THROTTLED_CONFIG)
+    process = launch_server(
+        root / "repository", socket=root / "grpc.sock", port=None, http_port=0, log_path=root / "server.log"
+    )
+    yield process
+    process.terminate()

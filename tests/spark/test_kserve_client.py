@@ -8,7 +8,6 @@ by ``python -m benchmarks.kserve.interop`` (a heavy peer, outside the test run).
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,14 +34,6 @@ MODELS = {
     "tabular_mlp": ("features", (64,), "probabilities"),
     "sequence_bilstm": ("lines", (16, 32), "class_probabilities"),
 }
-
-THROTTLED_CONFIG = """\
-name: tabular_mlp
-max_batch_size: 4096
-dynamic_batching:
-  max_queue_delay_s: 0.2
-  max_queue_rows: 1000
-"""
 
 
 def kserve_config(server: ServerProcess, **settings: object) -> ClientConfig:
@@ -162,32 +153,22 @@ def test_an_unknown_model_fails_in_the_driver_naming_the_server_and_the_model(
         remote_predict("no_such_model", config=kserve_config(server))
 
 
-@pytest.fixture(scope="module")
-def throttled_server(
-    example_repository: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("kserve-throttled")
-    shutil.copytree(example_repository / "tabular_mlp", root / "repository" / "tabular_mlp")
-    (root / "repository" / "tabular_mlp" / "config.yaml").write_text(THROTTLED_CONFIG)
-    process = launch_server(
-        root / "repository", socket=root / "grpc.sock", port=None, http_port=0, log_path=root / "server.log"
-    )
-    yield process
-    process.terminate()
-
-
 def test_exceeds_maximum_queue_size_is_waited_out_not_taken_for_a_failure(
-    throttled_server: ServerProcess, example_repository: Path
+    throttled_server: ServerProcess,
 ) -> None:
     """The KServe endpoint answers a full queue as Triton does (UNAVAILABLE, "Exceeds maximum queue
-    size"); the client backs off and resends, though the CPU fallback could have answered."""
+    size"); the client backs off and resends instead of taking the CPU fallback (whose repository
+    does not exist, so taking it would fail the test)."""
     ids = np.arange(6_000)
-    job = kserve_job(throttled_server, fallback="cpu", model_repository=str(example_repository))
+    config = kserve_config(throttled_server, max_in_flight=6, model_repository="/nonexistent-repository")
+    spec = describe_model(throttled_server.grpc_target(), config, "slow_sum").spec
+    column = pa.FixedSizeListArray.from_arrays(pa.array(feature_values(ids, (4,)).reshape(-1)), 4)
+    batch = pa.RecordBatch.from_arrays([column], names=["features"])
     stats = ClientStats()
     answers = list(
         predict_partition(
-            job,
-            iter(tabular_requests(ids, 1_000)),
+            PredictJob("slow_sum", spec, config),
+            iter([batch.slice(start, 1_000) for start in range(0, len(ids), 1_000)]),
             {},
             TaskPlacement(),
             stats=stats,
@@ -196,7 +177,8 @@ def test_exceeds_maximum_queue_size_is_waited_out_not_taken_for_a_failure(
     )
     assert stats.backoff_waits > 0 and stats.retries == stats.backoff_waits
     assert (stats.rows_by_server, stats.rows_by_fallback, stats.server_failures) == (6_000, 0, {})
-    np.testing.assert_allclose(predicted(answers), tabular_expected(example_repository, ids), atol=1e-5)
+    predicted = np.concatenate([a.column(0).to_numpy() for a in answers])
+    np.testing.assert_allclose(predicted, 2.0 * feature_values(ids, (4,)).sum(axis=1), atol=1e-5)
 
 
 @pytest.fixture
