@@ -52,8 +52,8 @@ doubt, goes through the full check, which also writes every error message.
 
 from __future__ import annotations
 
-import functools
 import math
+import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -66,9 +66,18 @@ from services.model_server.errors import BackendFault, InvalidInput
 
 FREE_DIM = -1
 STRING_DTYPE = "string"
-PLAN_CACHE_SIZE = 256
-"""Conversion plans kept, least recently used out: far more than the (model, schema) pairs a
-server meets, yet bounded against clients that send a new schema with every request."""
+SCHEMAS_PER_MODEL = 8
+MODELS_PLANNED = 256
+"""Conversion plans kept: the last few schemas of each (model, inputs), for the most recently
+planned models. Far more than a server meets, yet bounded against clients that send a new schema
+with every request. Schemas are compared with ``equals`` (a C++ comparison), not hashed: hashing
+a ``pa.Schema`` walks its fields in Python and costs more than a whole conversion."""
+
+_Plan = tuple[tuple[str, int, "_ColumnPlan"], ...]
+"""Per input: its name, the index of its column, and how to convert that column."""
+
+_plans: dict[tuple[str, tuple[TensorSpec, ...]], tuple[tuple[pa.Schema, _Plan], ...]] = {}
+_plans_lock = threading.Lock()
 
 
 def numpy_dtype(dtype: str) -> np.dtype:
@@ -93,10 +102,24 @@ def batch_to_inputs(
     return {name: column.convert(batch.column(index)) for name, index, column in plan}
 
 
-@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
-def _plan(
-    model_name: str, inputs: tuple[TensorSpec, ...], schema: pa.Schema
-) -> tuple[tuple[str, int, _ColumnPlan], ...]:
+def _plan(model_name: str, inputs: tuple[TensorSpec, ...], schema: pa.Schema) -> _Plan:
+    """The cached plan of this schema, or a new one (readers take no lock: entries are replaced
+    whole, never changed in place)."""
+    key = (model_name, inputs)
+    known = _plans.get(key, ())
+    for planned_schema, plan in known:
+        if planned_schema.equals(schema):
+            return plan
+    plan = _new_plan(model_name, inputs, schema)
+    with _plans_lock:
+        previous = _plans.pop(key, ())  # re-inserted last: the most recently planned model
+        _plans[key] = ((schema, plan), *previous[: SCHEMAS_PER_MODEL - 1])
+        while len(_plans) > MODELS_PLANNED:
+            del _plans[next(iter(_plans))]
+    return plan
+
+
+def _new_plan(model_name: str, inputs: tuple[TensorSpec, ...], schema: pa.Schema) -> _Plan:
     """What the schema alone decides; a schema that is refused raises, and is not cached."""
     prefix = f"model '{model_name}': "
     _check_column_names(schema.names, [spec.name for spec in inputs], prefix)

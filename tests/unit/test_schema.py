@@ -365,6 +365,12 @@ def test_a_sliced_nested_column_is_read_from_its_offset_after_an_unsliced_one() 
     np.testing.assert_array_equal(convert(column, spec(shape=(1, 2))), [[[1.0, 2.0]], [[3.0, 4.0]]])
 
 
+def test_a_column_of_another_type_is_checked_by_its_own_rules_after_a_valid_request() -> None:
+    convert(pa.array([[1.0, 2.0]]), spec(shape=(2,)))
+    message = refused(pa.array([["a", "b"]]), spec(shape=(2,)))
+    assert "received type list<item: string>" in message
+
+
 def test_a_column_name_missing_is_refused_after_a_valid_request_of_the_model() -> None:
     tensor = spec("a")
     batch_to_inputs(one_column(pa.array([1.0]), "a"), "m", [tensor])
