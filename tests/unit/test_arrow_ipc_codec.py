@@ -1,5 +1,6 @@
-"""``decode_batch`` reads each message of a payload once; the streams that need pyarrow's own
-stream reader (dictionaries) and the malformed sequences of messages are still answered exactly.
+"""``encode_batch`` writes exactly what pyarrow's stream writer writes; ``decode_batch`` reads each
+message of a payload once, and the streams that need pyarrow's own stream reader (dictionaries)
+and the malformed sequences of messages are still answered exactly.
 
 The hostile payloads (random, truncated, forged lengths, compressed) are in ``test_hostile_input.py``.
 """
@@ -29,6 +30,30 @@ def encode_schema_only(schema: pa.Schema) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def stream_writer_bytes(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        pa.record_batch({"p": pa.FixedSizeListArray.from_arrays(pa.array([0.5] * 12, pa.float32()), 4)}),
+        pa.record_batch(
+            {"x": pa.array([[1, 2], None, [3]], pa.list_(pa.int64())), "y": pa.array([1.0, 2, 3])}
+        ),
+        pa.record_batch({"x": pa.array(range(10), pa.int32())}).slice(3, 4),
+        pa.record_batch({"x": pa.array([], pa.float64())}),
+        pa.record_batch({"s": pa.array([{"a": 1}, {"a": None}])}),
+    ],
+    ids=["fixed-size list", "list with nulls", "sliced", "empty", "struct"],
+)
+def test_encoding_writes_the_bytes_of_pyarrows_stream_writer(batch: pa.RecordBatch) -> None:
+    assert encode_batch(batch) == stream_writer_bytes(batch)
+
+
 def test_a_batch_decodes_to_the_batch_that_was_encoded() -> None:
     batch = pa.record_batch({"features": pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float32()))})
     assert decode_batch(encode_batch(batch)).equals(batch)
@@ -41,7 +66,7 @@ def test_a_repeated_schema_decodes_every_payload_to_its_own_values() -> None:
     assert decode_batch(encode_batch(second)).equals(second)
 
 
-def test_a_dictionary_column_is_decoded_with_its_dictionary() -> None:
+def test_a_dictionary_column_is_encoded_and_decoded_with_its_dictionary() -> None:
     indices = pa.array([0, 1, 0], pa.int8())
     batch = pa.record_batch(
         {"label": pa.DictionaryArray.from_arrays(indices, pa.array(["a", "b"])), "x": pa.array([1, 2, 3])}
