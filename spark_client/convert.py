@@ -83,6 +83,8 @@ def series_to_arrow(series: pd.Series) -> pa.Array:
     values = series.to_numpy()
     if values.dtype != object:
         return pa.array(values)
+    if len(values) and isinstance(values[0], (str, bytes)):
+        return pa.array(series)  # a string column; Arrow refuses a row of another type by itself
     try:
         return _objects_to_lists(values)
     except (TypeError, ValueError):

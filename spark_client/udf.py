@@ -407,6 +407,7 @@ def spark_type(tensor: Tensor) -> DataType:
         "int64": types.LongType,
         "uint8": types.ShortType,
         "bool": types.BooleanType,
+        "string": types.BinaryType,
     }[tensor.dtype]()
     for _ in tensor.shape:
         scalar = types.ArrayType(scalar, containsNull=False)

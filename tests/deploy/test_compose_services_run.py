@@ -53,7 +53,7 @@ def run_healthcheck(
 
 def test_models_service_writes_the_example_repository(compose_models: Path) -> None:
     models = sorted(p.name for p in compose_models.iterdir() if (p / "config.yaml").is_file())
-    assert models == ["multi_io", "sequence_bilstm", "tabular_mlp"]
+    assert models == ["multi_io", "sequence_bilstm", "tabular_mlp", "text_hashing"]
 
 
 @pytest.fixture(scope="module", params=["udfserve-node", "udfserve-node-cpu"])
@@ -77,7 +77,7 @@ def test_node_serves_every_example_model_on_one_cpu_server(node: ComposeNode) ->
     discovery = read_discovery(node.discovery_path)
     [server] = discovery.ready_servers()
     assert server.device == "cpu"
-    assert server.models == ["multi_io", "sequence_bilstm", "tabular_mlp"]
+    assert server.models == ["multi_io", "sequence_bilstm", "tabular_mlp", "text_hashing"]
     assert server.tcp_address is None, "gRPC listens on the unix socket only"
     assert server.unix_socket == str(node.runtime_dir / "server-cpu.sock")
 

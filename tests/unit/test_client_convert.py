@@ -161,3 +161,12 @@ def test_a_big_pandas_batch_is_converted_in_pieces_of_the_request_size() -> None
 def test_an_empty_pandas_batch_announces_no_rows_and_has_no_piece() -> None:
     pieces = pandas_pieces((pd.Series([], dtype=np.int32), pd.Series([], dtype=object)), MULTI, 4)
     assert (pieces.rows, list(pieces.batches)) == (0, [])
+
+
+def test_a_string_column_becomes_a_string_array() -> None:
+    assert series_to_arrow(pd.Series(["a", "bc", ""])).equals(pa.array(["a", "bc", ""]))
+
+
+def test_a_string_output_is_a_spark_binary_column() -> None:
+    spec = ModelSpec("m", 1, inputs=(Tensor("text", "string", ()),), outputs=(Tensor("tag", "string", ()),))
+    assert spark_return_type(spec) == T.BinaryType()
