@@ -28,12 +28,9 @@ from benchmarks.spark_job import MODELS, Job, JobResult, run_in_child, write_dat
 logger = logging.getLogger(__name__)
 
 NAME = "spark_e2e"
-SEQUENCE_MODEL = "sequence_bilstm"
-LARGE_BATCHES = "remote_predict_large_batches"
 LABELS = {
     "remote_predict": "1a remote_predict (udfserve, pandas UDF)",
     "predict_arrow": "1a predict_arrow (udfserve, mapInArrow)",
-    LARGE_BATCHES: "1a remote_predict, server max_batch_size 4,096 (udfserve)",
     "predict_batch_udf": "1b predict_batch_udf (model in worker)",
     "cached_pandas_udf": "1c pandas UDF, model cached per worker",
     "load_per_batch": "1d pandas UDF, model loaded per batch (small run)",
@@ -68,11 +65,6 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = False) -> Com
     models = list(settings.rows)
     repository = workspace.repository("spark", {model: {} for model in models})
     server = workspace.start_server(repository, "spark")
-    large = None
-    if SEQUENCE_MODEL in models:
-        # The same model with calls of up to 4,096 rows instead of the example config's 256.
-        large_repository = workspace.repository("spark-large", {SEQUENCE_MODEL: {"max_batch_size": 4096}})
-        large = workspace.start_server(large_repository, "spark-large-batches")
     results: dict[str, dict[str, JobResult]] = {}
     server_process = psutil.Process(server.pid)
     with PeakRssSampler(lambda: [server_process], interval_s=0.2) as server_memory:
@@ -87,25 +79,20 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = False) -> Com
             entries = [c for c in MAIN_CONTENDERS if not (settings.quick and c == "passthrough")]
             if model == "tabular_mlp":
                 entries.append("load_per_batch")
-            if model == SEQUENCE_MODEL and large is not None:
-                entries.insert(2, LARGE_BATCHES)
             for entry in entries:
                 logger.info("spark: %s on %s", entry, model)
-                target = large if entry == LARGE_BATCHES and large is not None else server
                 job = Job(
-                    contender="remote_predict" if entry == LARGE_BATCHES else entry,
+                    contender=entry,
                     model=model,
                     data=str(small if entry == "load_per_batch" else data),
                     model_file=str(model_file),
-                    address=target.grpc_target(),
-                    server_pid=target.pid,
+                    address=server.grpc_target(),
+                    server_pid=server.pid,
                     marker_dir=str(workspace.path(f"loads-{model}-{entry}")),
                     runs=1 if entry == "load_per_batch" else settings.runs,
                     log_file=str(LOGS_DIR / f"spark-{model}-{entry}.log"),
                 )
                 results[model][entry] = run_in_child(job)
-    if large is not None:
-        workspace.stop_server(large)
     workspace.stop_server(server)
     return _result(results, server_memory.peak_total_bytes / 2**20, settings, time.perf_counter() - started)
 
@@ -256,9 +243,9 @@ def _result(
         "the client's defaults (4,096 rows per request, 4 in flight). The in-worker contenders call the "
         "Keras model through a `tf.function` (their fastest path, not `model.predict`); 1b uses "
         "`predict_batch_udf` with batch_size 4,096, 1c an iterator pandas UDF with the model cached in an "
-        "importable module. 1d loads the model for every batch and runs on a small data set. For the "
-        "sequence model a second server, whose config differs only in `max_batch_size` (4,096 instead of "
-        "the example's 256), shows what the size of the server's calls does on a CPU. The peak "
+        "importable module. 1d loads the model for every batch and runs on a small data set. The server "
+        "calls the model on up to `max_batch_size` rows at once (1,024 for the tabular model, 4,096 for the "
+        "sequence model in the example configs). The peak "
         "resident memory is sampled every 50 ms over the `pyspark.daemon` process and the workers it forks "
         "(summed, and the largest one). *max |Δ|* compares the first rows' predictions with 1c's."
     )
