@@ -92,6 +92,11 @@ class ClientConfig(BaseModel):
     tls_root_certificates_file: str | None = Field(
         default=None, description="PEM CA certificates that sign the servers' certificates (default: system)"
     )
+    tls_server_name: str | None = Field(
+        default=None,
+        description="the name the servers' certificates are checked against instead of the host of "
+        "the target (a certificate issued to a service's DNS name, dialled by IP address)",
+    )
     tls_client_certificate_file: str | None = Field(
         default=None, description="PEM client certificate for mutual TLS"
     )
@@ -118,6 +123,13 @@ class ClientConfig(BaseModel):
             raise ValueError("expected a path or None, received an empty string")
         return value
 
+    @field_validator("tls_server_name")
+    @classmethod
+    def _server_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+            raise ValueError(f"expected a host name such as 'udfserve.internal' or None, received {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _backoff(self) -> ClientConfig:
         if self.max_backoff_s < self.initial_backoff_s:
@@ -138,12 +150,13 @@ class ClientConfig(BaseModel):
 
     @property
     def tls_enabled(self) -> bool:
-        """TCP channels use TLS when any TLS file is given; unix sockets stay plaintext (local only)."""
+        """TCP channels use TLS when any TLS setting is given; unix sockets stay plaintext (local only)."""
         return any(
             f is not None
             for f in (
                 self.tls_root_certificates_file,
                 self.tls_client_certificate_file,
                 self.tls_client_key_file,
+                self.tls_server_name,
             )
         )

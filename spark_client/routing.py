@@ -39,6 +39,7 @@ SPARK_CONF_AUTH_TOKEN_FILE = "spark.udfserve.authTokenFile"
 SPARK_CONF_TLS_ROOT_CERTIFICATES_FILE = "spark.udfserve.tlsRootCertificatesFile"
 SPARK_CONF_TLS_CLIENT_CERTIFICATE_FILE = "spark.udfserve.tlsClientCertificateFile"
 SPARK_CONF_TLS_CLIENT_KEY_FILE = "spark.udfserve.tlsClientKeyFile"
+SPARK_CONF_TLS_SERVER_NAME = "spark.udfserve.tlsServerName"
 
 _SPARK_CONF_PATHS = {
     SPARK_CONF_DISCOVERY_FILE: "discovery_file",
@@ -47,6 +48,7 @@ _SPARK_CONF_PATHS = {
     SPARK_CONF_TLS_ROOT_CERTIFICATES_FILE: "tls_root_certificates_file",
     SPARK_CONF_TLS_CLIENT_CERTIFICATE_FILE: "tls_client_certificate_file",
     SPARK_CONF_TLS_CLIENT_KEY_FILE: "tls_client_key_file",
+    SPARK_CONF_TLS_SERVER_NAME: "tls_server_name",
 }
 SPARK_CONF_KEYS = (SPARK_CONF_ADDRESS, SPARK_CONF_PROTOCOL, SPARK_CONF_AUTH_TOKEN, *_SPARK_CONF_PATHS)
 """Every Spark conf key the driver reads when a UDF is built."""

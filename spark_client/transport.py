@@ -92,7 +92,12 @@ class StreamFailed(Exception):
 
 def _channel_key(target: str, config: ClientConfig) -> ChannelKey:
     tls = (
-        (config.tls_root_certificates_file, config.tls_client_certificate_file, config.tls_client_key_file)
+        (
+            config.tls_root_certificates_file,
+            config.tls_client_certificate_file,
+            config.tls_client_key_file,
+            config.tls_server_name,
+        )
         if uses_tls(target, config)
         else ()
     )
@@ -115,6 +120,8 @@ def channel_for(target: str, config: ClientConfig) -> grpc.Channel:
                 ("grpc.keepalive_permit_without_calls", 0),
             ]
             if uses_tls(target, config):
+                if config.tls_server_name:
+                    options.append(("grpc.ssl_target_name_override", config.tls_server_name))
                 channel = grpc.secure_channel(target, channel_credentials(config), options=options)
             else:
                 channel = grpc.insecure_channel(target, options=options)

@@ -14,8 +14,11 @@ from cryptography.x509.oid import NameOID
 Issuer = tuple[x509.Certificate, ec.EllipticCurvePrivateKey]
 
 
-def make_certificate(folder: Path, name: str, issuer: Issuer | None) -> Issuer:
-    """``<name>.pem`` and ``<name>.key`` valid for 127.0.0.1 and localhost; a CA when no issuer is given."""
+def make_certificate(
+    folder: Path, name: str, issuer: Issuer | None, dns_names: tuple[str, ...] = ("localhost",)
+) -> Issuer:
+    """``<name>.pem`` and ``<name>.key`` valid for ``dns_names`` (and 127.0.0.1 when they include
+    localhost); a CA when no issuer is given."""
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     issuer_cert, issuer_key = issuer if issuer else (None, key)
@@ -31,7 +34,8 @@ def make_certificate(folder: Path, name: str, issuer: Issuer | None) -> Issuer:
         .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
         .add_extension(
             x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                [x509.DNSName(dns) for dns in dns_names]
+                + ([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))] if "localhost" in dns_names else [])
             ),
             critical=False,
         )

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from certificates import make_pki
+from certificates import make_certificate, make_pki
 from pyspark.sql import SparkSession
 from spark_data import feature_column, feature_values, reference_outputs, stacked
 
 from services.model_server.launcher import ServerProcess, launch_server
 from spark_client import ClientConfig, remote_predict
-from spark_client.errors import AuthenticationFailed
+from spark_client.errors import AuthenticationFailed, ServerUnavailable
 from spark_client.routing import SPARK_CONF_AUTH_TOKEN
 
 TOKEN = "spark-client-s3cret"
@@ -114,6 +114,58 @@ def test_the_tls_port_serves_a_client_with_the_ca_and_a_client_certificate(
         tls_root_certificates_file=str(pki / "ca.pem"),
         tls_client_certificate_file=str(pki / "client.pem"),
         tls_client_key_file=str(pki / "client.key"),
+        fallback="error",
+    )
+    ids, predicted = predictions(spark, remote_predict("tabular_mlp", feature_column((64,)), config=config))
+    np.testing.assert_allclose(predicted, expected(example_repository, ids), atol=1e-5)
+
+
+SERVICE_NAME = "udfserve.internal"
+
+
+@pytest.fixture(scope="module")
+def named_server(
+    example_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ServerProcess, Path]]:
+    """A TLS server whose certificate names a service, not the address the client dials; and its CA."""
+    folder = tmp_path_factory.mktemp("named")
+    ca = make_certificate(folder, "ca", None)
+    make_certificate(folder, "service", ca, dns_names=(SERVICE_NAME,))
+    process = launch_server(
+        example_repository,
+        socket=folder / "grpc.sock",
+        port=0,
+        http_port=None,
+        extra_args=[
+            "--models", "tabular_mlp",
+            "--tls-cert-file", str(folder / "service.pem"),
+            "--tls-key-file", str(folder / "service.key"),
+        ],
+        log_path=folder / "server.log",
+    )  # fmt: skip
+    yield process, folder / "ca.pem"
+    process.terminate()
+
+
+def test_a_certificate_issued_to_another_name_is_refused_without_tls_server_name(
+    spark: SparkSession, named_server: tuple[ServerProcess, Path]
+) -> None:
+    server, ca_file = named_server
+    config = ClientConfig(
+        address=server.tcp_address, tls_root_certificates_file=str(ca_file), fallback="error"
+    )
+    with pytest.raises(ServerUnavailable, match=r"UNAVAILABLE"):
+        remote_predict("tabular_mlp", config=config)
+
+
+def test_tls_server_name_checks_the_certificate_against_the_service_name(
+    spark: SparkSession, named_server: tuple[ServerProcess, Path], example_repository: Path
+) -> None:
+    server, ca_file = named_server
+    config = ClientConfig(
+        address=server.tcp_address,
+        tls_root_certificates_file=str(ca_file),
+        tls_server_name=SERVICE_NAME,
         fallback="error",
     )
     ids, predicted = predictions(spark, remote_predict("tabular_mlp", feature_column((64,)), config=config))
