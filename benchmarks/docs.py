@@ -23,6 +23,9 @@ from benchmarks.report import RESULTS_DIR, ComparisonResult, Table, TargetCheck,
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOC_PATH = REPO_ROOT / "docs" / "benchmarks.md"
 FINDINGS_DIR = Path(__file__).resolve().parent / "findings"
+KSERVE_RESULTS_DIR = Path(__file__).resolve().parent / "kserve" / "results"
+KSERVE_HEADING = "6. KServe v2 against a real Triton"
+KSERVE_TARGET = "udfserve at least 1.0x Triton's rows/s at every point of the perf_analyzer grid"
 
 SECTIONS = (
     ("spark_e2e", "1. End-to-end Spark"),
@@ -84,6 +87,7 @@ def render(results_dir: Path, doc_path: Path) -> str:
             continue
         for target in loaded[name][0].targets:
             parts.append(f"| {heading} | {target.target} | {target.measured} | {target.verdict} |")
+    parts.append(kserve_target_row(KSERVE_RESULTS_DIR))
     parts.append("")
     for name, heading in SECTIONS:
         parts += [f"## {heading}", ""]
@@ -96,7 +100,56 @@ def render(results_dir: Path, doc_path: Path) -> str:
         findings = FINDINGS_DIR / f"{name}.md"
         if findings.exists():
             parts += ["### Reading the numbers", "", findings.read_text(encoding="utf-8").strip(), ""]
+    parts += kserve_section(KSERVE_RESULTS_DIR)
     return "\n".join(parts).rstrip() + "\n"
+
+
+def kserve_target_row(results_dir: Path) -> str:
+    """The KServe target's line of the summary, from ``perf_analyzer.json``."""
+    path = results_dir / "perf_analyzer.json"
+    if not path.exists():
+        return f"| {KSERVE_HEADING} | {KSERVE_TARGET} | not run yet | not measured |"
+    points = json.loads(path.read_text(encoding="utf-8"))["points"]
+    rates = {(p["server"], p["batch"], p["concurrency"]): p["rows_per_s"] for p in points}
+    ratios = {
+        (batch, concurrency): rate / rates[("triton", batch, concurrency)]
+        for (server, batch, concurrency), rate in rates.items()
+        if server == "udfserve" and rate and rates.get(("triton", batch, concurrency))
+    }
+    if not ratios:
+        return f"| {KSERVE_HEADING} | {KSERVE_TARGET} | no point measured on both servers | not measured |"
+    met = sum(ratio >= 1.0 for ratio in ratios.values())
+    worst = min(ratios, key=lambda point: ratios[point])
+    measured = (
+        f"{min(ratios.values()):.2f}-{max(ratios.values()):.2f}x; {met} of {len(ratios)} points at 1.0x or "
+        f"more; lowest at batch {worst[0]}, concurrency {worst[1]}"
+    )
+    verdict = "met" if met == len(ratios) else "**missed**"
+    return f"| {KSERVE_HEADING} | {KSERVE_TARGET} | {measured} | {verdict} |"
+
+
+def kserve_section(results_dir: Path) -> list[str]:
+    """The perf_analyzer table and the Spark interop check, as ``benchmarks/kserve`` wrote them
+    (``python -m benchmarks.kserve.run`` and ``python -m benchmarks.kserve.interop``, after
+    ``bash benchmarks/kserve/setup.sh``: a heavy peer, outside ``run_all``)."""
+    parts = [
+        f"## {KSERVE_HEADING}",
+        "",
+        "Outside `run_all`, since the peer is heavy: `bash benchmarks/kserve/setup.sh` once, then "
+        "`python -m benchmarks.kserve.run` (perf_analyzer) and `python -m benchmarks.kserve.interop` "
+        "(the Spark client); `python -m benchmarks.docs` brings their tables here.",
+        "",
+    ]
+    written = False
+    for name in ("perf_analyzer.md", "interop.md"):
+        path = results_dir / name
+        if path.exists():
+            text = path.read_text(encoding="utf-8").strip()
+            parts += ["##" + line if line.startswith("#") else line for line in text.splitlines()] + [""]
+            written = True
+    if not written:
+        parts += ["Not run yet: `bash benchmarks/kserve/setup.sh && python -m benchmarks.kserve.run`.", ""]
+    return parts
 
 
 def write_doc(quick: bool) -> Path:
