@@ -83,7 +83,8 @@ def test_model_listing_over_grpc_reports_every_model_ready(server: ServerProcess
         listing = pb_grpc.InferenceStub(channel).ListModels(pb.ListModelsRequest(), timeout=10)
     states = {m.name: m.state for m in listing.models}
     assert states == dict.fromkeys(
-        ["multi_io", "sequence_bilstm", "tabular_mlp", "tabular_mlp_savedmodel"], pb.MODEL_STATE_READY
+        ["multi_io", "sequence_bilstm", "tabular_mlp", "tabular_mlp_savedmodel", "text_hashing"],
+        pb.MODEL_STATE_READY,
     )
 
 
