@@ -28,9 +28,12 @@ is answered in ``error_message`` and the stream goes on, unless the client sent 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -49,10 +52,10 @@ from services.model_server.errors import (
 )
 from services.model_server.grpc_api import UNKNOWN_MODEL_LABEL
 from services.model_server.in_flight import InFlightRequests
-from services.model_server.metrics import ServerMetrics
-from services.model_server.models import ModelTable, ServedModel
+from services.model_server.metrics import ModelMetrics, ServerMetrics
+from services.model_server.models import LoadedModel, ModelTable, ServedModel
 from services.model_server.schema import numpy_dtype, zeros
-from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_concurrently
+from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
 from udfserve import kserve_codec as codec
 
 logger = logging.getLogger(__name__)
@@ -127,10 +130,75 @@ def _check_datatype(datatype: str, spec: TensorSpec, what: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _InputPlan:
+    """One input of a model as a request tensor must carry it, worked out once per model."""
+
+    spec: TensorSpec
+    datatype: str
+    dtype: np.dtype
+    scalar: bool
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What reading one loaded model's requests needs, worked out once per model rather than per
+    request: the request path of a small request is mostly such bookkeeping."""
+
+    by_name: dict[str, _InputPlan]
+
+
+def _plan_of(specs: tuple[TensorSpec, ...]) -> _Plan:
+    by_name = {}
+    for spec in specs:
+        datatype = DATATYPE_OF_DTYPE[spec.dtype]
+        by_name[spec.name] = _InputPlan(spec, datatype, codec.NUMPY_DTYPE_OF[datatype], not spec.shape)
+    return _Plan(by_name)
+
+
 def request_to_inputs(
-    request: kpb.ModelInferRequest, model: str, specs: tuple[TensorSpec, ...]
+    request: kpb.ModelInferRequest, model: str, specs: tuple[TensorSpec, ...], plan: _Plan | None = None
 ) -> tuple[dict[str, np.ndarray], int]:
-    """Check the request's tensors against the model's inputs; arrays of the declared dtype, and rows."""
+    """Check the request's tensors against the model's inputs; arrays of the declared dtype, and rows.
+
+    The common request (raw contents of the model's own datatypes, every input once) is read
+    without building any message; anything else takes the checks that explain what is wrong.
+    """
+    if plan is None:
+        plan = _plan_of(specs)
+    tensors = request.inputs
+    raw = request.raw_input_contents
+    if len(raw) == len(tensors) == len(plan.by_name):
+        arrays: dict[str, np.ndarray] = {}
+        rows = -1
+        for index, tensor in enumerate(tensors):
+            item = plan.by_name.get(tensor.name)
+            if item is None or tensor.datatype != item.datatype or item.datatype == "BYTES":
+                break
+            shape = tuple(tensor.shape)
+            if not shape or (rows >= 0 and shape[0] != rows) or not _shape_matches(shape[1:], item.spec):
+                break
+            data = raw[index]
+            count = 1
+            for dim in shape:
+                count *= dim
+            if min(shape) < 0 or count * item.dtype.itemsize != len(data) or tensor.HasField("contents"):
+                break
+            array = np.frombuffer(data, dtype=item.dtype, count=count)
+            arrays[tensor.name] = array.reshape(shape[0]) if item.scalar else array.reshape(shape)
+            rows = shape[0]
+        else:
+            if len(arrays) == len(tensors) and _LITTLE_ENDIAN:
+                return arrays, max(rows, 0)
+    return _checked_inputs(request, model, specs, plan)
+
+
+_LITTLE_ENDIAN = np.little_endian
+
+
+def _checked_inputs(
+    request: kpb.ModelInferRequest, model: str, specs: tuple[TensorSpec, ...], plan: _Plan
+) -> tuple[dict[str, np.ndarray], int]:
     prefix = f"model {model!r}: "
     expected = [spec.name for spec in specs]
     received = [tensor.name for tensor in request.inputs]
@@ -142,11 +210,10 @@ def request_to_inputs(
             f"{prefix}received {len(raw)} raw_input_contents for {len(request.inputs)} inputs; expected one "
             "per input, in the order of the inputs"
         )
-    by_name = {spec.name: spec for spec in specs}
     arrays: dict[str, np.ndarray] = {}
     rows_of: dict[str, int] = {}
     for index, tensor in enumerate(request.inputs):
-        spec = by_name[tensor.name]
+        spec = plan.by_name[tensor.name].spec
         what = f"{prefix}input {tensor.name!r}"
         _check_datatype(tensor.datatype, spec, what)
         shape = tuple(int(dim) for dim in tensor.shape)
@@ -195,8 +262,12 @@ def outputs_to_response(
                 f"backend output {spec.name!r} has shape {list(array.shape)}; expected [{rows}, "
                 f"*{list(spec.shape)}]"
             )
+        dtype = numpy_dtype(spec.dtype)
+        if array.dtype == dtype and dtype.kind != "O" and _LITTLE_ENDIAN and array.dtype.byteorder in "=|<":
+            raw = array.tobytes()  # C order, whatever the array's strides
+        else:
+            raw = codec.tensor_to_raw(np.asarray(array, dtype=dtype))
         shape = [rows, *array.shape[1:]] if spec.shape else [rows, 1]
-        raw = codec.tensor_to_raw(np.asarray(array, dtype=numpy_dtype(spec.dtype)))
         response.outputs.add(name=spec.name, datatype=DATATYPE_OF_DTYPE[spec.dtype], shape=shape)
         response.raw_output_contents.append(raw)
         total_bytes += len(raw)
@@ -322,6 +393,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         self._metrics = metrics
         self._max_response_bytes = max_message_bytes - 1024  # room for the protobuf envelope
         self._in_flight = in_flight or InFlightRequests()
+        self._plans: weakref.WeakKeyDictionary[LoadedModel, _Plan] = weakref.WeakKeyDictionary()
 
     # -- health and metadata ---------------------------------------------------------------
     async def ServerLive(self, request: kpb.ServerLiveRequest, context: grpc.aio.ServicerContext):
@@ -373,7 +445,22 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: kpb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> kpb.ModelInferResponse:
-        answer = await self._infer(request)
+        """Checked and queued inline, then one await on the batcher's future: no task or
+        coroutine per request beyond the handler itself."""
+        outcome = self._start(request)
+        if isinstance(outcome, Pending):
+            future, finish = outcome
+            try:
+                await future
+            except asyncio.CancelledError:  # the client went away: release what the request holds
+                future.cancel()
+                finish(future)
+                raise
+            except Exception:
+                pass  # the batcher's failure, answered by finish
+            answer = finish(future)
+        else:
+            answer = outcome
         if isinstance(answer, _Failure):
             await context.abort(answer.code, answer.message)
         return answer
@@ -386,10 +473,16 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         metadata = dict(context.invocation_metadata() or ())
         end_on_error = str(metadata.get(TRITON_GRPC_ERROR_HEADER, "")).lower() == "true"
 
-        async def answer(request: kpb.ModelInferRequest) -> tuple[kpb.ModelInferRequest, object]:
-            return request, await self._infer(request)
+        def start(request: kpb.ModelInferRequest) -> _StreamAnswer | Pending[_StreamAnswer]:
+            outcome = self._start(request)
+            if isinstance(outcome, Pending):
+                return Pending(outcome.future, functools.partial(_with_request, request, outcome.finish))
+            return request, outcome
 
-        async for request, result in answer_concurrently(request_iterator, answer, MAX_IN_FLIGHT_PER_STREAM):
+        answers: AsyncIterator[_StreamAnswer] = answer_inline(
+            request_iterator, start, MAX_IN_FLIGHT_PER_STREAM
+        )
+        async for request, result in answers:
             if isinstance(result, _Failure):
                 if end_on_error:
                     await context.abort(result.code, result.message)
@@ -402,49 +495,66 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             else:
                 yield kpb.ModelStreamInferResponse(infer_response=result)
 
-    async def _infer(self, request: kpb.ModelInferRequest) -> kpb.ModelInferResponse | _Failure:
-        """Answer one request; never raises: failures are returned with their status."""
-        with self._in_flight.track():
-            return await self._infer_tracked(request)
-
-    async def _infer_tracked(self, request: kpb.ModelInferRequest) -> kpb.ModelInferResponse | _Failure:
-        started = time.perf_counter()
-        model_label, rows = UNKNOWN_MODEL_LABEL, 0
+    def _start(self, request: kpb.ModelInferRequest) -> _Answer | Pending[_Answer]:
+        """Check, decode and queue one request; the answer, or the batcher's future and what makes
+        the answer from it. Never raises: failures are answered with their status."""
+        started_s = time.perf_counter()
+        model_metrics: ModelMetrics | None = None
         try:
             served = self._models.ready(
                 request.model_name, _parse_version(request.model_version, request.model_name)
             )
-            model_label = served.name
-            self._metrics.in_flight.labels(model=model_label).inc()
-            try:
-                response, rows = await self._run(served, request)
-            finally:
-                self._metrics.in_flight.labels(model=model_label).dec()
-            answer: kpb.ModelInferResponse | _Failure = response
-            code = grpc.StatusCode.OK
-        except QueueFull as exc:
-            code = grpc.StatusCode.UNAVAILABLE
-            answer = _Failure(code, f"{QUEUE_FULL_PREFIX}: {exc.message}")
-        except ServingError as exc:
-            code = exc.code
-            answer = _Failure(code, exc.message)
+            model = served.model
+            assert model is not None and served.batcher is not None and served.metrics is not None
+            model_metrics = served.metrics
+            output_specs = _requested_outputs(request, served.name, model.outputs)
+            inputs, rows = request_to_inputs(request, served.name, model.inputs, self._plan(model))
+            if rows == 0:
+                response = self._respond(served, request, output_specs, _empty_outputs(model.outputs), 0)
+                model_metrics.observe_request("OK", time.perf_counter() - started_s, 0)
+                return response
+            future = served.batcher.enqueue(inputs)
         except Exception as exc:
-            logger.exception(
-                "unexpected failure answering model %r request %r", request.model_name, request.id
-            )
-            code = grpc.StatusCode.INTERNAL
-            answer = _Failure(code, f"{type(exc).__name__}: {exc}")
-        self._metrics.observe_request(model_label, code.name, time.perf_counter() - started, rows)
-        return answer
+            return self._refuse(model_metrics, request, exc, started_s)
+        self._in_flight.begin()
+        model_metrics.in_flight.inc()
+        finish = functools.partial(
+            self._finish, served, model_metrics, request, output_specs, rows, started_s
+        )
+        return Pending(future, finish)
 
-    async def _run(
-        self, served: ServedModel, request: kpb.ModelInferRequest
-    ) -> tuple[kpb.ModelInferResponse, int]:
-        assert served.model is not None and served.batcher is not None and served.source is not None
-        model = served.model
-        output_specs = _requested_outputs(request, served.name, model.outputs)
-        inputs, rows = request_to_inputs(request, served.name, model.inputs)
-        outputs = await served.batcher.submit(inputs) if rows else _empty_outputs(model.outputs)
+    def _finish(
+        self,
+        served: ServedModel,
+        model_metrics: ModelMetrics,
+        request: kpb.ModelInferRequest,
+        output_specs: tuple[TensorSpec, ...],
+        rows: int,
+        started_s: float,
+        outputs: asyncio.Future[dict[str, np.ndarray]],
+    ) -> _Answer:
+        """The answer to one request once the batcher answered it (or its client went away first,
+        and the answer is not wanted)."""
+        self._in_flight.end()
+        model_metrics.in_flight.dec()
+        if outputs.cancelled():
+            raise asyncio.CancelledError
+        try:
+            response = self._respond(served, request, output_specs, outputs.result(), rows)
+        except Exception as exc:
+            return self._refuse(model_metrics, request, exc, started_s)
+        model_metrics.observe_request("OK", time.perf_counter() - started_s, rows)
+        return response
+
+    def _respond(
+        self,
+        served: ServedModel,
+        request: kpb.ModelInferRequest,
+        output_specs: tuple[TensorSpec, ...],
+        outputs: dict[str, np.ndarray],
+        rows: int,
+    ) -> kpb.ModelInferResponse:
+        assert served.source is not None
         response = kpb.ModelInferResponse(
             model_name=served.name, model_version=str(served.source.version), id=request.id
         )
@@ -454,7 +564,53 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
                 f"model {served.name!r}: the answer to {rows} rows is {size_bytes} bytes, over the "
                 f"{self._max_response_bytes} byte message limit; send fewer rows per request"
             )
-        return response, rows
+        return response
+
+    def _refuse(
+        self,
+        model_metrics: ModelMetrics | None,
+        request: kpb.ModelInferRequest,
+        exc: Exception,
+        started_s: float,
+    ) -> _Failure:
+        """The failure answering one request: Triton's words for a full queue, a ``ServingError``
+        with its status, anything else INTERNAL."""
+        if isinstance(exc, QueueFull):
+            code, message = grpc.StatusCode.UNAVAILABLE, f"{QUEUE_FULL_PREFIX}: {exc.message}"
+        elif isinstance(exc, ServingError):
+            code, message = exc.code, exc.message
+        else:
+            logger.error(
+                "unexpected failure answering model %r request %r",
+                request.model_name,
+                request.id,
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+            code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+        seconds = time.perf_counter() - started_s
+        if model_metrics is None:
+            self._metrics.observe_request(UNKNOWN_MODEL_LABEL, code.name, seconds, 0)
+        else:
+            model_metrics.observe_request(code.name, seconds, 0)
+        return _Failure(code, message)
+
+    def _plan(self, model: LoadedModel) -> _Plan:
+        plan = self._plans.get(model)
+        if plan is None:
+            plan = self._plans[model] = _plan_of(model.inputs)
+        return plan
+
+
+_Answer = kpb.ModelInferResponse | _Failure
+_StreamAnswer = tuple[kpb.ModelInferRequest, _Answer]
+
+
+def _with_request(
+    request: kpb.ModelInferRequest,
+    finish: Callable[[asyncio.Future[dict[str, np.ndarray]]], _Answer],
+    future: asyncio.Future[dict[str, np.ndarray]],
+) -> _StreamAnswer:
+    return request, finish(future)
 
 
 def add_kserve_service(
