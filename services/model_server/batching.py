@@ -4,13 +4,17 @@ Requests from many streams wait in one FIFO queue. A batch takes the oldest requ
 requests behind it until the next would not fit in the batch limit (``max_batch_size`` rows
 unless the backend ran out of memory, below). When a batch starts:
 
-- At once when no batch of the model is running: a lone client never waits for partners that
-  cannot come. It merges whatever was queued by the time the batcher runs (the requests that
-  arrived in the same turn of the event loop).
-- While batches run, requests accumulate: the next batch starts when it is full and a slot is
-  free (``max_concurrent_batches``), when its oldest request has waited ``max_queue_delay_s``
-  and a slot is free, or when the running batches have all finished, whichever comes first.
-  Under load, the requests that arrive during one backend call are merged into the next.
+- At once when a request finds the batcher idle (nothing queued, no batch running): a lone
+  client never waits for partners that cannot come. The batch merges whatever was queued by the
+  time the batcher runs (the requests that arrived in the same turn of the event loop). One
+  exception: when the last batch merged several requests less than ``max_queue_delay_s`` ago,
+  their clients are likely to be sending again, and the request waits for them as under load
+  (otherwise a closed loop of clients alternates a batch of one request with a batch of all the
+  others).
+- Otherwise requests accumulate, also while batches run: a batch starts when it is full, or when
+  its oldest request has waited ``max_queue_delay_s``, and a slot is free
+  (``max_concurrent_batches``). Under load this merges what arrives during a backend call and the
+  delay after it.
 
 One backend call runs in the executor per batch and its outputs are split back by row counts.
 Nothing polls and nothing runs per request beyond queueing: a request wakes the batcher only
@@ -115,7 +119,9 @@ class _Chunk:
     """Up to the batch limit's rows of one request, answered through ``future``.
 
     ``first_row`` is where the chunk starts in its request of ``request_rows`` rows, so that an
-    error about one row can name it as the client numbers it.
+    error about one row can name it as the client numbers it. ``request`` numbers the requests,
+    so that a batch can tell how many it merged. ``at_once``: the request found the batcher idle
+    and starts a batch without waiting for the delay.
     """
 
     inputs: Arrays
@@ -125,6 +131,8 @@ class _Chunk:
     enqueued_at_s: float
     first_row: int = 0
     request_rows: int = 0
+    request: int = 0
+    at_once: bool = False
     queued: bool = field(default=True)
 
 
@@ -235,10 +243,13 @@ class DynamicBatcher:
         self._stopping = False
         self._closed = False
         self._broken = False
+        self._requests_queued = 0
+        self._last_batch_requests = 0
+        self._last_batch_done_s = float("-inf")
         self.batches_started = 0
         """Batches started so far (the backend calls of out-of-memory splits not counted)."""
         self.batches_started_at_once = 0
-        """Of them, batches started while no other batch ran, without waiting for the delay."""
+        """Of them, batches started at once by a request that found the batcher idle."""
 
     @property
     def queued_rows(self) -> int:
@@ -340,8 +351,11 @@ class DynamicBatcher:
         now = loop.time()
         signature = _signature(inputs)
         limit = self._batch_limit
+        self._requests_queued += 1
+        request = self._requests_queued
+        at_once = not self._queue and not self._running and self._partners_gone(now)
         if rows <= limit:
-            chunks = [_Chunk(inputs, rows, signature, loop.create_future(), now, 0, rows)]
+            chunks = [_Chunk(inputs, rows, signature, loop.create_future(), now, 0, rows, request, at_once)]
         else:
             chunks = [
                 _Chunk(
@@ -352,6 +366,8 @@ class DynamicBatcher:
                     now,
                     start,
                     rows,
+                    request,
+                    at_once,
                 )
                 for start in range(0, rows, limit)
             ]
@@ -359,14 +375,21 @@ class DynamicBatcher:
             chunk.future.add_done_callback(self._on_queued_chunk_done)
         self._queue.extend(chunks)
         self._queued_rows += rows
-        self._wake()
+        self._wake(at_once)
         return chunks
 
-    def _wake(self) -> None:
+    def _partners_gone(self, now_s: float) -> bool:
+        """Whether a request finding the batcher idle should start a batch at once: unless the last
+        batch merged several requests less than the delay ago, whose clients are likely to send
+        their next requests now (a closed loop of clients would otherwise alternate a batch of one
+        request with a batch of all the others)."""
+        return self._last_batch_requests <= 1 or now_s - self._last_batch_done_s >= self._delay_s
+
+    def _wake(self, at_once: bool) -> None:
         """After a request was queued: look for a batch to start when one could be due."""
         if len(self._running) >= self._max_concurrent_batches:
             return  # the batch that finishes first starts the next one
-        if not self._running or self._queued_rows >= self._batch_limit or not self._config.enabled:
+        if at_once or self._queued_rows >= self._batch_limit or not self._config.enabled:
             if self._dispatch_handle is None:
                 assert self._loop is not None
                 self._dispatch_handle = self._loop.call_soon(self._dispatch_soon)
@@ -470,8 +493,9 @@ class DynamicBatcher:
         self._timer = self._loop.call_at(at_s, self._on_timer)
 
     def _dispatch(self) -> None:
-        """Start every batch that is due while slots are free: at once when no batch runs; while
-        one does, when the batch is full or its oldest request has waited ``max_queue_delay_s``."""
+        """Start every batch that is due while slots are free: at once for a request that found the
+        batcher idle; else when the batch is full or its oldest request has waited
+        ``max_queue_delay_s``."""
         if self._closed:
             return
         try:
@@ -491,7 +515,7 @@ class DynamicBatcher:
             chunks, can_grow = self._candidates()
             if not chunks:
                 return
-            at_once = not self._running
+            at_once = chunks[0].at_once
             if can_grow and not at_once and not self._stopping:
                 due_at_s = chunks[0].enqueued_at_s + self._delay_s
                 if due_at_s > self._loop.time():
@@ -563,6 +587,9 @@ class DynamicBatcher:
     def _finish(self, batch: _Batch) -> None:
         if batch in self._running:
             self._running.discard(batch)
+            assert self._loop is not None
+            self._last_batch_requests = len({chunk.request for chunk in batch.chunks})
+            self._last_batch_done_s = self._loop.time()
             self._dispatch()
 
     def _fail(self, chunks: list[_Chunk], error: ServingError) -> None:

@@ -321,7 +321,7 @@ def test_requests_arriving_while_a_batch_runs_merge_into_the_next_one(
     backend = HeldOn(HOLD)
 
     async def body() -> None:
-        b = batcher(backend, executor, max_batch_size=100, delay_s=LONG_DELAY_S)
+        b = batcher(backend, executor, max_batch_size=100, delay_s=0.01)
         running = asyncio.create_task(b.submit(rows(HOLD)))
         await backend.wait_held()
         later = [asyncio.create_task(b.submit(rows(value))) for value in (1, 2, 3)]
@@ -330,12 +330,53 @@ def test_requests_arriving_while_a_batch_runs_merge_into_the_next_one(
         backend.release.set()
         assert y(await running) == [2 * HOLD]
         assert [y(await task) for task in later] == [[2], [4], [6]]
-        # The second batch started when the first finished, not after the delay.
-        assert (b.batches_started, b.batches_started_at_once) == (2, 2)
+        assert (b.batches_started, b.batches_started_at_once) == (2, 1)
         await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
 
     run(body)
     assert backend.batches == [[HOLD], [1, 2, 3]]
+
+
+def test_a_batch_that_fills_while_another_runs_starts_when_the_slot_frees(
+    executor: concurrent.futures.Executor,
+) -> None:
+    """With the longest delay a config allows, waiting for it would exceed the test's timeout."""
+    backend = HeldOn(HOLD)
+
+    async def body() -> None:
+        b = batcher(backend, executor, max_batch_size=3, delay_s=LONG_DELAY_S)
+        running = asyncio.create_task(b.submit(rows(HOLD)))
+        await backend.wait_held()
+        later = [asyncio.create_task(b.submit(rows(value))) for value in (1, 2, 3)]
+        await let_queued_tasks_run()
+        backend.release.set()
+        assert y(await running) == [2 * HOLD]
+        assert [y(await task) for task in later] == [[2], [4], [6]]
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+    assert backend.batches == [[HOLD], [1, 2, 3]]
+
+
+def test_after_a_merged_batch_an_idle_batcher_waits_for_the_partners_coming_back(
+    executor: concurrent.futures.Executor,
+) -> None:
+    """Two clients in a closed loop: the first to send again does not start a batch alone."""
+    backend = Doubler()
+
+    async def body() -> None:
+        b = batcher(backend, executor, max_batch_size=2, delay_s=LONG_DELAY_S)
+        await asyncio.gather(b.submit(rows(1)), b.submit(rows(2)))
+        first_back = asyncio.create_task(b.submit(rows(3)))
+        await let_queued_tasks_run()
+        assert (b.batches_started, b.queued_rows) == (1, 1)
+        assert y(await b.submit(rows(4))) == [8]
+        assert y(await first_back) == [6]
+        assert (b.batches_started, b.batches_started_at_once) == (2, 1)
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+    assert backend.batches == [[1, 2], [3, 4]]
 
 
 def test_a_full_batch_does_not_wait_for_the_running_one_when_a_slot_is_free(
@@ -363,7 +404,7 @@ def test_a_cancelled_request_does_not_hold_back_the_batch_behind_it(
     backend = HeldOn(HOLD)
 
     async def body() -> None:
-        b = batcher(backend, executor, max_batch_size=100, delay_s=LONG_DELAY_S)
+        b = batcher(backend, executor, max_batch_size=100, delay_s=0.01)
         running = asyncio.create_task(b.submit(rows(HOLD)))
         await backend.wait_held()
         abandoned = b.enqueue(rows(5, 6))
