@@ -183,6 +183,9 @@ come from the heap rather than from fresh mappings, and the heap is not handed b
 system until 1 GiB is free at its top. Where a page fault is expensive (some virtual machines),
 this removes a fault per 4 KiB page of every large message."""
 
+GLIBC_MALLOC_DEFAULTS = {"MALLOC_MMAP_THRESHOLD_": "", "MALLOC_TRIM_THRESHOLD_": ""}
+"""For a model server: empty values make udfserve's launcher leave glibc's own defaults in place."""
+
 
 def minor_faults(pid: int) -> int:
     """Minor page faults of a process so far (Linux; 0 elsewhere)."""

@@ -26,7 +26,7 @@ from benchmarks import plots
 from benchmarks.cli import main_for, results_dir
 from benchmarks.load_client import LoadSpec, finish, make_batch, start_in_child
 from benchmarks.models import IDENTITY_MODEL, generate_identity_in_child
-from benchmarks.processes import MALLOC_KEEPS_MEMORY, ProcessMeter, Workspace
+from benchmarks.processes import GLIBC_MALLOC_DEFAULTS, MALLOC_KEEPS_MEMORY, ProcessMeter, Workspace
 from benchmarks.profiling import ProfileSummary, SampledProfile, py_spy_available
 from benchmarks.report import RESULTS_DIR, ComparisonResult, Table, TargetCheck
 from benchmarks.stages import stage_sums_us, stages_in_child, stages_table
@@ -46,7 +46,7 @@ TARGET_RATIO_TO_IPC = 3.0
 UNIX = "udfserve, unix socket"
 TCP = "udfserve, TCP loopback"
 ECHO = "bare gRPC echo, unix socket"
-UNIX_MALLOC = "udfserve, unix socket, malloc keeps memory"
+UNIX_GLIBC = "udfserve, unix socket, glibc malloc defaults"
 ECHO_MALLOC = "bare gRPC echo, unix socket, malloc keeps memory"
 
 
@@ -212,14 +212,16 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = True) -> Comp
         repository, WIDTH, {"max_batch_size": max(ROWS_FULL), "dynamic_batching": {"enabled": False}}
     )
     limits_args = ["--max-message-bytes", str(MAX_MESSAGE_BYTES)]
+    # The launcher starts servers with malloc keeping freed memory (the product's default);
+    # the second server runs with glibc's own defaults, for the comparison.
     server = workspace.start_server(repository, "transport", limits_args)
-    tuned = workspace.start_server(repository, "transport-malloc", limits_args, env=MALLOC_KEEPS_MEMORY)
+    glibc = workspace.start_server(repository, "transport-glibc", limits_args, env=GLIBC_MALLOC_DEFAULTS)
     echo = workspace.start_echo_server(MAX_MESSAGE_BYTES)
     echo_tuned = workspace.start_echo_server(MAX_MESSAGE_BYTES, env=MALLOC_KEEPS_MEMORY)
     contenders = {
-        UNIX: Contender(server.grpc_target(prefer_unix=True), server.pid, {}),
-        TCP: Contender(server.grpc_target(prefer_unix=False), server.pid, {}),
-        UNIX_MALLOC: Contender(tuned.grpc_target(prefer_unix=True), tuned.pid, MALLOC_KEEPS_MEMORY),
+        UNIX: Contender(server.grpc_target(prefer_unix=True), server.pid, MALLOC_KEEPS_MEMORY),
+        TCP: Contender(server.grpc_target(prefer_unix=False), server.pid, MALLOC_KEEPS_MEMORY),
+        UNIX_GLIBC: Contender(glibc.grpc_target(prefer_unix=True), glibc.pid, {}),
         ECHO: Contender(echo.grpc_target(prefer_unix=True), echo.pid, {}),
         ECHO_MALLOC: Contender(echo_tuned.grpc_target(prefer_unix=True), echo_tuned.pid, MALLOC_KEEPS_MEMORY),
     }
@@ -230,7 +232,7 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = True) -> Comp
         for name, contender in contenders.items():
             logger.info("transport: %s, %d rows per request", name, rows)
             cells.append(measure(name, contender, rows, settings.cell_s)[0])
-    for stopped in (echo, echo_tuned, tuned):
+    for stopped in (echo, echo_tuned, glibc):
         workspace.stop_server(stopped)
 
     best = max((c for c in cells if c.contender == UNIX), key=lambda c: c.request_mb_s)
@@ -310,13 +312,13 @@ def _time_table(cells: list[Cell], stages: dict[str, Any]) -> Table:
         ],
     )
     for cell in cells:
-        if cell.contender not in (UNIX, UNIX_MALLOC):
+        if cell.contender not in (UNIX, UNIX_GLIBC):
             continue
         sums = stage_sums_us(stages, cell.rows)
         by_thread = cell.server_cpu_us_by_thread
         table.rows.append(
             {
-                "server": "malloc keeps memory" if cell.contender == UNIX_MALLOC else "default",
+                "server": "glibc malloc defaults" if cell.contender == UNIX_GLIBC else "default",
                 "rows/request": cell.rows,
                 "wall µs/request": cell.us_per_request,
                 "client stages": sums["client"],
@@ -354,18 +356,18 @@ def _result(
     unix = [c for c in cells if c.contender == UNIX]
     best = max(unix, key=lambda c: c.request_mb_s)
     echo_best = max((c for c in cells if c.contender == ECHO), key=lambda c: c.request_mb_s)
-    tuned_best = max((c for c in cells if c.contender == UNIX_MALLOC), key=lambda c: c.request_mb_s)
+    glibc_best = max((c for c in cells if c.contender == UNIX_GLIBC), key=lambda c: c.request_mb_s)
     ratio = limits[best.rows].pyarrow_mb_s / (best.both_ways_gb_s * 1000)
     targets = [
         TargetCheck(
             f"at least {TARGET_GB_S:.0f} GB/s through the unix socket at the best request size",
             f"{best.both_ways_gb_s:.2f} GB/s both ways ({best.request_mb_s / 1000:.2f} GB/s of requests) "
             f"at {best.rows:,} rows/request: {best.both_ways_gb_s / TARGET_GB_S:.2f}x the target; "
-            f"{tuned_best.both_ways_gb_s:.2f} GB/s with malloc keeping memory; a bare gRPC echo reaches "
+            f"{glibc_best.both_ways_gb_s:.2f} GB/s with glibc's malloc defaults; a bare gRPC echo reaches "
             f"{echo_best.both_ways_gb_s:.2f} GB/s. From CPU per MB, two idle cores would give "
             f"{max(c.two_core_ceiling_gb_s for c in unix):.2f} GB/s (default), "
-            f"{max(c.two_core_ceiling_gb_s for c in cells if c.contender == UNIX_MALLOC):.2f} GB/s "
-            "(malloc keeps memory)",
+            f"{max(c.two_core_ceiling_gb_s for c in cells if c.contender == UNIX_GLIBC):.2f} GB/s "
+            "(glibc's malloc defaults)",
             best.both_ways_gb_s >= TARGET_GB_S,
         ),
         TargetCheck(
@@ -391,7 +393,7 @@ def _result(
                 {
                     **{
                         name: series(name, lambda c: c.both_ways_gb_s * 1000)
-                        for name in (UNIX, TCP, UNIX_MALLOC, ECHO, ECHO_MALLOC)
+                        for name in (UNIX, TCP, UNIX_GLIBC, ECHO, ECHO_MALLOC)
                     },
                     "pyarrow IPC write+read": (xs, [limits[x].pyarrow_mb_s for x in xs]),
                     "encode_batch+decode_batch": (xs, [limits[x].codec_mb_s for x in xs]),
@@ -400,7 +402,7 @@ def _result(
             (
                 f"per-batch latency, p50, {IN_FLIGHT} in flight",
                 "ms",
-                {name: series(name, lambda c: c.p50_ms) for name in (UNIX, TCP, UNIX_MALLOC, ECHO)},
+                {name: series(name, lambda c: c.p50_ms) for name in (UNIX, TCP, UNIX_GLIBC, ECHO)},
             ),
         ],
         xlabel="rows per request",
@@ -424,11 +426,15 @@ def _result(
         "Each request's bytes cross the socket twice (there, and back as the answer): *GB/s both ways* "
         "counts both (10^9 bytes/GB), *request MB/s* the requests alone. The bare gRPC echo server "
         "(`benchmarks/echo_server.py`) implements the same service and returns each request's bytes "
-        "untouched: no Arrow, no model. *malloc keeps memory*: the server (or echo server) and the client "
-        "run with glibc's `MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824`, so freed "
-        "buffers are reused instead of being returned to the system and faulted in again; the targets are "
-        "judged on the default configuration. Client and server CPU are CPU-seconds per wall second "
-        "(100% = one core). *CPU ms per MB* adds the client's and the server's CPU time per MB through "
+        "untouched: no Arrow, no model. *malloc keeps memory*: the process runs with glibc's "
+        "`MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824`, so freed buffers are reused "
+        "instead of being returned to the system and faulted in again. udfserve's launcher starts its "
+        "servers that way unless told otherwise, and the deployment files give the executors the same "
+        "settings, so udfserve's default rows run server and client with them and the targets are judged "
+        "on them; *glibc malloc defaults* is a server and a client without them. The echo server's plain "
+        "rows run with glibc's defaults, its *malloc keeps memory* rows with the settings. Client and "
+        "server CPU are CPU-seconds per wall second (100% = one core). *CPU ms per MB* adds the "
+        "client's and the server's CPU time per MB through "
         "the socket (both ways); unlike the rate it hardly depends on what else the machine runs, and "
         "*2 idle cores: GB/s* is the rate it allows if client and server had both cores to themselves. "
         "faults/request are minor page faults per request (a fault per 4 KiB page of "
