@@ -70,7 +70,14 @@ class BatchingConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = True
-    max_queue_delay_s: float = Field(default=0.002, ge=0.0, le=10.0)
+    max_queue_delay_s: float = Field(
+        default=0.002,
+        ge=0.0,
+        le=10.0,
+        description="how long a request queued behind a running batch may wait for company; a request "
+        "that finds the batcher idle starts at once, unless the last batch merged several requests "
+        "within this delay (their clients are about to come back)",
+    )
     max_queue_rows: int | None = Field(
         default=None, gt=0, description="rows waiting before RESOURCE_EXHAUSTED; default 64 x max_batch_size"
     )
