@@ -149,6 +149,9 @@ def kserve_section(results_dir: Path) -> list[str]:
             written = True
     if not written:
         parts += ["Not run yet: `bash benchmarks/kserve/setup.sh && python -m benchmarks.kserve.run`.", ""]
+    findings = FINDINGS_DIR / "kserve.md"
+    if written and findings.exists():
+        parts += ["### Reading the numbers", "", findings.read_text(encoding="utf-8").strip(), ""]
     return parts
 
 
