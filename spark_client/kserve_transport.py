@@ -212,6 +212,9 @@ class KServeWire:
         except KServeCodecError as exc:
             self._events.put(Reply(batch_id, unreadable=str(exc)))
             return
+        except Exception as exc:  # gRPC would swallow it, and the batch would wait out its deadline
+            self._events.put(Reply(batch_id, unreadable=f"{type(exc).__name__}: {exc}"))
+            return
         self._events.put(Reply(batch_id, result=result))
 
 

@@ -544,6 +544,9 @@ def _read_responses(call: Iterator[pb.PredictResponse], events: queue.Queue[obje
             events.put(_reply(response))
     except grpc.RpcError as exc:
         events.put(StreamBroken(exc.code(), exc.details() or ""))
+    except Exception as exc:  # the task's thread must hear of it, not wait out its deadline
+        failure = f"reading the answers failed: {type(exc).__name__}: {exc}"
+        events.put(StreamBroken(grpc.StatusCode.UNKNOWN, failure))
     else:
         events.put(END)
 

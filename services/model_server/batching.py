@@ -435,6 +435,7 @@ class DynamicBatcher:
                 self._queue.remove(chunk)
                 chunk.queued = False
                 self._queued_rows -= chunk.rows
+                self._resolve_drained()
                 return
 
     def _take(self, batch: list[_Chunk]) -> None:
@@ -505,6 +506,10 @@ class DynamicBatcher:
             self._broken = True
             unanswered = [*self._queue, *(chunk for batch in self._running for chunk in batch.chunks)]
             self._fail(unanswered, ModelUnavailable(f"model '{self.model_name}': batcher failed"))
+        self._resolve_drained()
+
+    def _resolve_drained(self) -> None:
+        """Wake a ``stop`` waiting for the batcher to empty, once nothing is queued or running."""
         drained = self._drained
         if drained is not None and not drained.done() and not self._queue and not self._running:
             drained.set_result(None)

@@ -596,6 +596,24 @@ def test_stop_refuses_new_requests_and_finishes_queued_and_running_ones(
     assert backend.batches == [[1], [2]]
 
 
+def test_stop_returns_once_the_last_queued_request_is_cancelled(
+    executor: concurrent.futures.Executor,
+) -> None:
+    """The grace period is far longer than the test may run: stop must notice the queue emptied by
+    the cancellation, not wait the period out."""
+    backend = Doubler()
+
+    async def body() -> None:
+        b = batcher(backend, executor, max_batch_size=4)
+        queued = b.enqueue(rows(2))
+        queued.cancel()
+        await b.stop(grace_period_s=3600.0)
+        assert b.queued_rows == 0
+
+    run(body)
+    assert backend.batches == []
+
+
 def test_work_left_after_the_grace_period_is_answered_unavailable(
     executor: concurrent.futures.Executor,
 ) -> None:
