@@ -43,6 +43,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tritonclient.grpc import model_config_pb2, service_pb2
 
+from udfserve.arrow_types import is_list_type, is_string_type
+
 FREE_DIM = -1
 
 NUMPY_DTYPE_OF: dict[str, np.dtype] = {
@@ -318,22 +320,6 @@ def coerce(array: np.ndarray, datatype: str, what: str) -> np.ndarray:
 
 
 # -- Arrow <-> request / response ------------------------------------------------------------
-def _is_list_type(arrow_type: pa.DataType) -> bool:
-    return (
-        pa.types.is_list(arrow_type)
-        or pa.types.is_large_list(arrow_type)
-        or pa.types.is_fixed_size_list(arrow_type)
-    )
-
-
-def _is_string_type(arrow_type: pa.DataType) -> bool:
-    return (
-        pa.types.is_string(arrow_type)
-        or pa.types.is_large_string(arrow_type)
-        or pa.types.is_binary(arrow_type)
-        or pa.types.is_large_binary(arrow_type)
-        or pa.types.is_fixed_size_binary(arrow_type)
-    )
 
 
 def _bytes_objects(values: pa.Array) -> np.ndarray:
@@ -354,7 +340,7 @@ def column_to_tensor(column: pa.Array, what: str, spec: TensorSpec | None = None
     dims: list[int] = []
     values: pa.Array = column
     lists = rows
-    while _is_list_type(values.type):
+    while is_list_type(values.type):
         level = len(dims) + 1
         if pa.types.is_fixed_size_list(values.type):
             length = values.type.list_size
@@ -378,7 +364,7 @@ def column_to_tensor(column: pa.Array, what: str, spec: TensorSpec | None = None
                 f"{what}: expected no nulls, received a null value inside row "
                 f"{index // max(lists // max(rows, 1), 1)}"
             )
-    if _is_string_type(values.type):
+    if is_string_type(values.type):
         array = _bytes_objects(values).reshape((rows, *dims))
     elif (
         pa.types.is_integer(values.type)

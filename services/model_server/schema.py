@@ -63,6 +63,7 @@ import pyarrow.compute as pc
 
 from services.model_server.config import TensorSpec
 from services.model_server.errors import BackendFault, InvalidInput
+from udfserve.arrow_types import is_list_type, is_string_type
 
 FREE_DIM = -1
 STRING_DTYPE = "string"
@@ -175,30 +176,12 @@ def _check_column_names(received: list[str], expected: list[str], prefix: str) -
         )
 
 
-def _is_list_type(arrow_type: pa.DataType) -> bool:
-    return (
-        pa.types.is_list(arrow_type)
-        or pa.types.is_large_list(arrow_type)
-        or pa.types.is_fixed_size_list(arrow_type)
-    )
-
-
 def _shape_text(shape: tuple[int, ...]) -> str:
     return (
         "("
         + ", ".join("*" if dim == FREE_DIM else str(dim) for dim in shape)
         + ("," if len(shape) == 1 else "")
         + ")"
-    )
-
-
-def _is_string_type(arrow_type: pa.DataType) -> bool:
-    return (
-        pa.types.is_string(arrow_type)
-        or pa.types.is_large_string(arrow_type)
-        or pa.types.is_binary(arrow_type)
-        or pa.types.is_large_binary(arrow_type)
-        or pa.types.is_fixed_size_binary(arrow_type)
     )
 
 
@@ -350,7 +333,7 @@ class _ColumnConverter:
     @staticmethod
     def _list_depth(arrow_type: pa.DataType) -> tuple[int, pa.DataType]:
         depth = 0
-        while _is_list_type(arrow_type):
+        while is_list_type(arrow_type):
             arrow_type = arrow_type.value_type
             depth += 1
         return depth, arrow_type
@@ -358,7 +341,7 @@ class _ColumnConverter:
     def _check_value_type(self, leaf_type: pa.DataType, column_type: pa.DataType) -> None:
         kind = self.target.kind
         if self.spec.dtype == STRING_DTYPE:
-            accepted = _is_string_type(leaf_type)
+            accepted = is_string_type(leaf_type)
             allowed = "string or binary"
         elif kind == "f":
             accepted = pa.types.is_integer(leaf_type) or pa.types.is_floating(leaf_type)
