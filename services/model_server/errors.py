@@ -7,7 +7,11 @@ fault and is reported as INTERNAL with its text.
 
 from __future__ import annotations
 
+import logging
+
 import grpc
+
+logger = logging.getLogger(__name__)
 
 
 class ServingError(Exception):
@@ -61,3 +65,13 @@ class DeviceOutOfMemory(BackendFault):
 
 class ModelLoadError(Exception):
     """A model could not be loaded; the message names the model and the file."""
+
+
+def failure_status(exc: Exception, what: str) -> tuple[grpc.StatusCode, str]:
+    """The status and message one failed request is answered with: a ``ServingError``'s own, else
+    INTERNAL with the exception's text, logged with its traceback as the fault it is. ``what``
+    names the request in that log line."""
+    if isinstance(exc, ServingError):
+        return exc.code, exc.message
+    logger.error("unexpected failure answering %s", what, exc_info=(type(exc), exc, exc.__traceback__))
+    return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 
 from services.model_server.config import TensorSpec
-from services.model_server.errors import InvalidInput, ServingError
+from services.model_server.errors import InvalidInput, ServingError, failure_status
 from services.model_server.in_flight import InFlightRequests
 from services.model_server.job_context import JobContext, parse_job_context
 from services.model_server.metrics import ModelMetrics, ServerMetrics
@@ -168,16 +168,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         started_s: float,
     ) -> pb.PredictResponse:
         """The error answer to one batch: a ``ServingError`` with its status, anything else INTERNAL."""
-        if isinstance(exc, ServingError):
-            code, message = exc.code, exc.message
-        else:
-            logger.error(
-                "unexpected failure answering model %r batch %d",
-                request.model,
-                request.batch_id,
-                exc_info=(type(exc), exc, exc.__traceback__),
-            )
-            code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+        code, message = failure_status(exc, f"model {request.model!r} batch {request.batch_id}")
         self._observe(model_metrics, job, request, code, started_s, 0)
         return self._error(request.batch_id, code, message)
 

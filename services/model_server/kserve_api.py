@@ -49,6 +49,7 @@ from services.model_server.errors import (
     InvalidInput,
     QueueFull,
     ServingError,
+    failure_status,
 )
 from services.model_server.grpc_api import UNKNOWN_MODEL_LABEL
 from services.model_server.in_flight import InFlightRequests
@@ -577,16 +578,8 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         with its status, anything else INTERNAL."""
         if isinstance(exc, QueueFull):
             code, message = grpc.StatusCode.UNAVAILABLE, f"{QUEUE_FULL_PREFIX}: {exc.message}"
-        elif isinstance(exc, ServingError):
-            code, message = exc.code, exc.message
         else:
-            logger.error(
-                "unexpected failure answering model %r request %r",
-                request.model_name,
-                request.id,
-                exc_info=(type(exc), exc, exc.__traceback__),
-            )
-            code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+            code, message = failure_status(exc, f"model {request.model_name!r} request {request.id!r}")
         seconds = time.perf_counter() - started_s
         if model_metrics is None:
             self._metrics.observe_request(UNKNOWN_MODEL_LABEL, code.name, seconds, 0)
