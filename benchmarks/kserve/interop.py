@@ -46,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.kserve.run import DEFAULT_ENV_FILE, quiet_env, read_env_file, triton_server
+from benchmarks.kserve.run import DEFAULT_ENV_FILE, generate_examples, quiet_env, read_env_file, triton_server
 from benchmarks.kserve.triton_model import EXAMPLE_MODELS, write_example_repository
 from services.model_server.launcher import launch_server
 
@@ -516,13 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     models = args.models.split(",")
     work = Path(tempfile.mkdtemp(prefix="udfsk-interop-"))
     try:
-        repository = work / "udfserve-repo"
-        subprocess.run(
-            [sys.executable, "-m", "services", "models", "generate", "--output", str(repository)],
-            check=True,
-            capture_output=True,
-            env=quiet_env(),
-        )
+        repository = generate_examples(work / "udfserve-repo")
         triton_repo = write_example_repository(
             work / "triton-repo", repository, env_file["TRITON_SITE_PACKAGES"], models
         )

@@ -177,6 +177,17 @@ def check_batch() -> pa.RecordBatch:
 
 
 # -- perf_analyzer -----------------------------------------------------------------------------
+def generate_examples(repository: Path) -> Path:
+    """The example repository, written by the project's own command in a child process."""
+    subprocess.run(
+        [sys.executable, "-m", "services", "models", "generate", "--output", str(repository)],
+        check=True,
+        capture_output=True,
+        env=quiet_env(),
+    )
+    return repository
+
+
 def perf_analyzer(
     env_file: Mapping[str, str],
     address: str,
@@ -346,13 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     servers = args.servers.split(",")
     work = Path(tempfile.mkdtemp(prefix="udfsk-"))
     try:
-        repository = work / "udfserve-repo"
-        subprocess.run(
-            [sys.executable, "-m", "services", "models", "generate", "--output", str(repository)],
-            check=True,
-            capture_output=True,
-            env=quiet_env(),
-        )
+        repository = generate_examples(work / "udfserve-repo")
         triton_repo = write_triton_repository(
             work / "triton-repo", repository / MODEL / "1" / "model.keras", env_file["TRITON_SITE_PACKAGES"]
         )

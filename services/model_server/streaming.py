@@ -129,7 +129,7 @@ class _Answers(Generic[T, R]):
         try:
             answer = finish(future)
         except asyncio.CancelledError:
-            pass
+            pass  # the request was cancelled with its stream: there is nothing to deliver
         except BaseException as exc:
             self._fail(exc)
         else:

@@ -26,7 +26,7 @@ def two_batch_stream(batch: pa.RecordBatch) -> bytes:
 def encode_schema_only(schema: pa.Schema) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema):
-        pass
+        pass  # no batch: the stream holds the schema message and the end marker only
     return sink.getvalue().to_pybytes()
 
 
