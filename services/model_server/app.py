@@ -79,6 +79,20 @@ def stop_on_signals(on_signal: Callable[[int], None]) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def shared_memory_folder(configured: Path | None) -> Path | None:
+    """The folder clients may put payloads in, resolved; None (inline payloads only) when it is
+    turned off or is not a folder here."""
+    if configured is None:
+        return None
+    if not configured.is_dir():
+        logger.warning(
+            "shared memory off: --shared-memory-dir %s is not a folder here; payloads travel inline",
+            configured,
+        )
+        return None
+    return configured.resolve()
+
+
 class RunningServer:
     """A started server: its listeners, its models and the tasks that serve them."""
 
@@ -91,7 +105,13 @@ class RunningServer:
         self.models = ModelTable(config, self.metrics)
         self.health = health.aio.HealthServicer()
         self.in_flight = InFlightRequests()
-        self.servicer = InferenceServicer(self.models, self.metrics, config.max_message_bytes, self.in_flight)
+        self.servicer = InferenceServicer(
+            self.models,
+            self.metrics,
+            config.max_message_bytes,
+            self.in_flight,
+            shared_memory_folder(config.shared_memory_dir),
+        )
         options = [
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),

@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from udfserve.shared_memory import DEFAULT_DIRECTORY as DEFAULT_SHARED_MEMORY_DIRECTORY
+
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DEVICE_PATTERN = re.compile(r"^(cpu|gpu:\d+|sim:\d+)$")
 DEFAULT_QUEUE_BATCHES = 64
@@ -139,6 +141,11 @@ class ServerConfig(BaseSettings):
     max_message_bytes: int = Field(
         default=64 << 20, ge=1 << 16, description="largest gRPC message, both ways"
     )
+    shared_memory_dir: Path | None = Field(
+        default=Path(DEFAULT_SHARED_MEMORY_DIRECTORY),
+        description="tmpfs folder where clients on the unix socket may put payloads (udfserve-*.shm "
+        "files of the server's user); 'off' disables shared memory",
+    )
     grace_period_s: float = Field(
         default=10.0, ge=0.0, description="time to finish in-flight work on SIGTERM"
     )
@@ -187,11 +194,18 @@ class ServerConfig(BaseSettings):
             return tuple(v.strip() for v in value.split(",") if v.strip())
         return value
 
-    @field_validator("port", "http_port", mode="before")
+    @field_validator("port", "http_port", "shared_memory_dir", mode="before")
     @classmethod
     def _port_off(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in {"off", "none", ""}:
             return None
+        return value
+
+    @field_validator("shared_memory_dir")
+    @classmethod
+    def _absolute_folder(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError(f"expected an absolute folder path or 'off', received {str(value)!r}")
         return value
 
     @field_validator("models")

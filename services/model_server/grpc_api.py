@@ -11,9 +11,11 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import numpy as np
+import pyarrow as pa
 
 from services.model_server.config import TensorSpec
 from services.model_server.errors import InvalidInput, ServingError, failure_status
@@ -22,10 +24,12 @@ from services.model_server.job_context import JobContext, parse_job_context
 from services.model_server.metrics import ModelMetrics, ServerMetrics
 from services.model_server.models import ModelInfo, ModelTable, ServedModel
 from services.model_server.schema import batch_to_inputs, outputs_to_batch
+from services.model_server.shared_memory import SharedMemoryRefused, StreamRegions
 from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
+from udfserve.shared_memory import write_ipc_into
 
 logger = logging.getLogger(__name__)
 
@@ -69,19 +73,36 @@ def _empty_outputs(served: ServedModel) -> dict[str, np.ndarray]:
 
 class InferenceServicer(pb_grpc.InferenceServicer):
     def __init__(
-        self, models: ModelTable, metrics: ServerMetrics, max_message_bytes: int, in_flight: InFlightRequests
+        self,
+        models: ModelTable,
+        metrics: ServerMetrics,
+        max_message_bytes: int,
+        in_flight: InFlightRequests,
+        shared_memory_dir: Path | None = None,
     ) -> None:
         self._models = models
         self._metrics = metrics
         self._max_response_bytes = max_message_bytes - 1024  # room for the protobuf envelope
         self._in_flight = in_flight
+        self._shared_memory_dir = shared_memory_dir
+
+    def _stream_regions(self, context: grpc.aio.ServicerContext) -> StreamRegions:
+        """What shared memory this stream may name: only a peer on the unix socket is on this node."""
+        if self._shared_memory_dir is None:
+            return StreamRegions(None, "shared memory is off on this server (--shared-memory-dir off)")
+        if not context.peer().startswith("unix:"):
+            return StreamRegions(
+                None, "shared memory is served on the unix socket only (clients of this node)"
+            )
+        return StreamRegions(self._shared_memory_dir)
 
     # -- Predict -----------------------------------------------------------------------------
     async def Predict(
         self, request_iterator: AsyncIterator[pb.PredictRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.PredictResponse]:
         job = parse_job_context(context.invocation_metadata())
-        start = functools.partial(self._start, job=job)
+        regions = self._stream_regions(context)
+        start = functools.partial(self._start, job=job, regions=regions)
         responses: AsyncIterator[pb.PredictResponse] = answer_inline(
             request_iterator, start, MAX_IN_FLIGHT_PER_STREAM
         )
@@ -91,9 +112,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 yield response
         finally:
             self._metrics.streams_active.dec()
+            regions.close()
 
     def _start(
-        self, request: pb.PredictRequest, job: JobContext
+        self, request: pb.PredictRequest, job: JobContext, regions: StreamRegions
     ) -> pb.PredictResponse | Pending[pb.PredictResponse]:
         """Check, decode and queue one batch, inline in the stream's reader; the answer, or the
         batcher's future and what makes the answer from it. Never raises: failures become the
@@ -104,14 +126,11 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             served = self._models.ready(request.model, request.version)
             assert served.model is not None and served.batcher is not None and served.metrics is not None
             model_metrics = served.metrics
-            try:
-                batch = decode_batch(request.arrow_ipc)
-            except ArrowPayloadError as exc:
-                raise InvalidInput(f"model {served.name!r}: {exc}") from None
+            batch = self._decode(served, request, regions)
             inputs = batch_to_inputs(batch, served.name, served.model.inputs)
             rows = batch.num_rows
             if rows == 0:
-                response = self._respond(served, request, _empty_outputs(served), rows)
+                response = self._respond(served, request, _empty_outputs(served), rows, regions)
                 self._observe(model_metrics, job, request, grpc.StatusCode.OK, started_s, rows)
                 return response
             future = served.batcher.enqueue(inputs)
@@ -119,8 +138,28 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             return self._refuse(model_metrics, job, request, exc, started_s)
         self._in_flight.begin()
         model_metrics.in_flight.inc()
-        finish = functools.partial(self._finish, served, model_metrics, job, request, rows, started_s)
+        finish = functools.partial(
+            self._finish, served, model_metrics, job, request, regions, rows, started_s
+        )
         return Pending(future, finish)
+
+    @staticmethod
+    def _decode(served: ServedModel, request: pb.PredictRequest, regions: StreamRegions) -> pa.RecordBatch:
+        """The request's batch, from ``arrow_ipc`` or from the shared memory it names."""
+        if request.HasField("input_region"):
+            if request.arrow_ipc:
+                raise InvalidInput(
+                    f"model {served.name!r}: the request carries both arrow_ipc and input_region; "
+                    "expected the batch in exactly one of them"
+                )
+            payload: bytes | pa.Buffer = regions.bytes_of(request.input_region, "PredictRequest.input_region")
+            what = "PredictRequest.input_region"
+        else:
+            payload, what = request.arrow_ipc, "arrow_ipc"
+        try:
+            return decode_batch(payload, what)
+        except ArrowPayloadError as exc:
+            raise InvalidInput(f"model {served.name!r}: {exc}") from None
 
     def _finish(
         self,
@@ -128,6 +167,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         model_metrics: ModelMetrics,
         job: JobContext,
         request: pb.PredictRequest,
+        regions: StreamRegions,
         rows: int,
         started_s: float,
         outputs: asyncio.Future[dict[str, np.ndarray]],
@@ -139,17 +179,32 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         if outputs.cancelled():
             raise asyncio.CancelledError
         try:
-            response = self._respond(served, request, outputs.result(), rows)
+            response = self._respond(served, request, outputs.result(), rows, regions)
         except Exception as exc:
             return self._refuse(model_metrics, job, request, exc, started_s)
         self._observe(model_metrics, job, request, grpc.StatusCode.OK, started_s, rows)
         return response
 
     def _respond(
-        self, served: ServedModel, request: pb.PredictRequest, outputs: dict[str, np.ndarray], rows: int
+        self,
+        served: ServedModel,
+        request: pb.PredictRequest,
+        outputs: dict[str, np.ndarray],
+        rows: int,
+        regions: StreamRegions,
     ) -> pb.PredictResponse:
+        """The answer: written into the request's output region when it fits there, else inline."""
         assert served.model is not None and served.source is not None
-        payload = encode_batch(outputs_to_batch(outputs, served.model.outputs))
+        answer = outputs_to_batch(outputs, served.model.outputs)
+        if request.HasField("output_region"):
+            room = regions.bytes_of(request.output_region, "PredictRequest.output_region")
+            written = write_ipc_into(room, answer)
+            if written is not None:
+                version = served.source.version
+                return pb.PredictResponse(
+                    batch_id=request.batch_id, output_region_bytes=written, model_version=version
+                )
+        payload = encode_batch(answer)
         if len(payload) > self._max_response_bytes:
             raise InvalidInput(
                 f"model {served.name!r}: the answer to {rows} rows is {len(payload)} bytes, over "
@@ -170,7 +225,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         """The error answer to one batch: a ``ServingError`` with its status, anything else INTERNAL."""
         code, message = failure_status(exc, f"model {request.model!r} batch {request.batch_id}")
         self._observe(model_metrics, job, request, code, started_s, 0)
-        return self._error(request.batch_id, code, message)
+        response = self._error(request.batch_id, code, message)
+        response.shared_memory_refused = isinstance(exc, SharedMemoryRefused)
+        return response
 
     def _observe(
         self,

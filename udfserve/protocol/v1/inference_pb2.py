@@ -24,31 +24,33 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$udfserve/protocol/v1/inference.proto\x12\x0budfserve.v1\"U\n\x0ePredictRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x04\x12\x11\n\tarrow_ipc\x18\x04 \x01(\x0c\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"p\n\x0fPredictResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.udfserve.v1.Error\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\"\x13\n\x11ListModelsRequest\"@\n\x12ListModelsResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.udfserve.v1.ModelMetadata\"6\n\x14ModelMetadataRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xa9\x02\n\rModelMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08platform\x18\x03 \x01(\t\x12&\n\x05state\x18\x04 \x01(\x0e\x32\x17.udfserve.v1.ModelState\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\'\n\x06inputs\x18\x06 \x03(\x0b\x32\x17.udfserve.v1.TensorSpec\x12(\n\x07outputs\x18\x07 \x03(\x0b\x32\x17.udfserve.v1.TensorSpec\x12\x16\n\x0emax_batch_size\x18\x08 \x01(\x03\x12\x19\n\x11max_queue_delay_s\x18\t \x01(\x01\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x1a\n\x12\x61vailable_versions\x18\x0b \x03(\x03*q\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13MODEL_STATE_LOADING\x10\x01\x12\x15\n\x11MODEL_STATE_READY\x10\x02\x12\x16\n\x12MODEL_STATE_FAILED\x10\x03\x32\xf7\x01\n\tInference\x12H\n\x07Predict\x12\x1b.udfserve.v1.PredictRequest\x1a\x1c.udfserve.v1.PredictResponse(\x01\x30\x01\x12M\n\nListModels\x12\x1e.udfserve.v1.ListModelsRequest\x1a\x1f.udfserve.v1.ListModelsResponse\x12Q\n\x10GetModelMetadata\x12!.udfserve.v1.ModelMetadataRequest\x1a\x1a.udfserve.v1.ModelMetadatab\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$udfserve/protocol/v1/inference.proto\x12\x0budfserve.v1\"\xc4\x01\n\x0ePredictRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x04\x12\x11\n\tarrow_ipc\x18\x04 \x01(\x0c\x12\x35\n\x0cinput_region\x18\x05 \x01(\x0b\x32\x1f.udfserve.v1.SharedMemoryRegion\x12\x36\n\routput_region\x18\x06 \x01(\x0b\x32\x1f.udfserve.v1.SharedMemoryRegion\"@\n\x12SharedMemoryRegion\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xac\x01\n\x0fPredictResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.udfserve.v1.Error\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\x12\x1b\n\x13output_region_bytes\x18\x05 \x01(\x04\x12\x1d\n\x15shared_memory_refused\x18\x06 \x01(\x08\"\x13\n\x11ListModelsRequest\"@\n\x12ListModelsResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.udfserve.v1.ModelMetadata\"6\n\x14ModelMetadataRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xa9\x02\n\rModelMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08platform\x18\x03 \x01(\t\x12&\n\x05state\x18\x04 \x01(\x0e\x32\x17.udfserve.v1.ModelState\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\'\n\x06inputs\x18\x06 \x03(\x0b\x32\x17.udfserve.v1.TensorSpec\x12(\n\x07outputs\x18\x07 \x03(\x0b\x32\x17.udfserve.v1.TensorSpec\x12\x16\n\x0emax_batch_size\x18\x08 \x01(\x03\x12\x19\n\x11max_queue_delay_s\x18\t \x01(\x01\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x1a\n\x12\x61vailable_versions\x18\x0b \x03(\x03*q\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13MODEL_STATE_LOADING\x10\x01\x12\x15\n\x11MODEL_STATE_READY\x10\x02\x12\x16\n\x12MODEL_STATE_FAILED\x10\x03\x32\xf7\x01\n\tInference\x12H\n\x07Predict\x12\x1b.udfserve.v1.PredictRequest\x1a\x1c.udfserve.v1.PredictResponse(\x01\x30\x01\x12M\n\nListModels\x12\x1e.udfserve.v1.ListModelsRequest\x1a\x1f.udfserve.v1.ListModelsResponse\x12Q\n\x10GetModelMetadata\x12!.udfserve.v1.ModelMetadataRequest\x1a\x1a.udfserve.v1.ModelMetadatab\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'udfserve.protocol.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELSTATE']._serialized_start=795
-  _globals['_MODELSTATE']._serialized_end=908
-  _globals['_PREDICTREQUEST']._serialized_start=53
-  _globals['_PREDICTREQUEST']._serialized_end=138
-  _globals['_ERROR']._serialized_start=140
-  _globals['_ERROR']._serialized_end=178
-  _globals['_PREDICTRESPONSE']._serialized_start=180
-  _globals['_PREDICTRESPONSE']._serialized_end=292
-  _globals['_LISTMODELSREQUEST']._serialized_start=294
-  _globals['_LISTMODELSREQUEST']._serialized_end=313
-  _globals['_LISTMODELSRESPONSE']._serialized_start=315
-  _globals['_LISTMODELSRESPONSE']._serialized_end=379
-  _globals['_MODELMETADATAREQUEST']._serialized_start=381
-  _globals['_MODELMETADATAREQUEST']._serialized_end=435
-  _globals['_TENSORSPEC']._serialized_start=437
-  _globals['_TENSORSPEC']._serialized_end=493
-  _globals['_MODELMETADATA']._serialized_start=496
-  _globals['_MODELMETADATA']._serialized_end=793
-  _globals['_INFERENCE']._serialized_start=911
-  _globals['_INFERENCE']._serialized_end=1158
+  _globals['_MODELSTATE']._serialized_start=1034
+  _globals['_MODELSTATE']._serialized_end=1147
+  _globals['_PREDICTREQUEST']._serialized_start=54
+  _globals['_PREDICTREQUEST']._serialized_end=250
+  _globals['_SHAREDMEMORYREGION']._serialized_start=252
+  _globals['_SHAREDMEMORYREGION']._serialized_end=316
+  _globals['_ERROR']._serialized_start=318
+  _globals['_ERROR']._serialized_end=356
+  _globals['_PREDICTRESPONSE']._serialized_start=359
+  _globals['_PREDICTRESPONSE']._serialized_end=531
+  _globals['_LISTMODELSREQUEST']._serialized_start=533
+  _globals['_LISTMODELSREQUEST']._serialized_end=552
+  _globals['_LISTMODELSRESPONSE']._serialized_start=554
+  _globals['_LISTMODELSRESPONSE']._serialized_end=618
+  _globals['_MODELMETADATAREQUEST']._serialized_start=620
+  _globals['_MODELMETADATAREQUEST']._serialized_end=674
+  _globals['_TENSORSPEC']._serialized_start=676
+  _globals['_TENSORSPEC']._serialized_end=732
+  _globals['_MODELMETADATA']._serialized_start=735
+  _globals['_MODELMETADATA']._serialized_end=1032
+  _globals['_INFERENCE']._serialized_start=1150
+  _globals['_INFERENCE']._serialized_end=1397
 # @@protoc_insertion_point(module_scope)

@@ -19,16 +19,30 @@ MODEL_STATE_READY: ModelState
 MODEL_STATE_FAILED: ModelState
 
 class PredictRequest(_message.Message):
-    __slots__ = ("model", "version", "batch_id", "arrow_ipc")
+    __slots__ = ("model", "version", "batch_id", "arrow_ipc", "input_region", "output_region")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    INPUT_REGION_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_REGION_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     batch_id: int
     arrow_ipc: bytes
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., batch_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ...) -> None: ...
+    input_region: SharedMemoryRegion
+    output_region: SharedMemoryRegion
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., batch_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., input_region: _Optional[_Union[SharedMemoryRegion, _Mapping]] = ..., output_region: _Optional[_Union[SharedMemoryRegion, _Mapping]] = ...) -> None: ...
+
+class SharedMemoryRegion(_message.Message):
+    __slots__ = ("path", "offset", "size")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    offset: int
+    size: int
+    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message")
@@ -39,16 +53,20 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PredictResponse(_message.Message):
-    __slots__ = ("batch_id", "arrow_ipc", "error", "model_version")
+    __slots__ = ("batch_id", "arrow_ipc", "error", "model_version", "output_region_bytes", "shared_memory_refused")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_REGION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_REFUSED_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     arrow_ipc: bytes
     error: Error
     model_version: int
-    def __init__(self, batch_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., model_version: _Optional[int] = ...) -> None: ...
+    output_region_bytes: int
+    shared_memory_refused: bool
+    def __init__(self, batch_id: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., model_version: _Optional[int] = ..., output_region_bytes: _Optional[int] = ..., shared_memory_refused: bool = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,120 @@
+"""The shared-memory files one Predict stream names: checked, mapped once, read and written in place.
+
+Only a client on this node can name a file here: the stream must come through the unix socket
+(whose file mode already limits who connects), the file must lie directly in the configured
+folder under a ``udfserve-*.shm`` name, be a regular file (no symbolic link followed) and belong
+to this server's user. Once mapped, its name is unlinked: the mappings of both sides keep the
+memory alive, and nothing is left in the folder when either side dies. Mappings are dropped with
+the stream; batches still reading from one keep it alive until they are gone.
+
+A file the server cannot use is refused with ``SharedMemoryRefused`` before any row is computed,
+so the client resends the same batch inline and nothing is lost or answered twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import stat
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+import pyarrow as pa
+
+from services.model_server.errors import InvalidInput, ServingError
+from udfserve.shared_memory import FILE_NAME_PATTERN
+
+logger = logging.getLogger(__name__)
+
+MAX_FILES_PER_STREAM = 256
+"""Files one stream may map; a client replaces a file only when its batches outgrow it."""
+
+
+class Region(Protocol):
+    """``SharedMemoryRegion`` of the wire contract."""
+
+    path: str
+    offset: int
+    size: int
+
+
+class SharedMemoryRefused(ServingError):
+    """The server cannot use the named shared memory; the batch is served if sent inline."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class StreamRegions:
+    """The files of one stream, by the path the client named."""
+
+    def __init__(self, directory: Path | None, refusal: str = "") -> None:
+        """``directory``: the shared-memory folder, None when this stream may not use one;
+        ``refusal`` then says why."""
+        self._directory = directory
+        self._refusal = refusal
+        self._maps: dict[str, pa.Buffer] = {}
+
+    def close(self) -> None:
+        self._maps.clear()
+
+    def bytes_of(self, region: Region, field: str) -> pa.Buffer:
+        """The bytes of ``region``, zero-copy and writable: they are the client's file. ``field``
+        names the request's field in errors."""
+        mapped = self._maps.get(region.path)
+        if mapped is None:
+            mapped = self._map(region.path, field)
+        if region.offset + region.size > mapped.size:
+            raise InvalidInput(
+                f"{field} names bytes {region.offset}..{region.offset + region.size} of {region.path}, "
+                f"a file of {mapped.size} bytes; expected a range inside the file"
+            )
+        return mapped.slice(region.offset, region.size)
+
+    def _map(self, path_text: str, field: str) -> pa.Buffer:
+        if self._directory is None:
+            raise SharedMemoryRefused(f"{field}: {self._refusal}; send the batch in arrow_ipc")
+        path = Path(path_text)
+        if (
+            not path.is_absolute()
+            or not FILE_NAME_PATTERN.match(path.name)
+            or path.parent.resolve() != self._directory
+        ):
+            raise SharedMemoryRefused(
+                f"{field} names {path_text!r}; expected a file udfserve-<8-64 letters, digits, _ or ->.shm "
+                f"directly in this server's shared-memory folder {self._directory}"
+            )
+        if len(self._maps) >= MAX_FILES_PER_STREAM:
+            raise InvalidInput(
+                f"{field} names a {MAX_FILES_PER_STREAM + 1}th shared-memory file on one stream; "
+                f"expected at most {MAX_FILES_PER_STREAM} (reuse files across batches)"
+            )
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SharedMemoryRefused(
+                f"{field}: cannot open {path} ({exc.strerror}): the client and this server must see the "
+                "same shared-memory folder (same node, same tmpfs mounted at the same path)"
+            ) from None
+        try:
+            info = os.fstat(descriptor)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                raise SharedMemoryRefused(
+                    f"{field}: {path} is not a regular file of this server's user (uid {os.geteuid()}); "
+                    f"received mode {stat.filemode(info.st_mode)}, uid {info.st_uid}"
+                )
+            if info.st_size == 0:
+                raise InvalidInput(f"{field}: {path} is empty; expected the client's written file")
+            mapped = mmap.mmap(descriptor, info.st_size)
+        finally:
+            os.close(descriptor)
+        # Both mappings keep the memory; the name must not outlive the stream. The client may have
+        # closed the file already: our mapping still holds the bytes.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        buffer = pa.py_buffer(mapped)
+        self._maps[path_text] = buffer
+        logger.debug("mapped shared-memory file %s (%d bytes)", path, info.st_size)
+        return buffer
