@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from udfserve.shared_memory import DEFAULT_DIRECTORY as DEFAULT_SHARED_MEMORY_DIRECTORY
+
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 """The server's default limit (``ServerConfig.max_message_bytes``); both sides must agree."""
 
@@ -74,6 +76,16 @@ class ClientConfig(BaseModel):
         default=60.0, gt=0, description="give up resending one batch after this long; then fall back"
     )
     prefer_unix_socket: bool = Field(default=True, description="dial the unix socket before the TCP port")
+    shared_memory: bool = Field(
+        default=True,
+        description="on a unix socket (a server on this node), put the Arrow payloads in shared memory "
+        "instead of in the gRPC messages; batches go inline when the server cannot use it",
+    )
+    shared_memory_dir: str = Field(
+        default=DEFAULT_SHARED_MEMORY_DIRECTORY,
+        description="the tmpfs folder for those payloads: the server's --shared-memory-dir, seen at the "
+        "same path by the executors",
+    )
     circuit_reset_s: float = Field(
         default=10.0,
         ge=0,
@@ -112,6 +124,7 @@ class ClientConfig(BaseModel):
     @field_validator(
         "discovery_file",
         "model_repository",
+        "shared_memory_dir",
         "auth_token_file",
         "tls_root_certificates_file",
         "tls_client_certificate_file",

@@ -35,6 +35,7 @@ from spark_client.config import ClientConfig
 from spark_client.credentials import Metadata, channel_credentials, uses_tls
 from spark_client.errors import AuthenticationFailed, ModelMetadataError, RequestRejected
 from spark_client.metadata import ModelSpec, spec_from_tensors
+from spark_client.shared_memory import SharedMemoryPayloads
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
@@ -214,6 +215,8 @@ class Reply:
     message: str = ""
     unreadable: str = ""
     """Set when the answer could not be read: the reason (the stream fails, ``bad_answer``)."""
+    resend: bool = False
+    """The server computed nothing and will serve the same batch sent another way: send it again."""
 
 
 class StreamBroken(Exception):
@@ -409,6 +412,9 @@ class PredictStream:
             return
         slot = slots[seq]
         slot.batch_id = None
+        if event.resend:
+            heapq.heappush(resends, (time.monotonic(), seq))
+            return
         if event.code is not None:
             self._handle_error(event.code, event.message, slot, seq, slots, resends, head)
             return
@@ -486,16 +492,25 @@ class PredictStream:
 
 # -- the Arrow protocol ------------------------------------------------------------------------
 class ArrowWire:
-    """udfserve's own protocol: one bidirectional ``Predict`` stream of Arrow IPC payloads."""
+    """udfserve's own protocol: one bidirectional ``Predict`` stream of Arrow IPC payloads, inline
+    or, given ``payloads``, in the node's shared memory (``SharedMemoryPayloads``)."""
 
     def __init__(
-        self, channel: grpc.Channel, model: str, config: ClientConfig, metadata: Metadata = ()
+        self,
+        channel: grpc.Channel,
+        target: str,
+        model: str,
+        config: ClientConfig,
+        metadata: Metadata = (),
+        payloads: SharedMemoryPayloads | None = None,
     ) -> None:
         self._stub = pb_grpc.InferenceStub(channel)
+        self._target = target
         self._model = model
         self._version = config.model_version
         self._end_timeout_s = config.connect_timeout_s
         self._metadata = metadata
+        self._payloads = payloads
         self._outbox: queue.Queue[pb.PredictRequest | None] = queue.Queue()
         self._events: queue.Queue[object] | None = None
         self._call: Any = None
@@ -503,14 +518,17 @@ class ArrowWire:
     def open(self, events: queue.Queue[object]) -> None:
         self._events = events
         self._call = self._stub.Predict(_drain(self._outbox), metadata=self._metadata)
-        threading.Thread(target=_read_responses, args=(self._call, events), daemon=True).start()
+        threading.Thread(target=self._read_responses, args=(self._call, events), daemon=True).start()
 
     def send(self, batch_id: int, batch: pa.RecordBatch) -> None:
-        self._outbox.put(
-            pb.PredictRequest(
-                model=self._model, version=self._version, batch_id=batch_id, arrow_ipc=encode_batch(batch)
-            )
-        )
+        request = pb.PredictRequest(model=self._model, version=self._version, batch_id=batch_id)
+        regions = self._payloads.place(batch_id, batch) if self._payloads is not None else None
+        if regions is None:
+            request.arrow_ipc = encode_batch(batch)
+        else:
+            request.input_region.CopyFrom(regions[0])
+            request.output_region.CopyFrom(regions[1])
+        self._outbox.put(request)
 
     def finish(self) -> bool:
         """Half-close, then let the server close the stream."""
@@ -520,12 +538,58 @@ class ArrowWire:
             event = self._events.get(timeout=self._end_timeout_s)
         except queue.Empty:
             return False
+        finally:
+            self._close_payloads()
         return event is END
 
     def cancel(self) -> None:
         if self._call is not None:
             self._call.cancel()
         self._outbox.put(None)
+        self._close_payloads()
+
+    def _close_payloads(self) -> None:
+        if self._payloads is not None:
+            self._payloads.close()
+
+    def _read_responses(self, call: Iterator[pb.PredictResponse], events: queue.Queue[object]) -> None:
+        """Decode each answer on this thread, so the task's thread only pairs and yields them."""
+        try:
+            for response in call:
+                events.put(self._reply(response))
+        except grpc.RpcError as exc:
+            events.put(StreamBroken(exc.code(), exc.details() or ""))
+        except Exception as exc:  # the task's thread must hear of it, not wait out its deadline
+            failure = f"reading the answers failed: {type(exc).__name__}: {exc}"
+            events.put(StreamBroken(grpc.StatusCode.UNKNOWN, failure))
+        else:
+            events.put(END)
+
+    def _reply(self, response: pb.PredictResponse) -> Reply:
+        payloads = self._payloads
+        if response.shared_memory_refused:
+            if payloads is not None and payloads.placing:
+                payloads.placing = False
+                _refused_shared_memory[self._target] = time.monotonic()
+                logger.warning(
+                    "%s cannot use this node's shared memory (%s); batches to it travel inline",
+                    self._target,
+                    response.error.message,
+                )
+            return Reply(response.batch_id, resend=True)
+        if payloads is None:
+            return _reply(response)
+        if response.output_region_bytes:
+            try:
+                result = payloads.answer(response.batch_id, response.output_region_bytes)
+            except ValueError as exc:  # ArrowPayloadError, or a size the file cannot hold
+                return Reply(response.batch_id, unreadable=str(exc))
+            return Reply(response.batch_id, result=result)
+        payloads.release(response.batch_id)
+        reply = _reply(response)
+        if reply.result is not None:
+            payloads.learn_answer_size(reply.result.num_rows, len(response.arrow_ipc))
+        return reply
 
 
 def _drain(outbox: queue.Queue[pb.PredictRequest | None]) -> Iterator[pb.PredictRequest]:
@@ -535,20 +599,6 @@ def _drain(outbox: queue.Queue[pb.PredictRequest | None]) -> Iterator[pb.Predict
         if request is None:
             return
         yield request
-
-
-def _read_responses(call: Iterator[pb.PredictResponse], events: queue.Queue[object]) -> None:
-    """Decode each answer on this thread, so the task's thread only pairs and yields them."""
-    try:
-        for response in call:
-            events.put(_reply(response))
-    except grpc.RpcError as exc:
-        events.put(StreamBroken(exc.code(), exc.details() or ""))
-    except Exception as exc:  # the task's thread must hear of it, not wait out its deadline
-        failure = f"reading the answers failed: {type(exc).__name__}: {exc}"
-        events.put(StreamBroken(grpc.StatusCode.UNKNOWN, failure))
-    else:
-        events.put(END)
 
 
 def _reply(response: pb.PredictResponse) -> Reply:
@@ -564,5 +614,26 @@ def _reply(response: pb.PredictResponse) -> Reply:
 def arrow_stream(
     channel: grpc.Channel, target: str, model: str, config: ClientConfig, metadata: Metadata = ()
 ) -> PredictStream:
-    """A ``PredictStream`` over udfserve's Arrow protocol."""
-    return PredictStream(ArrowWire(channel, model, config, metadata), target, model, config)
+    """A ``PredictStream`` over udfserve's Arrow protocol, with its payloads in shared memory when
+    the server is on this node (a unix socket), the config allows it and the server has not
+    refused it lately."""
+    payloads = None
+    if _may_use_shared_memory(target, config):
+        payloads = SharedMemoryPayloads(Path(config.shared_memory_dir), config.max_in_flight)
+    wire = ArrowWire(channel, target, model, config, metadata, payloads)
+    return PredictStream(wire, target, model, config)
+
+
+SHARED_MEMORY_RETRY_S = 300.0
+"""After a server refused this process's shared memory, how long its streams go inline before
+trying again (the server may be restarted with another --shared-memory-dir)."""
+_refused_shared_memory: dict[str, float] = {}
+
+
+def _may_use_shared_memory(target: str, config: ClientConfig) -> bool:
+    if not config.shared_memory or not target.startswith("unix:"):
+        return False
+    refused_at = _refused_shared_memory.get(target)
+    if refused_at is not None and time.monotonic() - refused_at < SHARED_MEMORY_RETRY_S:
+        return False
+    return Path(config.shared_memory_dir).is_dir()

@@ -55,7 +55,7 @@ class StreamRegions:
         ``refusal`` then says why."""
         self._directory = directory
         self._refusal = refusal
-        self._maps: dict[str, pa.Buffer] = {}
+        self._maps: dict[str, memoryview] = {}
 
     def close(self) -> None:
         self._maps.clear()
@@ -66,14 +66,15 @@ class StreamRegions:
         mapped = self._maps.get(region.path)
         if mapped is None:
             mapped = self._map(region.path, field)
-        if region.offset + region.size > mapped.size:
+        end = region.offset + region.size
+        if end > len(mapped):
             raise InvalidInput(
-                f"{field} names bytes {region.offset}..{region.offset + region.size} of {region.path}, "
-                f"a file of {mapped.size} bytes; expected a range inside the file"
+                f"{field} names bytes {region.offset}..{end} of {region.path}, a file of {len(mapped)} "
+                "bytes; expected a range inside the file"
             )
-        return mapped.slice(region.offset, region.size)
+        return pa.py_buffer(mapped[region.offset : end])  # a view's slice stays writable, a Buffer's not
 
-    def _map(self, path_text: str, field: str) -> pa.Buffer:
+    def _map(self, path_text: str, field: str) -> memoryview:
         if self._directory is None:
             raise SharedMemoryRefused(f"{field}: {self._refusal}; send the batch in arrow_ipc")
         path = Path(path_text)
@@ -114,7 +115,7 @@ class StreamRegions:
         # closed the file already: our mapping still holds the bytes.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        buffer = pa.py_buffer(mapped)
-        self._maps[path_text] = buffer
+        view = memoryview(mapped)
+        self._maps[path_text] = view
         logger.debug("mapped shared-memory file %s (%d bytes)", path, info.st_size)
-        return buffer
+        return view

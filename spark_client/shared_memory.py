@@ -1,0 +1,184 @@
+"""A stream's payload files in the node's shared memory: one per batch in flight, reused.
+
+Each file holds a request's Arrow IPC stream at its start and leaves the rest for the answer,
+which the server writes there (``SharedMemoryRegion``). A file is busy from the moment its batch
+is written until the server answered that batch, whatever the answer; then it serves the next
+batch. Answers are copied out of the file before it is reused, so a result the task still holds
+never changes under it. tmpfs gives pages only to bytes written, so the room left for answers
+costs nothing until used.
+
+The server unlinks a file's name once it has mapped it; ``close`` unlinks whatever it has not
+seen (a stream that ends before its first answer), so no file outlives its stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import secrets
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from udfserve.protocol import inference_pb2 as pb
+from udfserve.protocol.arrow_ipc import decode_batch
+from udfserve.shared_memory import FILE_PREFIX, FILE_SUFFIX, ipc_stream_size, write_ipc_into
+
+logger = logging.getLogger(__name__)
+
+MIN_ROOM_BYTES = 64 << 10
+SPARE_FILES = 2
+"""Free files kept beyond the batches in flight, before the smallest is let go."""
+
+
+@dataclass(eq=False)
+class _PayloadFile:
+    path: Path
+    memory: mmap.mmap
+    view: memoryview
+    input_room: int
+    output_room: int
+
+    def region(self, start: int, size: int) -> pa.Buffer:
+        """Bytes of the file, zero-copy and writable (a view's slice stays writable, a Buffer's not)."""
+        return pa.py_buffer(self.view[start : start + size])
+
+    def close(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        with contextlib.suppress(BufferError):  # a slice still alive: the mapping goes with it
+            self.view.release()
+            self.memory.close()
+
+
+@dataclass
+class SharedMemoryPayloads:
+    """The payload files of one stream, in ``directory``; thread-safe (the task's thread writes
+    batches, the reader thread takes answers)."""
+
+    directory: Path
+    max_in_flight: int
+    _free: list[_PayloadFile] = field(default_factory=list)
+    _busy: dict[int, _PayloadFile] = field(default_factory=dict)
+    _answer_bytes_per_row: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _closed: bool = False
+    placing: bool = True
+    """False once the server refused this memory: new batches travel inline, answers to those
+    already placed are still read."""
+
+    def place(self, batch_id: int, batch: pa.RecordBatch) -> tuple[pb.SharedMemoryRegion, ...] | None:
+        """Write ``batch`` into a file for ``batch_id``: the input and output regions to send, or
+        None when no file can be had (the folder is full or gone): send the batch inline then."""
+        input_bytes = ipc_stream_size(batch)
+        output_room = (
+            max(input_bytes, int(self._answer_bytes_per_row * batch.num_rows * 1.25)) + MIN_ROOM_BYTES
+        )
+        with self._lock:
+            if self._closed or not self.placing:
+                return None
+            payload_file = self._take(input_bytes, output_room)
+        if payload_file is None:
+            return None
+        written = write_ipc_into(payload_file.region(0, payload_file.input_room), batch)
+        if written is None:  # a dictionary batch larger than its estimate
+            with self._lock:
+                self._retire(payload_file)
+            return None
+        with self._lock:
+            self._busy[batch_id] = payload_file
+        path = str(payload_file.path)
+        return (
+            pb.SharedMemoryRegion(path=path, offset=0, size=written),
+            pb.SharedMemoryRegion(path=path, offset=payload_file.input_room, size=payload_file.output_room),
+        )
+
+    def answer(self, batch_id: int, size: int) -> pa.RecordBatch:
+        """The answer the server wrote for ``batch_id`` (``output_region_bytes`` = ``size``), copied
+        out of the file, which is then free; raises ``ArrowPayloadError`` when it cannot be read."""
+        with self._lock:
+            payload_file = self._busy.get(batch_id)
+        if payload_file is None or size > payload_file.output_room:
+            self.release(batch_id)
+            room = "no file" if payload_file is None else f"{payload_file.output_room} bytes of room"
+            raise ValueError(
+                f"the server says it wrote {size} bytes of answer to batch {batch_id} in shared memory, "
+                f"where this stream has {room}"
+            )
+        try:
+            start = payload_file.input_room
+            copied = payload_file.view[start : start + size].tobytes()
+        finally:
+            self.release(batch_id)
+        result = decode_batch(copied, "PredictResponse.output_region")
+        if result.num_rows:
+            self._answer_bytes_per_row = max(self._answer_bytes_per_row, size / result.num_rows)
+        return result
+
+    def release(self, batch_id: int) -> None:
+        """The server answered ``batch_id`` without writing into its file: the file is free."""
+        with self._lock:
+            payload_file = self._busy.pop(batch_id, None)
+            if payload_file is not None:
+                if self._closed:
+                    payload_file.close()
+                else:
+                    self._free.append(payload_file)
+
+    def learn_answer_size(self, rows: int, size: int) -> None:
+        """An answer came inline (it did not fit its room): make the next rooms bigger."""
+        if rows:
+            self._answer_bytes_per_row = max(self._answer_bytes_per_row, size / rows)
+
+    def close(self) -> None:
+        """Unmap and unlink every file; busy ones too (the stream is over, their answers are not wanted)."""
+        with self._lock:
+            self._closed = True
+            files = self._free + list(self._busy.values())
+            self._free.clear()
+            self._busy.clear()
+        for payload_file in files:
+            payload_file.close()
+
+    def _take(self, input_bytes: int, output_room: int) -> _PayloadFile | None:
+        for index, candidate in enumerate(self._free):
+            if candidate.input_room >= input_bytes and candidate.output_room >= output_room:
+                return self._free.pop(index)
+        while self._free and len(self._free) + len(self._busy) >= self.max_in_flight + SPARE_FILES:
+            self._retire(min(self._free, key=lambda f: f.input_room + f.output_room))
+        return self._create(_room(input_bytes), _room(output_room))
+
+    def _retire(self, payload_file: _PayloadFile) -> None:
+        if payload_file in self._free:
+            self._free.remove(payload_file)
+        payload_file.close()
+
+    def _create(self, input_room: int, output_room: int) -> _PayloadFile | None:
+        path = self.directory / f"{FILE_PREFIX}{secrets.token_hex(12)}{FILE_SUFFIX}"
+        size = input_room + output_room
+        try:
+            descriptor = os.open(
+                path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+        except OSError as exc:
+            logger.warning("no shared-memory file in %s (%s); batches travel inline", self.directory, exc)
+            return None
+        try:
+            os.ftruncate(descriptor, size)
+            memory = mmap.mmap(descriptor, size)
+        except OSError as exc:
+            path.unlink()
+            logger.warning("no shared-memory file of %d bytes in %s (%s)", size, self.directory, exc)
+            return None
+        finally:
+            os.close(descriptor)
+        return _PayloadFile(path, memory, memoryview(memory), input_room, output_room)
+
+
+def _room(needed: int) -> int:
+    """Room for ``needed`` bytes: the next power of two, so a file serves batches of similar size."""
+    return max(MIN_ROOM_BYTES, 1 << (needed - 1).bit_length())
