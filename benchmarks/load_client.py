@@ -5,10 +5,12 @@ allocator settings (the environment it is started with), and keeps the driver's 
 
     python -m benchmarks.load_client '{"target": "unix:///s.sock", "model": "identity", ...}'
 
-Two kinds of load: ``encode`` makes one batch of ``rows`` rows and encodes it for every request
+Kinds of load: ``encode`` makes one batch of ``rows`` rows and encodes it for every request
 (a client's real work), decoding every answer; ``preencoded`` sends ``PAYLOADS`` requests encoded
 beforehand in turn and only checks the answers, so that the client costs as little as it can.
-Prints one JSON line.
+``client_inline`` and ``client_shared_memory`` run the Spark client's own stream
+(``spark_client.transport.PredictStream``, one partition's batches in order, ``in_flight`` held)
+with its payloads in the gRPC messages or in the node's shared memory. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import json
 import resource
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -62,7 +66,63 @@ def make_batch(rows: int, seed: int = 0) -> pa.RecordBatch:
     return pa.record_batch({"features": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))})
 
 
+CLIENT_KINDS = ("client_inline", "client_shared_memory")
+
+
+def run_client_load(spec: LoadSpec) -> LoadResult:
+    """The Spark client's stream for ``duration_s``: latency is from the moment the stream takes a
+    batch (and sends it) to the moment it yields that batch's answer, in order."""
+    from benchmarks.processes import percentile
+    from spark_client.config import ClientConfig
+    from spark_client.transport import HeldBatch, arrow_stream, connect
+    from udfserve.shared_memory import ipc_stream_size
+
+    config = ClientConfig(
+        shared_memory=spec.kind == "client_shared_memory",
+        max_in_flight=spec.in_flight,
+        rows_per_request=spec.rows,
+        max_message_bytes=spec.max_message_bytes,
+    )
+    channel, _ = connect(spec.target, config, spec.model)
+    batch = make_batch(spec.rows)
+    taken: deque[float] = deque()
+
+    def batches(stop_at: float, count: int | None = None) -> Iterator[HeldBatch]:
+        for index in itertools.count():
+            if time.perf_counter() >= stop_at or (count is not None and index >= count):
+                return
+            taken.append(time.perf_counter())
+            yield HeldBatch(batch)
+
+    for _ in arrow_stream(channel, spec.target, spec.model, config).run(
+        batches(float("inf"), spec.warmup_requests)
+    ):
+        taken.popleft()
+    latencies: list[float] = []
+    rows = 0
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    stream = arrow_stream(channel, spec.target, spec.model, config)
+    for result in stream.run(batches(started + spec.duration_s)):
+        latencies.append(time.perf_counter() - taken.popleft())
+        rows += result.num_rows
+    wall_s = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return LoadResult(
+        wall_s=wall_s,
+        requests=len(latencies),
+        rows=rows,
+        request_bytes=len(latencies) * ipc_stream_size(batch),
+        p50_ms=percentile(latencies, 50) * 1e3,
+        p99_ms=percentile(latencies, 99) * 1e3,
+        cpu_s=(after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+        minor_faults=after.ru_minflt - before.ru_minflt,
+    )
+
+
 def run_load(spec: LoadSpec) -> LoadResult:
+    if spec.kind in CLIENT_KINDS:
+        return run_client_load(spec)
     from benchmarks.clients import run_streams
     from benchmarks.processes import percentile
     from udfserve.protocol.arrow_ipc import encode_batch
@@ -80,7 +140,9 @@ def run_load(spec: LoadSpec) -> LoadResult:
             return next(cycle), spec.rows
 
     else:
-        raise ValueError(f"unknown load kind {spec.kind!r}; expected 'encode' or 'preencoded'")
+        raise ValueError(
+            f"unknown load kind {spec.kind!r}; expected 'encode', 'preencoded' or one of {CLIENT_KINDS}"
+        )
     before = resource.getrusage(resource.RUSAGE_SELF)
     wall_s, stats = asyncio.run(
         run_streams(
