@@ -265,7 +265,7 @@ class _ColumnPlan:
         if kind == "string":
             array = _bytes_objects(values)
         elif kind == "cast":
-            array = values.to_numpy(zero_copy_only=False).astype(self.converter.target, copy=False)
+            array = _numeric_values(values).astype(self.converter.target, copy=False)
         elif kind == "narrow_float":
             with np.errstate(over="ignore"):  # documented: too large for a narrower float becomes +-inf
                 array = values.to_numpy(zero_copy_only=False).astype(self.converter.target)
@@ -463,6 +463,19 @@ class _ColumnConverter:
                 )
         with np.errstate(over="ignore"):  # documented: too large for a narrower float becomes +-inf
             return values.astype(self.target, copy=False)
+
+
+def _numeric_values(values: pa.Array) -> np.ndarray:
+    """Numeric values without nulls as a numpy view. Writable when their buffer is (a request read
+    in place from shared memory), so the backend can hand it to the framework without a copy;
+    pyarrow's own view is always read-only."""
+    data = values.buffers()[1]
+    value_type = values.type
+    numeric = pa.types.is_integer(value_type) or pa.types.is_floating(value_type)
+    if numeric and data is not None and data.is_mutable:
+        dtype = np.dtype(value_type.to_pandas_dtype())
+        return np.frombuffer(data, dtype=dtype, count=len(values), offset=values.offset * dtype.itemsize)
+    return values.to_numpy(zero_copy_only=False)
 
 
 def _bytes_objects(values: pa.Array) -> np.ndarray:
