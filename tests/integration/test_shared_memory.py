@@ -1,0 +1,245 @@
+"""Payloads in the node's shared memory: the same answers as inline, files that never outlive a
+stream, and refusals that name the problem and lose no batch."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pyarrow as pa
+import pytest
+from server_harness import batch_of, request, stream_predict
+
+from services.model_server.launcher import ServerProcess, launch_server
+from spark_client.config import ClientConfig
+from spark_client.transport import HeldBatch, PredictStream, arrow_stream, connect
+from udfserve.protocol import inference_pb2 as pb
+from udfserve.protocol import inference_pb2_grpc as pb_grpc
+from udfserve.protocol.arrow_ipc import decode_batch
+from udfserve.shared_memory import DEFAULT_DIRECTORY, write_ipc_into
+
+SHM = Path(DEFAULT_DIRECTORY)
+MODEL = "tabular_mlp"
+
+
+def features(rows: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(rows, 64)).astype(np.float32)
+
+
+def our_files() -> set[str]:
+    return {p.name for p in SHM.glob("udfserve-*.shm")}
+
+
+@pytest.fixture
+def no_files_left_behind() -> Iterator[None]:
+    before = our_files()
+    yield
+    assert our_files() - before == set()
+
+
+class PayloadFile:
+    """A file written by hand, as a client would: the request at 0, room for the answer after it."""
+
+    def __init__(self, batch: pa.RecordBatch, output_room: int = 1 << 20, name: str | None = None) -> None:
+        self.path = SHM / (name or f"udfserve-{secrets.token_hex(8)}.shm")
+        self.size = (1 << 22) + output_room
+        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(descriptor, self.size)
+        self.memory = mmap.mmap(descriptor, self.size)
+        os.close(descriptor)
+        self.view = memoryview(self.memory)
+        written = write_ipc_into(pa.py_buffer(self.view[: 1 << 22]), batch)
+        assert written is not None
+        self.input = pb.SharedMemoryRegion(path=str(self.path), offset=0, size=written)
+        self.output = pb.SharedMemoryRegion(path=str(self.path), offset=1 << 22, size=output_room)
+
+    def answer(self, response: pb.PredictResponse) -> pa.RecordBatch:
+        start = self.output.offset
+        return decode_batch(self.view[start : start + response.output_region_bytes].tobytes())
+
+    def remove(self) -> None:
+        if self.path.exists():
+            self.path.unlink()
+
+
+def raw_predict(target: str, requests: Sequence[pb.PredictRequest]) -> list[pb.PredictResponse]:
+    with grpc.insecure_channel(target) as channel:
+        return list(pb_grpc.InferenceStub(channel).Predict(iter(requests), timeout=60))
+
+
+def in_shared_memory(payload_file: PayloadFile, batch_id: int = 1) -> pb.PredictRequest:
+    return pb.PredictRequest(
+        model=MODEL, batch_id=batch_id, input_region=payload_file.input, output_region=payload_file.output
+    )
+
+
+def run_stream(target: str, batches: list[pa.RecordBatch], **settings: object) -> tuple[PredictStream, list]:
+    config = ClientConfig(**settings)
+    channel, _ = connect(target, config, MODEL)
+    stream = arrow_stream(channel, target, MODEL, config)
+    return stream, list(stream.run(HeldBatch(b) for b in batches))
+
+
+@pytest.fixture
+def payload_file() -> Iterator[PayloadFile]:
+    made = PayloadFile(batch_of({"features": features(300)}))
+    yield made
+    made.remove()
+
+
+def unix(server: ServerProcess) -> str:
+    return f"unix://{server.unix_socket}"
+
+
+def test_an_answer_written_into_shared_memory_equals_the_inline_answer(
+    server: ServerProcess, payload_file: PayloadFile
+) -> None:
+    [response] = raw_predict(unix(server), [in_shared_memory(payload_file)])
+    assert not response.HasField("error") and response.arrow_ipc == b""
+    assert response.output_region_bytes > 0
+    inline = stream_predict(unix(server), [request(MODEL, batch_of({"features": features(300)}))])[0]
+    assert payload_file.answer(response).equals(inline.outputs)
+
+
+def test_the_server_unlinks_a_file_once_it_has_mapped_it(
+    server: ServerProcess, payload_file: PayloadFile
+) -> None:
+    raw_predict(unix(server), [in_shared_memory(payload_file)])
+    assert not payload_file.path.exists()
+
+
+def test_the_spark_clients_stream_answers_every_batch_in_order_through_shared_memory(
+    server: ServerProcess, no_files_left_behind: None
+) -> None:
+    batches = [batch_of({"features": features(700, seed)}) for seed in range(12)]
+    stream, shared = run_stream(unix(server), batches, max_in_flight=4)
+    _, inline = run_stream(unix(server), batches, max_in_flight=4, shared_memory=False)
+    assert [a.num_rows for a in shared] == [700] * 12
+    assert all(a.equals(b) for a, b in zip(shared, inline, strict=True))
+    assert stream.counters.resent == 0 and stream.counters.answered == 12
+
+
+def test_answers_taken_from_shared_memory_stay_intact_while_later_batches_reuse_the_files(
+    server: ServerProcess,
+) -> None:
+    batches = [batch_of({"features": features(500, seed)}) for seed in range(10)]
+    _, answers = run_stream(unix(server), batches, max_in_flight=2)
+    copies = [pa.RecordBatch.from_pylist(a.to_pylist(), schema=a.schema) for a in answers]
+    _, again = run_stream(unix(server), list(reversed(batches)), max_in_flight=2)
+    assert all(a.equals(c) for a, c in zip(answers, copies, strict=True))
+    assert all(a.equals(b) for a, b in zip(answers, reversed(again), strict=True))
+
+
+def test_a_server_with_shared_memory_off_refuses_it_and_the_client_resends_inline(
+    example_repository: Path, socket_dir: Path, tmp_path: Path, no_files_left_behind: None
+) -> None:
+    off = launch_server(
+        example_repository,
+        socket=socket_dir / "shm-off.sock",
+        extra_args=["--shared-memory-dir", "off", "--models", MODEL],
+        log_path=tmp_path / "server.log",
+    )
+    try:
+        batches = [batch_of({"features": features(200, seed)}) for seed in range(6)]
+        stream, answers = run_stream(unix(off), batches, max_in_flight=3)
+        assert [a.num_rows for a in answers] == [200] * 6
+        assert 1 <= stream.counters.resent <= 3  # those sent before the first refusal came back
+        assert stream.counters.answered == 6
+    finally:
+        off.terminate()
+
+
+def test_a_refusal_names_the_setting_and_is_flagged_for_resending(
+    example_repository: Path, socket_dir: Path, tmp_path: Path, payload_file: PayloadFile
+) -> None:
+    off = launch_server(
+        example_repository,
+        socket=socket_dir / "shm-off2.sock",
+        extra_args=["--shared-memory-dir", "off", "--models", MODEL],
+        log_path=tmp_path / "server.log",
+    )
+    try:
+        [response] = raw_predict(unix(off), [in_shared_memory(payload_file)])
+    finally:
+        off.terminate()
+    assert response.shared_memory_refused
+    assert response.error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert "--shared-memory-dir off" in response.error.message and "arrow_ipc" in response.error.message
+    assert payload_file.path.exists()  # refused files are not touched
+
+
+def test_shared_memory_over_tcp_is_refused_as_not_on_this_node(
+    server: ServerProcess, payload_file: PayloadFile
+) -> None:
+    assert server.tcp_address is not None
+    [response] = raw_predict(server.tcp_address, [in_shared_memory(payload_file)])
+    assert response.shared_memory_refused
+    assert "unix socket only" in response.error.message
+    assert payload_file.path.exists()
+
+
+def test_a_file_outside_the_shared_memory_folder_is_refused_with_the_folder_named(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    outside = tmp_path / "udfserve-0123456789abcdef.shm"
+    outside.write_bytes(b"\0" * 4096)
+    region = pb.SharedMemoryRegion(path=str(outside), offset=0, size=100)
+    [response] = raw_predict(unix(server), [pb.PredictRequest(model=MODEL, batch_id=1, input_region=region)])
+    assert response.shared_memory_refused
+    assert str(SHM) in response.error.message and "directly in" in response.error.message
+    assert outside.exists()
+
+
+def test_a_file_named_otherwise_in_the_folder_is_refused_and_left_alone(server: ServerProcess) -> None:
+    stranger = PayloadFile(batch_of({"features": features(3)}), name=f"other-{secrets.token_hex(4)}.shm")
+    try:
+        [response] = raw_predict(unix(server), [in_shared_memory(stranger)])
+        assert response.shared_memory_refused
+        assert "udfserve-" in response.error.message
+        assert stranger.path.exists()
+    finally:
+        stranger.remove()
+
+
+def test_a_region_past_the_end_of_its_file_is_invalid_argument_naming_the_range(
+    server: ServerProcess, payload_file: PayloadFile
+) -> None:
+    beyond = pb.SharedMemoryRegion(path=str(payload_file.path), offset=payload_file.size - 10, size=100)
+    [response] = raw_predict(unix(server), [pb.PredictRequest(model=MODEL, batch_id=1, input_region=beyond)])
+    assert response.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert not response.shared_memory_refused
+    assert f"a file of {payload_file.size} bytes" in response.error.message
+
+
+def test_a_request_with_both_inline_bytes_and_a_region_is_invalid_argument(
+    server: ServerProcess, payload_file: PayloadFile
+) -> None:
+    both = in_shared_memory(payload_file)
+    both.arrow_ipc = request(MODEL, batch_of({"features": features(3)})).arrow_ipc
+    [response] = raw_predict(unix(server), [both])
+    assert response.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "both arrow_ipc and input_region" in response.error.message
+
+
+def test_garbage_in_shared_memory_is_invalid_argument_naming_the_region_field(
+    server: ServerProcess, payload_file: PayloadFile
+) -> None:
+    payload_file.view[:64] = b"\x17" * 64
+    [response] = raw_predict(unix(server), [in_shared_memory(payload_file)])
+    assert response.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "PredictRequest.input_region" in response.error.message
+
+
+def test_an_answer_too_large_for_its_room_comes_inline(server: ServerProcess) -> None:
+    cramped = PayloadFile(batch_of({"features": features(300)}), output_room=256)
+    try:
+        [response] = raw_predict(unix(server), [in_shared_memory(cramped)])
+    finally:
+        cramped.remove()
+    assert not response.HasField("error") and response.output_region_bytes == 0
+    assert decode_batch(response.arrow_ipc).num_rows == 300

@@ -1,0 +1,120 @@
+"""The Spark client's payload files: one per batch in flight, reused, answers copied out, none left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from spark_client.shared_memory import SPARE_FILES, SharedMemoryPayloads
+from udfserve.protocol import inference_pb2 as pb
+from udfserve.protocol.arrow_ipc import decode_batch
+from udfserve.shared_memory import FILE_NAME_PATTERN, write_ipc_into
+
+
+def batch(rows: int, value: float = 1.0) -> pa.RecordBatch:
+    return pa.record_batch({"x": pa.array(np.full(rows, value, dtype=np.float32))})
+
+
+def files(folder: Path) -> list[Path]:
+    return sorted(folder.iterdir())
+
+
+def read_region(region: pb.SharedMemoryRegion) -> pa.RecordBatch:
+    with open(region.path, "rb") as handle:
+        handle.seek(region.offset)
+        return decode_batch(handle.read(region.size))
+
+
+def answer_in(region: pb.SharedMemoryRegion, answer: pa.RecordBatch) -> int:
+    """Write ``answer`` into an output region, as the server does; the bytes written."""
+    with open(region.path, "r+b") as handle:
+        handle.seek(region.offset)
+        room = bytearray(region.size)
+        written = write_ipc_into(pa.py_buffer(room), answer)
+        assert written is not None
+        handle.write(room[:written])
+    return written
+
+
+def test_a_placed_batch_is_the_arrow_stream_at_the_start_of_a_file_named_for_servers(tmp_path: Path) -> None:
+    payloads = SharedMemoryPayloads(tmp_path, max_in_flight=2)
+    source, room = payloads.place(1, batch(10, 3.0))
+    assert read_region(source).equals(batch(10, 3.0))
+    assert room.path == source.path and room.offset >= source.size and room.size >= source.size
+    assert FILE_NAME_PATTERN.match(Path(source.path).name)
+    assert (Path(source.path).stat().st_mode & 0o777) == 0o600
+
+
+def test_a_file_is_reused_once_its_batch_is_answered(tmp_path: Path) -> None:
+    payloads = SharedMemoryPayloads(tmp_path, max_in_flight=2)
+    first, _ = payloads.place(1, batch(100))
+    payloads.release(1)
+    second, _ = payloads.place(2, batch(100))
+    assert second.path == first.path
+    assert len(files(tmp_path)) == 1
+
+
+def test_batches_in_flight_each_have_their_own_file(tmp_path: Path) -> None:
+    payloads = SharedMemoryPayloads(tmp_path, max_in_flight=3)
+    paths = {payloads.place(batch_id, batch(100))[0].path for batch_id in (1, 2, 3)}
+    assert len(paths) == 3
+
+
+def test_a_batch_too_large_for_the_free_files_gets_a_new_one_and_the_spares_stay_bounded(
+    tmp_path: Path,
+) -> None:
+    payloads = SharedMemoryPayloads(tmp_path, max_in_flight=1)
+    for batch_id, rows in enumerate((100, 50_000, 200_000, 1_000_000, 3_000_000), start=1):
+        payloads.place(batch_id, batch(rows))
+        payloads.release(batch_id)
+    assert len(files(tmp_path)) <= 1 + SPARE_FILES
+
+
+def test_an_answer_is_copied_out_so_reusing_its_file_leaves_it_intact(tmp_path: Path) -> None:
+    payloads = SharedMemoryPayloads(tmp_path, max_in_flight=1)
+    _, room = payloads.place(1, batch(64))
+    size = answer_in(room, batch(64, 7.0))
+    result = payloads.answer(1, size)
+    _, room_again = payloads.place(2, batch(64))
+    answer_in(room_again, batch(64, -1.0))
+    assert room_again.path == room.path
+    assert result.equals(batch(64, 7.0))
+
+
+def test_an_answer_larger_than_its_room_is_refused_naming_both_sizes(tmp_path: Path) -> None:
+    payloads = SharedMemoryPayloads(tmp_path, max_in_flight=1)
+    _, room = payloads.place(1, batch(8))
+    with pytest.raises(ValueError, match=rf"{room.size + 1} bytes of answer .* {room.size} bytes of room"):
+        payloads.answer(1, room.size + 1)
+
+
+def test_an_answer_to_a_batch_that_holds_no_file_is_refused(tmp_path: Path) -> None:
+    payloads = SharedMemoryPayloads(tmp_path, max_in_flight=1)
+    with pytest.raises(ValueError, match=r"batch 9 .* no file"):
+        payloads.answer(9, 100)
+
+
+def test_close_unlinks_every_file_busy_or_free(tmp_path: Path) -> None:
+    payloads = SharedMemoryPayloads(tmp_path, max_in_flight=3)
+    payloads.place(1, batch(10))
+    payloads.place(2, batch(10))
+    payloads.release(2)
+    payloads.close()
+    assert files(tmp_path) == []
+    assert payloads.place(3, batch(10)) is None
+
+
+def test_once_placing_stops_batches_go_inline_and_answers_are_still_read(tmp_path: Path) -> None:
+    payloads = SharedMemoryPayloads(tmp_path, max_in_flight=2)
+    _, room = payloads.place(1, batch(16))
+    payloads.placing = False
+    assert payloads.place(2, batch(16)) is None
+    assert payloads.answer(1, answer_in(room, batch(16, 2.0))).equals(batch(16, 2.0))
+
+
+def test_a_missing_folder_means_inline(tmp_path: Path) -> None:
+    payloads = SharedMemoryPayloads(tmp_path / "absent", max_in_flight=1)
+    assert payloads.place(1, batch(4)) is None
