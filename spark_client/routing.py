@@ -40,6 +40,8 @@ SPARK_CONF_TLS_ROOT_CERTIFICATES_FILE = "spark.udfserve.tlsRootCertificatesFile"
 SPARK_CONF_TLS_CLIENT_CERTIFICATE_FILE = "spark.udfserve.tlsClientCertificateFile"
 SPARK_CONF_TLS_CLIENT_KEY_FILE = "spark.udfserve.tlsClientKeyFile"
 SPARK_CONF_TLS_SERVER_NAME = "spark.udfserve.tlsServerName"
+SPARK_CONF_SHARED_MEMORY = "spark.udfserve.sharedMemory"
+SPARK_CONF_SHARED_MEMORY_DIR = "spark.udfserve.sharedMemoryDir"
 
 _SPARK_CONF_PATHS = {
     SPARK_CONF_DISCOVERY_FILE: "discovery_file",
@@ -50,7 +52,13 @@ _SPARK_CONF_PATHS = {
     SPARK_CONF_TLS_CLIENT_KEY_FILE: "tls_client_key_file",
     SPARK_CONF_TLS_SERVER_NAME: "tls_server_name",
 }
-SPARK_CONF_KEYS = (SPARK_CONF_ADDRESS, SPARK_CONF_PROTOCOL, SPARK_CONF_AUTH_TOKEN, *_SPARK_CONF_PATHS)
+_SPARK_CONF_SETTINGS = {
+    SPARK_CONF_PROTOCOL: "protocol",
+    SPARK_CONF_SHARED_MEMORY: "shared_memory",
+    SPARK_CONF_SHARED_MEMORY_DIR: "shared_memory_dir",
+}
+"""Settings with a default of their own: the conf applies unless the UDF's config set them."""
+SPARK_CONF_KEYS = (SPARK_CONF_ADDRESS, SPARK_CONF_AUTH_TOKEN, *_SPARK_CONF_SETTINGS, *_SPARK_CONF_PATHS)
 """Every Spark conf key the driver reads when a UDF is built."""
 
 
@@ -89,9 +97,10 @@ def apply_spark_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientCon
     if config.address is None and conf.get(SPARK_CONF_ADDRESS):
         update["address"] = check_target(conf[SPARK_CONF_ADDRESS], SPARK_CONF_ADDRESS)
         used.append(SPARK_CONF_ADDRESS)
-    if "protocol" not in config.model_fields_set and conf.get(SPARK_CONF_PROTOCOL):
-        update["protocol"] = conf[SPARK_CONF_PROTOCOL].strip()
-        used.append(SPARK_CONF_PROTOCOL)
+    for key, field in _SPARK_CONF_SETTINGS.items():
+        if field not in config.model_fields_set and conf.get(key):
+            update[field] = conf[key].strip()
+            used.append(key)
     has_token = config.auth_token is not None or config.auth_token_file is not None
     for key, field in _SPARK_CONF_PATHS.items():
         if field == "auth_token_file" and has_token:

@@ -109,6 +109,19 @@ def test_an_invalid_spark_conf_address_is_refused_naming_the_setting() -> None:
         apply_spark_conf(ClientConfig(), {SPARK_CONF_ADDRESS: "not a target"})
 
 
+def test_the_spark_conf_turns_shared_memory_off_and_names_its_folder_unless_the_udf_set_them() -> None:
+    conf = {"spark.udfserve.sharedMemory": "false", "spark.udfserve.sharedMemoryDir": "/run/udfserve-shm"}
+    filled = apply_spark_conf(ClientConfig(), conf)
+    assert (filled.shared_memory, filled.shared_memory_dir) == (False, "/run/udfserve-shm")
+    kept = apply_spark_conf(ClientConfig(shared_memory=True, shared_memory_dir="/dev/shm"), conf)
+    assert (kept.shared_memory, kept.shared_memory_dir) == (True, "/dev/shm")
+
+
+def test_an_invalid_spark_conf_shared_memory_switch_is_refused_naming_the_key() -> None:
+    with pytest.raises(ValueError, match=r"(?s)spark\.udfserve\.sharedMemory.*valid boolean"):
+        apply_spark_conf(ClientConfig(), {"spark.udfserve.sharedMemory": "maybe"})
+
+
 def test_the_executor_environment_address_beats_the_discovery_file(node_file: Path) -> None:
     config = ClientConfig(discovery_file=str(node_file))
     route = resolve_route(config, {ADDRESS_ENV: "10.0.0.1:7500"}, TaskPlacement())
