@@ -143,8 +143,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         )
         return Pending(future, finish)
 
-    @staticmethod
-    def _decode(served: ServedModel, request: pb.PredictRequest, regions: StreamRegions) -> pa.RecordBatch:
+    def _decode(
+        self, served: ServedModel, request: pb.PredictRequest, regions: StreamRegions
+    ) -> pa.RecordBatch:
         """The request's batch, from ``arrow_ipc`` or from the shared memory it names."""
         if request.HasField("input_region"):
             if request.arrow_ipc:
@@ -154,6 +155,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 )
             payload: bytes | pa.Buffer = regions.bytes_of(request.input_region, "PredictRequest.input_region")
             what = "PredictRequest.input_region"
+            self._metrics.shared_memory_requests.inc()
         else:
             payload, what = request.arrow_ipc, "arrow_ipc"
         try:
@@ -226,7 +228,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         code, message = failure_status(exc, f"model {request.model!r} batch {request.batch_id}")
         self._observe(model_metrics, job, request, code, started_s, 0)
         response = self._error(request.batch_id, code, message)
-        response.shared_memory_refused = isinstance(exc, SharedMemoryRefused)
+        if isinstance(exc, SharedMemoryRefused):
+            response.shared_memory_refused = True
+            self._metrics.shared_memory_refusals.inc()
         return response
 
     def _observe(

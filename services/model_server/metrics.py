@@ -160,6 +160,17 @@ class ServerMetrics:
             registry=registry,
         )
         self.streams_active = Gauge("udfserve_streams_active", "Open Predict streams.", registry=registry)
+        self.shared_memory_requests = Counter(
+            "udfserve_shared_memory_requests",
+            "Predict requests whose batch was read from a shared-memory file of a client of this node.",
+            registry=registry,
+        )
+        self.shared_memory_refusals = Counter(
+            "udfserve_shared_memory_refusals",
+            "Predict requests whose shared memory the server could not use (FAILED_PRECONDITION, "
+            "shared_memory_refused); the client resends them inline.",
+            registry=registry,
+        )
         self.queued_rows = Gauge(
             "udfserve_queued_rows",
             "Rows waiting in the model's batcher.",

@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
-from server_harness import batch_of, request, stream_predict
+from server_harness import batch_of, metric_value, request, scrape, stream_predict
 
 from services.model_server.launcher import ServerProcess, launch_server
 from spark_client.config import ClientConfig
@@ -117,11 +117,15 @@ def test_the_spark_clients_stream_answers_every_batch_in_order_through_shared_me
     server: ServerProcess, no_files_left_behind: None
 ) -> None:
     batches = [batch_of({"features": features(700, seed)}) for seed in range(12)]
+    assert server.http_address is not None
+    read_before = metric_value(scrape(server.http_address), "udfserve_shared_memory_requests_total")
     stream, shared = run_stream(unix(server), batches, max_in_flight=4)
     _, inline = run_stream(unix(server), batches, max_in_flight=4, shared_memory=False)
     assert [a.num_rows for a in shared] == [700] * 12
     assert all(a.equals(b) for a, b in zip(shared, inline, strict=True))
     assert stream.counters.resent == 0 and stream.counters.answered == 12
+    read = metric_value(scrape(server.http_address), "udfserve_shared_memory_requests_total") - read_before
+    assert read == 12
 
 
 def test_answers_taken_from_shared_memory_stay_intact_while_later_batches_reuse_the_files(
@@ -176,9 +180,12 @@ def test_a_refusal_names_the_setting_and_is_flagged_for_resending(
 def test_shared_memory_over_tcp_is_refused_as_not_on_this_node(
     server: ServerProcess, payload_file: PayloadFile
 ) -> None:
-    assert server.tcp_address is not None
+    assert server.tcp_address is not None and server.http_address is not None
+    refused_before = metric_value(scrape(server.http_address), "udfserve_shared_memory_refusals_total")
     [response] = raw_predict(server.tcp_address, [in_shared_memory(payload_file)])
     assert response.shared_memory_refused
+    refused = metric_value(scrape(server.http_address), "udfserve_shared_memory_refusals_total")
+    assert refused == refused_before + 1
     assert "unix socket only" in response.error.message
     assert payload_file.path.exists()
 
