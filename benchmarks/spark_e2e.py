@@ -244,7 +244,7 @@ def _result(
         "Keras model through a `tf.function` (their fastest path, not `model.predict`); 1b uses "
         "`predict_batch_udf` with batch_size 4,096, 1c an iterator pandas UDF with the model cached in an "
         "importable module. 1d loads the model for every batch and runs on a small data set. The server "
-        "calls the model on up to `max_batch_size` rows at once (1,024 for the tabular model, 4,096 for the "
+        "calls the model on up to `max_batch_size` rows at once (4,096 for the tabular model and for the "
         "sequence model in the example configs). The peak "
         "resident memory is sampled every 50 ms over the `pyspark.daemon` process and the workers it forks "
         "(summed, and the largest one). *max |Δ|* compares the first rows' predictions with 1c's."

@@ -38,6 +38,7 @@ import grpc
 import numpy as np
 import pyarrow as pa
 import tritonclient.grpc as triton
+import yaml
 from tritonclient.grpc import service_pb2_grpc
 
 from benchmarks.kserve.triton_model import write_triton_repository
@@ -177,14 +178,26 @@ def check_batch() -> pa.RecordBatch:
 
 
 # -- perf_analyzer -----------------------------------------------------------------------------
+GRID_MAX_BATCH_SIZE = 1024
+"""``max_batch_size`` of ``tabular_mlp`` on both servers in these runs: the largest request of the
+grid, as the grid was specified and first measured (the example config says 4,096, one call per
+request of the Spark client)."""
+
+
 def generate_examples(repository: Path) -> Path:
-    """The example repository, written by the project's own command in a child process."""
+    """The example repository, written by the project's own command in a child process, with
+    ``tabular_mlp`` limited to ``GRID_MAX_BATCH_SIZE`` rows per call (Triton's config is made from
+    the same ``config.yaml``)."""
     subprocess.run(
         [sys.executable, "-m", "services", "models", "generate", "--output", str(repository)],
         check=True,
         capture_output=True,
         env=quiet_env(),
     )
+    config_path = repository / MODEL / "config.yaml"
+    config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    config["max_batch_size"] = GRID_MAX_BATCH_SIZE
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return repository
 
 

@@ -168,7 +168,7 @@ def test_model_config_gives_max_batch_size_dims_and_the_queue_delay(
     client: triton.InferenceServerClient,
 ) -> None:
     config = client.get_model_config("tabular_mlp").config
-    assert config.max_batch_size == 1024
+    assert config.max_batch_size == 4096
     assert [(i.name, list(i.dims)) for i in config.input] == [("features", [64])]
     assert [(o.name, list(o.dims)) for o in config.output] == [("probabilities", [8])]
     assert config.dynamic_batching.max_queue_delay_microseconds == 2000
