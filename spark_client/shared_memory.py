@@ -4,8 +4,14 @@ Each file holds a request's Arrow IPC stream at its start and leaves the rest fo
 which the server writes there (``SharedMemoryRegion``). A file is busy from the moment its batch
 is written until the server answered that batch, whatever the answer; then it serves the next
 batch. Answers are copied out of the file before it is reused, so a result the task still holds
-never changes under it. tmpfs gives pages only to bytes written, so the room left for answers
-costs nothing until used.
+never changes under it.
+
+A file's memory is reserved when it is made (``posix_fallocate``): a store through a mapping of
+a tmpfs that is full is a SIGBUS that kills the process, the client's as it writes a batch or the
+server's as it writes an answer, where a reservation that fails is a plain error and the batch
+travels inline. Rooms are therefore sized to what is expected, not generously: the input's to
+the batch, the answer's to what earlier answers took per row (a quarter of the input before the
+first one); an answer that does not fit comes inline, and later files are made to fit it.
 
 The server unlinks a file's name once it has mapped it; ``close`` unlinks whatever it has not
 seen (a stream that ends before its first answer), so no file outlives its stream.
@@ -75,9 +81,10 @@ class SharedMemoryPayloads:
         """Write ``batch`` into a file for ``batch_id``: the input and output regions to send, or
         None when no file can be had (the folder is full or gone): send the batch inline then."""
         input_bytes = ipc_stream_size(batch)
-        output_room = (
-            max(input_bytes, int(self._answer_bytes_per_row * batch.num_rows * 1.25)) + MIN_ROOM_BYTES
-        )
+        if self._answer_bytes_per_row:
+            output_room = int(self._answer_bytes_per_row * batch.num_rows * 1.25) + MIN_ROOM_BYTES
+        else:
+            output_room = input_bytes // 4 + MIN_ROOM_BYTES
         with self._lock:
             if self._closed or not self.placing:
                 return None
@@ -168,7 +175,7 @@ class SharedMemoryPayloads:
             logger.warning("no shared-memory file in %s (%s); batches travel inline", self.directory, exc)
             return None
         try:
-            os.ftruncate(descriptor, size)
+            os.posix_fallocate(descriptor, 0, size)  # ENOSPC now, not SIGBUS at the first store
             memory = mmap.mmap(descriptor, size)
         except OSError as exc:
             path.unlink()
@@ -180,5 +187,6 @@ class SharedMemoryPayloads:
 
 
 def _room(needed: int) -> int:
-    """Room for ``needed`` bytes: the next power of two, so a file serves batches of similar size."""
-    return max(MIN_ROOM_BYTES, 1 << (needed - 1).bit_length())
+    """Room for ``needed`` bytes and an eighth more, in whole 64 KiB: a file then serves the
+    batches of a partition, which differ little in size (the last one is smaller)."""
+    return -(-(needed + needed // 8) // MIN_ROOM_BYTES) * MIN_ROOM_BYTES

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -118,3 +120,36 @@ def test_once_placing_stops_batches_go_inline_and_answers_are_still_read(tmp_pat
 def test_a_missing_folder_means_inline(tmp_path: Path) -> None:
     payloads = SharedMemoryPayloads(tmp_path / "absent", max_in_flight=1)
     assert payloads.place(1, batch(4)) is None
+
+
+FULL_FOLDER_PROBE = """
+import sys
+from pathlib import Path
+import numpy as np, pyarrow as pa
+from spark_client.shared_memory import SharedMemoryPayloads
+payloads = SharedMemoryPayloads(Path(sys.argv[1]), max_in_flight=2)
+small = pa.record_batch({"x": pa.array(np.ones(1000, dtype=np.float32))})
+large = pa.record_batch({"x": pa.array(np.ones(1_000_000, dtype=np.float32))})
+placed_small = payloads.place(1, small) is not None
+placed_large = payloads.place(2, large) is not None
+print(placed_small, placed_large, len(list(Path(sys.argv[1]).iterdir())))
+"""
+
+
+def test_a_full_shared_memory_folder_sends_the_batch_inline_instead_of_crashing(tmp_path: Path) -> None:
+    """A store through a mapping of a full tmpfs is a SIGBUS; the reservation must fail first.
+    The child mounts a 1 MiB tmpfs in a mount namespace of its own and places a 4 MB batch."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    script = (
+        f"mount -t tmpfs -o size=1m tmpfs {folder} && exec {sys.executable} -c '{FULL_FOLDER_PROBE}' {folder}"
+    )
+    completed = subprocess.run(
+        ["unshare", "--mount", "--map-root-user", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.split() == ["True", "False", "1"]
