@@ -191,14 +191,22 @@ def metrics_addresses(discovery: NodeDiscovery) -> list[str]:
     return [s.http_address for s in discovery.servers if s.http_address]
 
 
-def scrape_total(discovery: NodeDiscovery, metric: str, model: str) -> float:
-    """Sum of one metric over every server of the node, read from their /metrics."""
+SHARED_MEMORY_REQUESTS = "udfserve_shared_memory_requests_total"
+
+
+def scrape_total(discovery: NodeDiscovery, metric: str, model: str | None) -> float:
+    """Sum of one metric over every server of the node, read from their /metrics: the series of
+    ``model``, or the unlabelled one when ``model`` is None."""
     total = 0.0
     for address in metrics_addresses(discovery):
         with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
             text = response.read().decode()
         for line in text.splitlines():
-            if line.startswith(metric + "{") and f'model="{model}"' in line:
+            if model is None:
+                matches = line.startswith(metric + " ")
+            else:
+                matches = line.startswith(metric + "{") and f'model="{model}"' in line
+            if matches:
                 total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -237,17 +245,20 @@ def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDis
         scored = frame.select("id", predict("features").alias("prediction"))
         frame.write.format("noop").mode("overwrite").save()  # warm the JVM and the data path
         rows_before = scrape_total(discovery, "udfserve_rows_total", options.model)
+        shared_before = scrape_total(discovery, SHARED_MEMORY_REQUESTS, None)
         started = time.perf_counter()
         scored.write.format("noop").mode("overwrite").save()
         seconds = time.perf_counter() - started
         stats = predict.stats()  # read before any other action evaluates the UDF again
         server_rows = scrape_total(discovery, "udfserve_rows_total", options.model) - rows_before
+        shared_requests = scrape_total(discovery, SHARED_MEMORY_REQUESTS, None) - shared_before
         samples = scored.limit(3).collect()
     finally:
         spark.stop()
     return {
         "seconds": seconds,
         "server_rows": server_rows,
+        "shared_memory_requests": shared_requests,
         "client": stats,
         "samples": [(row["id"], list(row["prediction"])) for row in samples],
     }
@@ -269,7 +280,9 @@ def report(options: DemoOptions, discovery: NodeDiscovery, figures: dict[str, ob
         f"(the servers' own metrics count {counted_by_servers:,})",
         f"answered by fallback   {client.rows_by_fallback:,} rows in {client.batches_by_fallback:,} batches"
         + (f" ({reasons})" if reasons else ""),
-        f"back-pressure          {client.retries:,} resends after RESOURCE_EXHAUSTED, "
+        f"payloads               {int(figures['shared_memory_requests']):,} of "  # type: ignore[call-overload]
+        f"{client.batches_by_server:,} batches through the node's shared memory, the rest inline",
+        f"resends                {client.retries:,} (RESOURCE_EXHAUSTED, or shared memory refused), "
         f"{client.backoff_s:.2f} s waited",
         f"model loads            {int(scrape_total(discovery, 'udfserve_model_loads_total', options.model))} "
         f"({len(discovery.servers)} server(s): "
