@@ -13,6 +13,12 @@ travels inline. Rooms are therefore sized to what is expected, not generously: t
 the batch, the answer's to what earlier answers took per row (a quarter of the input before the
 first one); an answer that does not fit comes inline, and later files are made to fit it.
 
+A batch is written where its largest buffer (the values of a tensor column) starts on a 64-byte
+boundary of the file: the server then reads the values in place and hands them to TensorFlow,
+which takes only memory aligned as its own allocator's without copying it. Where that is depends
+only on the batch's schema and row count, so it is found once per pair (by writing at 0 and
+looking) and kept.
+
 The server unlinks a file's name once it has mapped it; ``close`` unlinks whatever it has not
 seen (a stream that ends before its first answer), so no file outlives its stream.
 """
@@ -37,6 +43,9 @@ from udfserve.shared_memory import FILE_PREFIX, FILE_SUFFIX, ipc_stream_size, wr
 logger = logging.getLogger(__name__)
 
 MIN_ROOM_BYTES = 64 << 10
+ALIGNMENT_BYTES = 64
+"""The alignment TensorFlow needs to use memory without copying it."""
+MAX_KNOWN_LAYOUTS = 16
 SPARE_FILES = 2
 """Free files kept beyond the batches in flight, before the smallest is let go."""
 
@@ -71,6 +80,8 @@ class SharedMemoryPayloads:
     _free: list[_PayloadFile] = field(default_factory=list)
     _busy: dict[int, _PayloadFile] = field(default_factory=dict)
     _answer_bytes_per_row: float = 0.0
+    _starts: dict[tuple[pa.Schema, int], int] = field(default_factory=dict)
+    """Where a batch of this schema and row count is written so its largest buffer is aligned."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _closed: bool = False
     placing: bool = True
@@ -80,7 +91,7 @@ class SharedMemoryPayloads:
     def place(self, batch_id: int, batch: pa.RecordBatch) -> tuple[pb.SharedMemoryRegion, ...] | None:
         """Write ``batch`` into a file for ``batch_id``: the input and output regions to send, or
         None when no file can be had (the folder is full or gone): send the batch inline then."""
-        input_bytes = ipc_stream_size(batch)
+        input_bytes = ipc_stream_size(batch) + ALIGNMENT_BYTES
         if self._answer_bytes_per_row:
             output_room = int(self._answer_bytes_per_row * batch.num_rows * 1.25) + MIN_ROOM_BYTES
         else:
@@ -91,7 +102,16 @@ class SharedMemoryPayloads:
             payload_file = self._take(input_bytes, output_room)
         if payload_file is None:
             return None
-        written = write_ipc_into(payload_file.region(0, payload_file.input_room), batch)
+        layout = (batch.schema, batch.num_rows)
+        start = self._starts.get(layout)
+        written = self._write(payload_file, start or 0, batch)
+        if written is not None and start is None:
+            start = _aligning_start(payload_file.region(0, written))
+            if len(self._starts) >= MAX_KNOWN_LAYOUTS:
+                self._starts.clear()
+            self._starts[layout] = start
+            if start:
+                written = self._write(payload_file, start, batch)
         if written is None:  # a dictionary batch larger than its estimate
             with self._lock:
                 self._retire(payload_file)
@@ -100,9 +120,13 @@ class SharedMemoryPayloads:
             self._busy[batch_id] = payload_file
         path = str(payload_file.path)
         return (
-            pb.SharedMemoryRegion(path=path, offset=0, size=written),
+            pb.SharedMemoryRegion(path=path, offset=start or 0, size=written),
             pb.SharedMemoryRegion(path=path, offset=payload_file.input_room, size=payload_file.output_room),
         )
+
+    @staticmethod
+    def _write(payload_file: _PayloadFile, start: int, batch: pa.RecordBatch) -> int | None:
+        return write_ipc_into(payload_file.region(start, payload_file.input_room - start), batch)
 
     def answer(self, batch_id: int, size: int) -> pa.RecordBatch:
         """The answer the server wrote for ``batch_id`` (``output_region_bytes`` = ``size``), copied
@@ -184,6 +208,17 @@ class SharedMemoryPayloads:
         finally:
             os.close(descriptor)
         return _PayloadFile(path, memory, memoryview(memory), input_room, output_room)
+
+
+def _aligning_start(written: pa.Buffer) -> int:
+    """Where to write the stream just written at the start of ``written`` (an aligned address: a
+    file's mapping starts on a page) so that its largest buffer starts on an aligned address."""
+    batch = pa.ipc.open_stream(written).read_next_batch()
+    buffers = [b for column in batch.columns for b in column.buffers() if b is not None and b.size]
+    if not buffers:
+        return 0
+    largest = max(buffers, key=lambda b: b.size)
+    return -(largest.address - written.address) % ALIGNMENT_BYTES
 
 
 def _room(needed: int) -> int:

@@ -466,15 +466,21 @@ class _ColumnConverter:
 
 
 def _numeric_values(values: pa.Array) -> np.ndarray:
-    """Numeric values without nulls as a numpy view. Writable when their buffer is (a request read
-    in place from shared memory), so the backend can hand it to the framework without a copy;
-    pyarrow's own view is always read-only."""
+    """Numeric values without nulls as a numpy view. Writable when the memory under them is (a
+    request read in place from shared memory), so the backend can hand it to the framework
+    without a copy; pyarrow's own view is always read-only, and so is every slice of a buffer,
+    which is what an IPC reader hands out: whether the memory is writable is a property of the
+    buffer the slices were cut from."""
     data = values.buffers()[1]
     value_type = values.type
-    numeric = pa.types.is_integer(value_type) or pa.types.is_floating(value_type)
-    if numeric and data is not None and data.is_mutable:
-        dtype = np.dtype(value_type.to_pandas_dtype())
-        return np.frombuffer(data, dtype=dtype, count=len(values), offset=values.offset * dtype.itemsize)
+    if data is not None and (pa.types.is_integer(value_type) or pa.types.is_floating(value_type)):
+        root = data
+        while root.parent is not None:
+            root = root.parent
+        if root.is_mutable:
+            dtype = np.dtype(value_type.to_pandas_dtype())
+            start = data.address - root.address + values.offset * dtype.itemsize
+            return np.frombuffer(root, dtype=dtype, count=len(values), offset=start)
     return values.to_numpy(zero_copy_only=False)
 
 

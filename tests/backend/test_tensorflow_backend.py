@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from services.model_server.backends import LoadedModel
+from services.model_server.backends.tensorflow import to_numpy, to_tensor
 from services.model_server.config import TensorSpec
 from services.model_server.errors import InvalidInput, ModelLoadError
 from services.model_server.repository import ModelSource, load_model, scan_repository
@@ -327,3 +330,53 @@ def test_model_with_a_lambda_layer_is_refused_by_safe_mode(tmp_path: Path) -> No
     with pytest.raises(ModelLoadError, match="safe_mode") as raised:
         load_model(source)
     assert "model 'lambda_model' version 1" in str(raised.value)
+
+
+def aligned_copy(array: np.ndarray, past: int = 0) -> np.ndarray:
+    """``array`` in writable memory ``past`` bytes after a 64-byte boundary (0: aligned, as a
+    request read from shared memory)."""
+    room = np.empty(array.nbytes + 128, dtype=np.uint8)
+    start = -room.ctypes.data % 64 + past
+    aligned = room[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
+    aligned[...] = array
+    return aligned
+
+
+def test_aligned_writable_inputs_are_shared_with_tensorflow_and_never_written(
+    loaded: dict[str, LoadedModel],
+) -> None:
+    model = loaded["tabular_mlp"]
+    inputs = random_inputs(model.inputs, 64)
+    shared = aligned_copy(inputs["features"])
+    before = shared.copy()
+    tensor = to_tensor(shared, tf.float32)
+    assert np.shares_memory(np.from_dlpack(tensor), shared)
+    answers = model.predict({"features": shared})
+    assert np.array_equal(shared, before)
+    assert np.abs(answers["probabilities"] - model.predict(inputs)["probabilities"]).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda a: aligned_copy(a, past=4),
+        lambda a: np.frombuffer(a.tobytes(), dtype=a.dtype).reshape(a.shape),  # read-only
+        lambda a: np.asfortranarray(a),  # not C-contiguous
+    ],
+    ids=["unaligned", "read_only", "fortran_order"],
+)
+def test_inputs_tensorflow_cannot_take_as_they_are_are_copied_and_answer_alike(
+    loaded: dict[str, LoadedModel], make: Callable[[np.ndarray], np.ndarray]
+) -> None:
+    model = loaded["tabular_mlp"]
+    given = make(aligned_copy(random_inputs(model.inputs, 65)["features"]))
+    tensor = to_tensor(given, tf.float32)
+    assert not np.shares_memory(np.from_dlpack(tensor), given)
+    expected = model.predict({"features": np.ascontiguousarray(given)})["probabilities"]
+    assert np.array_equal(model.predict({"features": given})["probabilities"], expected)
+
+
+def test_outputs_come_back_without_a_copy_and_strings_as_objects() -> None:
+    numbers = tf.constant(np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert np.shares_memory(to_numpy(numbers), np.from_dlpack(numbers))
+    assert to_numpy(tf.constant([b"a", b"bc"])).tolist() == [b"a", b"bc"]

@@ -16,6 +16,7 @@ from hypothesis.extra import numpy as hnp
 from services.model_server.config import TensorSpec
 from services.model_server.errors import BackendFault, InvalidInput
 from services.model_server.schema import batch_to_inputs, outputs_to_batch
+from udfserve.protocol.arrow_ipc import decode_batch, encode_batch
 
 
 def spec(name: str = "x", dtype: str = "float32", shape: tuple[int, ...] = ()) -> TensorSpec:
@@ -542,3 +543,38 @@ def test_any_column_either_converts_to_the_declared_rank_or_raises_invalid_input
     assert result.shape[0] == len(column)
     assert result.ndim == 1 + len(tensor.shape)
     assert all(want in (-1, got) for want, got in zip(tensor.shape, result.shape[1:], strict=True))
+
+
+def list_column(values: np.ndarray) -> pa.Array:
+    """A (rows, width) array as Spark sends ``array<float>``: a list column."""
+    offsets = np.arange(0, values.size + 1, values.shape[1], dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1)))
+
+
+def batch_read_from(memory: bytearray | bytes, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` written as an IPC stream into ``memory`` and read back in place, as the server
+    reads a request from shared memory (writable) or from a gRPC message (bytes)."""
+    payload = encode_batch(batch)
+    if isinstance(memory, bytearray):
+        memory[: len(payload)] = payload
+        return decode_batch(pa.py_buffer(memoryview(memory)[: len(payload)]))
+    return decode_batch(payload)
+
+
+def test_a_tensor_read_in_place_from_writable_memory_is_a_writable_view_of_it() -> None:
+    values = np.arange(5 * 64, dtype=np.float32).reshape(5, 64)
+    memory = bytearray(1 << 16)
+    batch = batch_read_from(memory, pa.record_batch({"features": list_column(values)}))
+    converted = batch_to_inputs(batch, "m", [TensorSpec(name="features", dtype="float32", shape=[64])])
+    features = converted["features"]
+    assert features.flags.writeable
+    assert np.shares_memory(features, np.frombuffer(memory, dtype=np.uint8))
+    assert np.array_equal(features, values)
+
+
+def test_a_tensor_read_from_a_grpc_message_stays_a_read_only_view() -> None:
+    values = np.arange(3 * 64, dtype=np.float32).reshape(3, 64)
+    batch = batch_read_from(b"", pa.record_batch({"features": list_column(values)}))
+    converted = batch_to_inputs(batch, "m", [TensorSpec(name="features", dtype="float32", shape=[64])])
+    assert not converted["features"].flags.writeable
+    assert np.array_equal(converted["features"], values)
