@@ -275,9 +275,22 @@ class PeakRssSampler:
     a process that appears and exits between two samples (every ``interval_s``) is missed.
     """
 
-    def __init__(self, select: Callable[[], Iterable[psutil.Process]], interval_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        select: Callable[[], Iterable[psutil.Process]],
+        interval_s: float = 0.05,
+        pss_every: int = 0,
+    ) -> None:
+        """``pss_every``: also sum the proportional set size every that many samples (0: never).
+        Summing resident sizes counts a page shared by several processes (a forking daemon's
+        imports in each child it forked) once per process; the proportional size divides it
+        among them, so its sum is the memory the processes take together. Reading it walks the
+        page tables (``/proc/<pid>/smaps_rollup``), hence less often than the resident size."""
         self._select = select
         self._interval_s = interval_s
+        self._pss_every = pss_every
+        self._samples = 0
+        self.peak_pss_total_bytes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
         self.peak_total_bytes = 0
@@ -294,11 +307,15 @@ class PeakRssSampler:
             self._stop.wait(self._interval_s)
 
     def sample(self) -> None:
-        total, count = 0, 0
+        total, count, pss_total = 0, 0, 0
+        with_pss = self._pss_every > 0 and self._samples % self._pss_every == 0
+        self._samples += 1
         for process in self._select():
             try:
                 rss = process.memory_info().rss
                 times = process.cpu_times()
+                if with_pss:
+                    pss_total += process.memory_full_info().pss
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             total += rss
@@ -308,6 +325,7 @@ class PeakRssSampler:
                 self.cpu_s[process.pid] = times.user + times.system
             self.peak_single_bytes = max(self.peak_single_bytes, rss)
         self.peak_total_bytes = max(self.peak_total_bytes, total)
+        self.peak_pss_total_bytes = max(self.peak_pss_total_bytes, pss_total)
         self.max_processes = max(self.max_processes, count)
 
     def cpu_snapshot(self) -> dict[int, float]:

@@ -73,6 +73,9 @@ class JobResult:
     runs_s: list[float] = field(default_factory=list)
     peak_worker_rss_total_mib: float = 0.0
     peak_worker_rss_single_mib: float = 0.0
+    peak_worker_pss_total_mib: float = 0.0
+    """The proportional set size of all Python workers at their peak (sampled every 0.25 s): each
+    page the daemon shares with the workers it forked counted once."""
     python_workers_seen: int = 0
     peak_jvm_rss_mib: float = 0.0
     model_loads_in_workers: int = 0
@@ -226,7 +229,7 @@ def run_job(job: Job) -> JobResult:
     server = PeakRssSampler(
         lambda: [psutil.Process(job.server_pid)] if job.server_pid else [], interval_s=0.2
     )
-    with PeakRssSampler(_python_workers) as workers, jvm_peak, server:
+    with PeakRssSampler(_python_workers, pss_every=5) as workers, jvm_peak, server:
         for _ in range(job.runs):
             before = {
                 "Python workers": workers.cpu_snapshot(),
@@ -247,6 +250,7 @@ def run_job(job: Job) -> JobResult:
     result.sample = {str(row["id"]): [float(v) for v in row["prediction"]] for row in sample}
     result.peak_worker_rss_total_mib = workers.peak_total_bytes / 2**20
     result.peak_worker_rss_single_mib = workers.peak_single_bytes / 2**20
+    result.peak_worker_pss_total_mib = workers.peak_pss_total_bytes / 2**20
     result.python_workers_seen = len(workers.pids_seen)
     result.peak_jvm_rss_mib = jvm_peak.peak_total_bytes / 2**20
     if job.marker_dir and Path(job.marker_dir).is_dir():
