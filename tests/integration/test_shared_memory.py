@@ -139,38 +139,34 @@ def test_answers_taken_from_shared_memory_stay_intact_while_later_batches_reuse_
     assert all(a.equals(b) for a, b in zip(answers, reversed(again), strict=True))
 
 
-def test_a_server_with_shared_memory_off_refuses_it_and_the_client_resends_inline(
-    example_repository: Path, socket_dir: Path, tmp_path: Path, no_files_left_behind: None
-) -> None:
+@pytest.fixture(scope="module")
+def server_without_shared_memory(
+    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     off = launch_server(
         example_repository,
         socket=socket_dir / "shm-off.sock",
         extra_args=["--shared-memory-dir", "off", "--models", MODEL],
-        log_path=tmp_path / "server.log",
+        log_path=tmp_path_factory.mktemp("shm-off") / "server.log",
     )
-    try:
-        batches = [batch_of({"features": features(200, seed)}) for seed in range(6)]
-        stream, answers = run_stream(unix(off), batches, max_in_flight=3)
-        assert [a.num_rows for a in answers] == [200] * 6
-        assert 1 <= stream.counters.resent <= 3  # those sent before the first refusal came back
-        assert stream.counters.answered == 6
-    finally:
-        off.terminate()
+    yield off
+    off.terminate()
+
+
+def test_a_server_with_shared_memory_off_refuses_it_and_the_client_resends_inline(
+    server_without_shared_memory: ServerProcess, no_files_left_behind: None
+) -> None:
+    batches = [batch_of({"features": features(200, seed)}) for seed in range(6)]
+    stream, answers = run_stream(unix(server_without_shared_memory), batches, max_in_flight=3)
+    assert [a.num_rows for a in answers] == [200] * 6
+    assert 1 <= stream.counters.resent <= 3  # those sent before the first refusal came back
+    assert stream.counters.answered == 6
 
 
 def test_a_refusal_names_the_setting_and_is_flagged_for_resending(
-    example_repository: Path, socket_dir: Path, tmp_path: Path, payload_file: PayloadFile
+    server_without_shared_memory: ServerProcess, payload_file: PayloadFile
 ) -> None:
-    off = launch_server(
-        example_repository,
-        socket=socket_dir / "shm-off2.sock",
-        extra_args=["--shared-memory-dir", "off", "--models", MODEL],
-        log_path=tmp_path / "server.log",
-    )
-    try:
-        [response] = raw_predict(unix(off), [in_shared_memory(payload_file)])
-    finally:
-        off.terminate()
+    [response] = raw_predict(unix(server_without_shared_memory), [in_shared_memory(payload_file)])
     assert response.shared_memory_refused
     assert response.error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
     assert "--shared-memory-dir off" in response.error.message and "arrow_ipc" in response.error.message
