@@ -31,6 +31,7 @@ import mmap
 import os
 import secrets
 import threading
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,9 +63,14 @@ class _PayloadFile:
         """Bytes of the file, zero-copy and writable (a view's slice stays writable, a Buffer's not)."""
         return pa.py_buffer(self.view[start : start + size])
 
+    def __post_init__(self) -> None:
+        # A process that exits, or drops its pool, without closing it still unlinks the name (a
+        # file the server has not mapped yet is otherwise left in the folder); only a killed
+        # process cannot, in the moment between creating a file and the server mapping it.
+        self._unlink = weakref.finalize(self, _unlink_quietly, self.path)
+
     def close(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        self._unlink()
         with contextlib.suppress(BufferError):  # a slice still alive: the mapping goes with it
             self.view.release()
             self.memory.close()
@@ -208,6 +214,11 @@ class SharedMemoryPayloads:
         finally:
             os.close(descriptor)
         return _PayloadFile(path, memory, memoryview(memory), input_room, output_room)
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
 
 
 def _aligning_start(written: pa.Buffer) -> int:

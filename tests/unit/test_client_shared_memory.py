@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,28 @@ def test_a_full_shared_memory_folder_sends_the_batch_inline_instead_of_crashing(
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert completed.stdout.split() == ["True", "False", "1"]
+
+
+def test_a_process_that_exits_without_closing_its_pool_leaves_no_file(tmp_path: Path) -> None:
+    probe = (
+        "import sys; from pathlib import Path; import pyarrow as pa; "
+        "from spark_client.shared_memory import SharedMemoryPayloads; "
+        "payloads = SharedMemoryPayloads(Path(sys.argv[1]), max_in_flight=2); "
+        "assert payloads.place(1, pa.record_batch({'x': pa.array([1.0, 2.0])})) is not None; "
+        "print(len(list(Path(sys.argv[1]).iterdir())))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.strip() == "1"  # the file existed while the process ran
+    assert files(tmp_path) == []
+
+
+def test_a_pool_dropped_without_close_unlinks_its_files(tmp_path: Path) -> None:
+    payloads = SharedMemoryPayloads(tmp_path, max_in_flight=2)
+    payloads.place(1, batch(10))
+    assert len(files(tmp_path)) == 1
+    del payloads
+    gc.collect()
+    assert files(tmp_path) == []
