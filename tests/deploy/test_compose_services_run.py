@@ -123,10 +123,12 @@ def spark_argv(argv: list[str], replacements: dict[str, str]) -> list[str]:
 
 
 def master_state(ui: str) -> dict[str, Any] | None:
+    """The master's state from its UI; None while it is not up, or while the UI is up but answers
+    /json/ with its HTML page (it does for a moment while the master starts)."""
     try:
         with urllib.request.urlopen(f"http://{ui}/json/", timeout=10) as response:
             return json.loads(response.read())
-    except OSError:
+    except (OSError, ValueError):
         return None
 
 
