@@ -156,8 +156,9 @@ class SharedMemoryPayloads:
             self._answer_bytes_per_row = max(self._answer_bytes_per_row, size / result.num_rows)
         return result
 
-    def release(self, batch_id: int) -> None:
-        """The server answered ``batch_id`` without writing into its file: the file is free."""
+    def release(self, batch_id: int) -> bool:
+        """The server answered ``batch_id`` without writing into its file: the file is free.
+        False when no file held that batch (it was sent inline)."""
         with self._lock:
             payload_file = self._busy.pop(batch_id, None)
             if payload_file is not None:
@@ -165,6 +166,7 @@ class SharedMemoryPayloads:
                     payload_file.close()
                 else:
                     self._free.append(payload_file)
+        return payload_file is not None
 
     def learn_answer_size(self, rows: int, size: int) -> None:
         """An answer came inline (it did not fit its room): make the next rooms bigger."""

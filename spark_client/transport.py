@@ -567,8 +567,10 @@ class ArrowWire:
 
     def _reply(self, response: pb.PredictResponse) -> Reply:
         payloads = self._payloads
-        if response.shared_memory_refused:
-            if payloads is not None and payloads.placing:
+        # Only a batch this stream put in shared memory can be refused for it: anything else so
+        # flagged is an error answer like any other, never a reason to resend without end.
+        if response.shared_memory_refused and payloads is not None and payloads.release(response.batch_id):
+            if payloads.placing:
                 payloads.placing = False
                 _refused_shared_memory[self._target] = time.monotonic()
                 logger.warning(
