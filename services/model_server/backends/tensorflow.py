@@ -176,7 +176,7 @@ def to_numpy(tensor: tf.Tensor) -> np.ndarray:
         try:
             return np.from_dlpack(tensor)
         except (BufferError, TypeError, ValueError, RuntimeError):
-            pass
+            pass  # a dtype or layout DLPack cannot carry: copy it as before
     return tensor.numpy()
 
 
