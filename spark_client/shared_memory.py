@@ -152,8 +152,7 @@ class SharedMemoryPayloads:
         finally:
             self.release(batch_id)
         result = decode_batch(copied, "PredictResponse.output_region")
-        if result.num_rows:
-            self._answer_bytes_per_row = max(self._answer_bytes_per_row, size / result.num_rows)
+        self.learn_answer_size(result.num_rows, size)
         return result
 
     def release(self, batch_id: int) -> bool:
@@ -169,7 +168,8 @@ class SharedMemoryPayloads:
         return payload_file is not None
 
     def learn_answer_size(self, rows: int, size: int) -> None:
-        """An answer came inline (it did not fit its room): make the next rooms bigger."""
+        """An answer of ``rows`` rows took ``size`` bytes: later rooms fit answers as large per row
+        (one that came inline, not fitting its room, makes them bigger)."""
         if rows:
             self._answer_bytes_per_row = max(self._answer_bytes_per_row, size / rows)
 
