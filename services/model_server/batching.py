@@ -6,15 +6,20 @@ unless the backend ran out of memory, below). When a batch starts:
 
 - At once when a request finds the batcher idle (nothing queued, no batch running): a lone
   client never waits for partners that cannot come. The batch merges whatever was queued by the
-  time the batcher runs (the requests that arrived in the same turn of the event loop). One
-  exception: when the last batch merged several requests less than ``max_queue_delay_s`` ago,
-  their clients are likely to be sending again, and the request waits for them as under load
-  (otherwise a closed loop of clients alternates a batch of one request with a batch of all the
-  others).
+  time the batcher runs (the requests that arrived in the same turn of the event loop).
 - Otherwise requests accumulate, also while batches run: a batch starts when it is full, or when
   its oldest request has waited ``max_queue_delay_s``, and a slot is free
-  (``max_concurrent_batches``). Under load this merges what arrives during a backend call and the
-  delay after it.
+  (``max_concurrent_batches``).
+- The returning cohort. When a batch of several requests finishes, their clients are likely to
+  send again at once (a closed loop: Spark tasks, perf_analyzer, anything that waits for its
+  answer). Until as many requests as that batch merged have arrived after it finished, or
+  ``max_queue_delay_s`` has passed since then, a request finding the batcher idle does not start
+  alone, and a batch that can still grow waits for them, even if its oldest request waited its
+  delay while the finished batch ran. Once they are all back the batch starts without waiting for
+  the rest of the delay. Without this rule a closed loop of N clients settles into two
+  alternating batches (the requests queued during a call, then the ones answered by it) or a
+  batch of one followed by the others after the whole delay; with it, one batch of all N per
+  round trip. The wait it adds is bounded by ``max_queue_delay_s`` after the finished batch.
 
 One backend call runs in the executor per batch and its outputs are split back by row counts.
 Nothing polls and nothing runs per request beyond queueing: a request wakes the batcher only
@@ -244,8 +249,12 @@ class DynamicBatcher:
         self._closed = False
         self._broken = False
         self._requests_queued = 0
-        self._last_batch_requests = 0
-        self._last_batch_done_s = float("-inf")
+        self._awaited = 0
+        """Requests expected back: how many the last finished batch merged (0 once one started)."""
+        self._awaited_after = 0
+        """``_requests_queued`` when that batch finished: later requests count as coming back."""
+        self._awaited_until_s = float("-inf")
+        """When waiting for them stops: the batch's finish plus ``max_queue_delay_s``."""
         self.batches_started = 0
         """Batches started so far (the backend calls of out-of-memory splits not counted)."""
         self.batches_started_at_once = 0
@@ -353,7 +362,7 @@ class DynamicBatcher:
         limit = self._batch_limit
         self._requests_queued += 1
         request = self._requests_queued
-        at_once = not self._queue and not self._running and self._partners_gone(now)
+        at_once = not self._queue and not self._running and not self._awaiting(now)
         if rows <= limit:
             chunks = [_Chunk(inputs, rows, signature, loop.create_future(), now, 0, rows, request, at_once)]
         else:
@@ -378,23 +387,35 @@ class DynamicBatcher:
         self._wake(at_once)
         return chunks
 
-    def _partners_gone(self, now_s: float) -> bool:
-        """Whether a request finding the batcher idle should start a batch at once: unless the last
-        batch merged several requests less than the delay ago, whose clients are likely to send
-        their next requests now (a closed loop of clients would otherwise alternate a batch of one
-        request with a batch of all the others)."""
-        return self._last_batch_requests <= 1 or now_s - self._last_batch_done_s >= self._delay_s
+    def _awaiting(self, now_s: float) -> bool:
+        """Whether the clients of the last merged batch are still expected back (see the module's
+        docstring: the returning cohort)."""
+        return self._awaited > 1 and now_s < self._awaited_until_s and not self._cohort_back()
+
+    def _due_at_s(self, head: _Chunk, now_s: float) -> float:
+        """When a batch that can still grow starts if nothing fills it: its oldest request's
+        delay, or later while the last merged batch's clients are expected back."""
+        due_at_s = head.enqueued_at_s + self._delay_s
+        if self._awaiting(now_s):
+            return max(due_at_s, self._awaited_until_s)
+        return due_at_s
+
+    def _cohort_back(self) -> bool:
+        """Whether as many requests arrived since the last merged batch finished as it held."""
+        return self._awaited > 1 and self._requests_queued - self._awaited_after >= self._awaited
 
     def _wake(self, at_once: bool) -> None:
         """After a request was queued: look for a batch to start when one could be due."""
         if len(self._running) >= self._max_concurrent_batches:
             return  # the batch that finishes first starts the next one
-        if at_once or self._queued_rows >= self._batch_limit or not self._config.enabled:
+        due = at_once or self._queued_rows >= self._batch_limit or self._cohort_back()
+        if due or not self._config.enabled:
             if self._dispatch_handle is None:
                 assert self._loop is not None
                 self._dispatch_handle = self._loop.call_soon(self._dispatch_soon)
         elif self._timer is None:
-            self._arm_timer(self._queue[0].enqueued_at_s + self._delay_s)
+            assert self._loop is not None
+            self._arm_timer(self._due_at_s(self._queue[0], self._loop.time()))
 
     def _whole(self, chunks: list[_Chunk]) -> asyncio.Future[Arrays]:
         """One future for the chunks of a request cut to the batch limit: their outputs joined in
@@ -495,8 +516,8 @@ class DynamicBatcher:
 
     def _dispatch(self) -> None:
         """Start every batch that is due while slots are free: at once for a request that found the
-        batcher idle; else when the batch is full or its oldest request has waited
-        ``max_queue_delay_s``."""
+        batcher idle; else when the batch is full, the last merged batch's clients are back, or
+        its oldest request has waited ``max_queue_delay_s`` (and they are no longer awaited)."""
         if self._closed:
             return
         try:
@@ -521,11 +542,13 @@ class DynamicBatcher:
             if not chunks:
                 return
             at_once = chunks[0].at_once
-            if can_grow and not at_once and not self._stopping:
-                due_at_s = chunks[0].enqueued_at_s + self._delay_s
-                if due_at_s > self._loop.time():
+            if can_grow and not at_once and not self._stopping and not self._cohort_back():
+                now_s = self._loop.time()
+                due_at_s = self._due_at_s(chunks[0], now_s)
+                if due_at_s > now_s:
                     self._arm_timer(due_at_s)
                     return
+            self._awaited = 0
             self._take(chunks)
             self.batches_started += 1
             self.batches_started_at_once += at_once
@@ -593,8 +616,9 @@ class DynamicBatcher:
         if batch in self._running:
             self._running.discard(batch)
             assert self._loop is not None
-            self._last_batch_requests = len({chunk.request for chunk in batch.chunks})
-            self._last_batch_done_s = self._loop.time()
+            self._awaited = len({chunk.request for chunk in batch.chunks})
+            self._awaited_after = self._requests_queued
+            self._awaited_until_s = self._loop.time() + self._delay_s
             self._dispatch()
 
     def _fail(self, chunks: list[_Chunk], error: ServingError) -> None:

@@ -379,6 +379,84 @@ def test_after_a_merged_batch_an_idle_batcher_waits_for_the_partners_coming_back
     assert backend.batches == [[1, 2], [3, 4]]
 
 
+def test_a_merged_batchs_clients_all_back_start_the_next_batch_without_the_delay(
+    executor: concurrent.futures.Executor,
+) -> None:
+    """Three clients in a closed loop, a batch far from full: with the longest delay a config
+    allows, waiting for it would exceed the test's timeout."""
+    backend = Doubler()
+
+    async def body() -> None:
+        b = batcher(backend, executor, max_batch_size=100, delay_s=LONG_DELAY_S)
+        await asyncio.gather(b.submit(rows(1)), b.submit(rows(2)), b.submit(rows(3)))
+        back = [asyncio.create_task(b.submit(rows(value))) for value in (4, 5)]
+        await let_queued_tasks_run()
+        assert (b.batches_started, b.queued_rows) == (1, 2)
+        assert y(await b.submit(rows(6))) == [12]
+        assert [y(await task) for task in back] == [[8], [10]]
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+    assert backend.batches == [[1, 2, 3], [4, 5, 6]]
+
+
+def test_a_batch_queued_during_a_merged_call_waits_for_that_calls_clients_and_merges_with_them(
+    executor: concurrent.futures.Executor,
+) -> None:
+    """Without the wait, closed-loop clients alternate two half batches forever."""
+    backend = HeldOn(HOLD)
+
+    async def body() -> None:
+        b = batcher(backend, executor, max_batch_size=100, delay_s=LONG_DELAY_S)
+        running = asyncio.gather(b.submit(rows(HOLD)), b.submit(rows(1)))
+        await backend.wait_held()
+        queued = asyncio.create_task(b.submit(rows(2)))
+        await let_queued_tasks_run()
+        backend.release.set()
+        await running
+        await let_queued_tasks_run()
+        assert (b.batches_started, b.queued_rows) == (1, 1)
+        back = [asyncio.create_task(b.submit(rows(value))) for value in (3, 4)]
+        assert [y(await task) for task in back] == [[6], [8]]
+        assert y(await queued) == [4]
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+    assert backend.batches == [[HOLD, 1], [2, 3, 4]]
+
+
+def test_clients_that_do_not_come_back_delay_the_next_batch_by_at_most_the_delay(
+    executor: concurrent.futures.Executor,
+) -> None:
+    backend = Doubler()
+
+    async def body() -> None:
+        b = batcher(backend, executor, max_batch_size=100, delay_s=0.05)
+        await asyncio.gather(b.submit(rows(1)), b.submit(rows(2)), b.submit(rows(3)))
+        assert y(await b.submit(rows(4))) == [8]
+        assert (b.batches_started, b.batches_started_at_once) == (2, 1)
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+    assert backend.batches == [[1, 2, 3], [4]]
+
+
+def test_a_lone_client_after_a_merged_batch_starts_at_once_once_the_delay_passed(
+    executor: concurrent.futures.Executor,
+) -> None:
+    backend = Doubler()
+
+    async def body() -> None:
+        b = batcher(backend, executor, max_batch_size=100, delay_s=0.05)
+        await asyncio.gather(b.submit(rows(1)), b.submit(rows(2)))
+        await asyncio.sleep(0.1)
+        assert y(await b.submit(rows(3))) == [6]
+        assert (b.batches_started, b.batches_started_at_once) == (2, 2)
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+
+
 def test_a_full_batch_does_not_wait_for_the_running_one_when_a_slot_is_free(
     executor: concurrent.futures.Executor,
 ) -> None:
