@@ -140,7 +140,8 @@ def remote_udf_memory(target: str, model: str, batches: int, batch_rows: int, wi
     import grpc  # noqa: F401
 
     step("grpc")
-    from spark_client.udf import _predict_pandas, build_job
+    from spark_client.pandas_udf import predict_pandas
+    from spark_client.udf import build_job
 
     step("spark_client")
     job = build_job(model, None, {"address": target})
@@ -152,7 +153,7 @@ def remote_udf_memory(target: str, model: str, batches: int, batch_rows: int, wi
     series = column.to_pandas()  # what Spark hands an iterator pandas UDF: a Series of arrays
     step("one input batch as pandas")
     rows = 0
-    for answer in _predict_pandas(job, iter([series] * batches), as_struct=False):
+    for answer in predict_pandas(job, iter([series] * batches), as_struct=False):
         rows += len(answer)
     step(f"after streaming {batches} batches of {batch_rows:,} rows")
     if rows != batches * batch_rows:

@@ -74,9 +74,12 @@ class ModelSpec:
         return pa.schema([pa.field(t.name, t.arrow_type()) for t in self.outputs])
 
     def empty_outputs(self) -> pa.RecordBatch:
-        """Zero rows of the outputs, for an empty Spark batch: no call is made for it."""
+        """Zero rows of the outputs, for an empty Spark batch: no call is made for it.
+
+        Built with ``pa.nulls``: ``pa.array`` imports pandas, which a ``mapInArrow`` worker never
+        needs (see ``spark_client.convert``)."""
         return pa.RecordBatch.from_arrays(
-            [pa.array([], type=t.arrow_type()) for t in self.outputs], names=list(self.output_names)
+            [pa.nulls(0, type=t.arrow_type()) for t in self.outputs], names=list(self.output_names)
         )
 
 
