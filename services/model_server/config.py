@@ -78,7 +78,8 @@ class BatchingConfig(BaseModel):
         le=10.0,
         description="how long a request queued behind a running batch may wait for company; a request "
         "that finds the batcher idle starts at once, unless the last batch merged several requests "
-        "within this delay (their clients are about to come back)",
+        "less than this delay ago: then the next batch waits, at most this long after that batch "
+        "finished, for as many requests as it held (their clients coming back)",
     )
     max_queue_rows: int | None = Field(
         default=None, gt=0, description="rows waiting before RESOURCE_EXHAUSTED; default 64 x max_batch_size"
