@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from services.model_server.cpu_parallel import ROW_ALIGNMENT
 from udfserve.shared_memory import DEFAULT_DIRECTORY as DEFAULT_SHARED_MEMORY_DIRECTORY
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -151,6 +152,12 @@ class ServerConfig(BaseSettings):
         default=10.0, ge=0.0, description="time to finish in-flight work on SIGTERM"
     )
     inference_threads: int = Field(default=1, ge=1, le=64, description="concurrent backend calls per model")
+    cpu_parallel_min_rows: int = Field(
+        default=256,
+        ge=0,
+        description="on a CPU device (cpu, sim:N), a backend call of at least twice this many rows runs as "
+        "one call per core on contiguous parts, concurrently; 0 never cuts calls (at least 64 otherwise)",
+    )
     tls_cert_file: Path | None = Field(
         default=None, description="PEM certificate chain: serve gRPC over TCP and HTTP over TLS"
     )
@@ -180,6 +187,15 @@ class ServerConfig(BaseSettings):
         default=1.0, gt=0, description="log requests slower than this with their Spark stage and partition"
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("cpu_parallel_min_rows")
+    @classmethod
+    def _cpu_parallel_min_rows(cls, value: int) -> int:
+        if 0 < value < ROW_ALIGNMENT:
+            raise ValueError(
+                f"cpu_parallel_min_rows must be 0 (off) or at least {ROW_ALIGNMENT} rows, received {value}"
+            )
+        return value
 
     @field_validator("device")
     @classmethod

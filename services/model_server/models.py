@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,7 @@ from pydantic import BaseModel
 from services.model_server.backends.base import LoadedModel
 from services.model_server.batching import DynamicBatcher
 from services.model_server.config import ServerConfig, TensorSpec, validate_model_name
+from services.model_server.cpu_parallel import CoreParallelPredict
 from services.model_server.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelUnavailable
 from services.model_server.metrics import ModelMetrics, ServerMetrics
 from services.model_server.repository import ModelSource, load_model, scan_repository
@@ -61,6 +63,14 @@ class ServedModel:
     """The model's labelled series, resolved once at load for the request path."""
 
 
+def cpu_parts(config: ServerConfig) -> int:
+    """Into how many concurrent parts a large backend call is cut: one per usable core on a CPU
+    device (``cpu``, ``sim:N``), none on a GPU or when ``cpu_parallel_min_rows`` is 0."""
+    if config.device.startswith("gpu") or config.cpu_parallel_min_rows == 0:
+        return 1
+    return len(os.sched_getaffinity(0))
+
+
 class ModelTable:
     """Lookups and lifecycle of the models; the gRPC and HTTP layers only read it."""
 
@@ -71,6 +81,12 @@ class ModelTable:
         self.loading_done = asyncio.Event()
         self.draining = False
         self.on_state_change: Callable[[ServedModel], None] = lambda _model: None
+        self._parts = cpu_parts(config)
+        self._parts_executor = (
+            ThreadPoolExecutor(max_workers=self._parts - 1, thread_name_prefix="infer-part")
+            if self._parts > 1
+            else None
+        )
 
     # -- loading ---------------------------------------------------------------------------
     def scan(self) -> None:
@@ -113,9 +129,17 @@ class ModelTable:
             served.executor = ThreadPoolExecutor(
                 max_workers=self._config.inference_threads, thread_name_prefix=f"infer-{source.name}"
             )
+            predict = model.predict
+            if self._parts_executor is not None:
+                predict = CoreParallelPredict(
+                    predict,
+                    parts=self._parts,
+                    min_rows_per_part=self._config.cpu_parallel_min_rows,
+                    executor=self._parts_executor,
+                )
             batcher = DynamicBatcher(
                 source.name,
-                model.predict,
+                predict,
                 max_batch_size=source.config.max_batch_size,
                 max_queue_rows=source.config.max_queue_rows,
                 config=source.config.dynamic_batching,
@@ -145,6 +169,8 @@ class ModelTable:
         for served in self._models.values():
             if served.executor is not None:
                 served.executor.shutdown(wait=False, cancel_futures=True)
+        if self._parts_executor is not None:
+            self._parts_executor.shutdown(wait=False, cancel_futures=True)
 
     # -- lookups ---------------------------------------------------------------------------
     def names(self) -> list[str]:

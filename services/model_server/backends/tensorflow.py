@@ -54,25 +54,28 @@ def _set_up_devices() -> None:
 
 
 def _set_up_threads() -> None:
-    """TensorFlow's CPU thread pools (intra-op and inter-op) one core short of the process's.
+    """TensorFlow's CPU thread pools: intra-op one core short of the process's, inter-op one per core.
 
     The event loop answering gRPC runs in Python, one core's worth, and every request passes
-    through it; TensorFlow's default of one thread per core makes its pools compete with that
-    thread for the last core, and small batches gain nothing from splitting an op. On 2 cores,
-    perf_analyzer (1 row, 16 concurrent) answered 4-30% more rows/s with both pools at one thread,
-    and 1,024-row batches as many. ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` in the
-    environment win.
+    through it; an intra-op pool of one thread per core makes TensorFlow compete with that thread
+    for the last core, and small batches gain nothing from splitting an op. On 2 cores,
+    perf_analyzer (1 row, 16 concurrent) answered 4-30% more rows/s with the intra-op pool at one
+    thread. Large calls use the cores by rows instead (``services.model_server.cpu_parallel``):
+    their parts run as concurrent calls, which the inter-op pool must be able to run at once
+    (two 512-row calls of the example MLP took 1.3 ms together with two inter-op threads, 2.0 ms
+    with one). ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` in the environment win.
     """
     if any(os.environ.get(name) for name in THREAD_ENV_VARS):
         return
-    threads = max(1, len(os.sched_getaffinity(0)) - 1)
+    cores = len(os.sched_getaffinity(0))
+    intra, inter = max(1, cores - 1), cores
     try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
     except RuntimeError as exc:  # TensorFlow already ran something in this process: too late
         logger.info("tensorflow thread pools left as they were: %s", exc)
         return
-    logger.info("tensorflow thread pools: %d intra-op, %d inter-op thread(s)", threads, threads)
+    logger.info("tensorflow thread pools: %d intra-op, %d inter-op thread(s)", intra, inter)
 
 
 @dataclass(frozen=True)
