@@ -119,7 +119,28 @@ def _time_stages(model: Any, model_name: str, rows: int, min_s: float) -> dict[s
         "request_bytes": len(payload),
         "answer_bytes": len(answer),
         "stages_us": {f"{side}: {name}": us for (side, name), us in zip(STAGES, timings, strict=True)},
+        "alternatives_us": {CUT_STAGE: _time_cut_predict(model, inputs, min_s)},
     }
+
+
+CUT_STAGE = "server: model.predict cut into one part per core (--cpu-parallel-min-rows 256)"
+"""Timed besides the stages, not summed with them: a CPU server can run large calls cut by rows
+into concurrent parts (``services.model_server.cpu_parallel``, off by default)."""
+
+
+def _time_cut_predict(model: Any, inputs: dict[str, np.ndarray], min_s: float) -> float:
+    import concurrent.futures
+    import os
+
+    from services.model_server.cpu_parallel import SUGGESTED_MIN_ROWS_PER_PART, CoreParallelPredict
+
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        return _time_us(lambda: model.predict(inputs), min_s)
+    min_rows = SUGGESTED_MIN_ROWS_PER_PART
+    with concurrent.futures.ThreadPoolExecutor(max_workers=cores - 1) as executor:
+        cut = CoreParallelPredict(model.predict, parts=cores, min_rows_per_part=min_rows, executor=executor)
+        return _time_us(lambda: cut(inputs), min_s)
 
 
 def stages_in_child(repository: Path, model: str, rows: Sequence[int], min_s: float) -> dict[str, Any]:
@@ -166,6 +187,12 @@ def stages_table(result: dict[str, Any], title: str) -> Table:
         for rows in sizes:
             stages = result["rows"][rows]["stages_us"]
             row[f"{int(rows):,} rows, µs"] = sum(v for k, v in stages.items() if k.startswith(side))
+        table.rows.append(row)
+    alternatives = result["rows"][sizes[0]].get("alternatives_us", {})
+    for key in alternatives:
+        row = {"stage": f"{key} (not in the sums)"}
+        for rows in sizes:
+            row[f"{int(rows):,} rows, µs"] = result["rows"][rows]["alternatives_us"][key]
         table.rows.append(row)
     return table
 

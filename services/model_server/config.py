@@ -153,10 +153,11 @@ class ServerConfig(BaseSettings):
     )
     inference_threads: int = Field(default=1, ge=1, le=64, description="concurrent backend calls per model")
     cpu_parallel_min_rows: int = Field(
-        default=256,
+        default=0,
         ge=0,
         description="on a CPU device (cpu, sim:N), a backend call of at least twice this many rows runs as "
-        "one call per core on contiguous parts, concurrently; 0 never cuts calls (at least 64 otherwise)",
+        "one call per core on contiguous parts, concurrently (256 is a good start): lower latency for "
+        "large requests on idle cores, more CPU per row; 0 (default) never cuts calls",
     )
     tls_cert_file: Path | None = Field(
         default=None, description="PEM certificate chain: serve gRPC over TCP and HTTP over TLS"

@@ -1,12 +1,19 @@
-"""Backend calls on a CPU device cut into one part per core, run concurrently.
+"""Backend calls on a CPU device cut into one part per core, run concurrently (opt-in).
 
 A framework's own intra-op parallelism splits each op of a call across threads, which costs
-synchronisation per op: for the example MLP, a 1,024-row call took 1.9-2.0 ms with TensorFlow's
-intra-op pool at two threads, 2.5 ms at one, and 1.2-1.3 ms as two 512-row calls from two
-threads (one intra-op thread each), on two cores. The server keeps the intra-op pool small (the
-event loop needs a core for small requests, which gain nothing from splitting) and cuts large
-calls by rows instead: rows are independent in a batch, so the parts' outputs, joined in order,
-are the call's outputs. A GPU does this parallelism itself; on a GPU device nothing is cut.
+synchronisation per op; the server keeps TensorFlow's intra-op pool one core short (the event
+loop needs a core for small requests, which gain nothing from splitting). Large calls can use
+the cores by rows instead: rows are independent in a batch, so the parts' outputs, joined in
+order, are the call's outputs. A GPU does this parallelism itself; on a GPU device nothing is cut.
+
+It is a latency trade, off by default (``--cpu-parallel-min-rows``). Measured on two cores with
+the example MLP: a 1,024-row call took 2.1-2.6 ms of wall time cut in two against 2.5-2.7 ms
+whole, and 7.2-7.4 against 9.3-9.6 ms at 4,096 rows, but 13-40% more CPU time (the parts'
+start and join). perf_analyzer against the KServe endpoint, both variants in one run: one client
+sending 1,024-row requests got up to 22% more rows/s with calls cut, and 16 clients sending 64
+rows 18% fewer (their merged calls were cut while the event loop needed the second core). Turn it
+on for a server whose cores idle while it answers a few large requests, not for one that shares
+its cores with Spark or serves many clients.
 
 Parts are contiguous row ranges whose starts are multiples of ``ROW_ALIGNMENT`` rows, so that
 each part of an aligned batch stays aligned (frameworks take aligned memory without a copy).
@@ -28,6 +35,8 @@ PredictFn = Callable[[Arrays], Mapping[str, np.ndarray]]
 
 ROW_ALIGNMENT = 64
 """Part boundaries fall on multiples of this many rows: a multiple of 64 bytes for any row size."""
+SUGGESTED_MIN_ROWS_PER_PART = 256
+"""Where cutting starts to pay for the example MLP on an idle core (the benchmarks time it)."""
 
 
 class CoreParallelPredict:

@@ -121,15 +121,20 @@ def test_fewer_than_two_parts_or_rows_below_the_alignment_are_refused(
 
 
 def test_a_gpu_server_or_a_zero_minimum_never_cuts_calls(tmp_path: Path) -> None:
-    assert cpu_parts(ServerConfig(model_repository=tmp_path, device="gpu:0")) == 1
+    assert cpu_parts(ServerConfig(model_repository=tmp_path, device="gpu:0", cpu_parallel_min_rows=256)) == 1
     assert cpu_parts(ServerConfig(model_repository=tmp_path, device="cpu", cpu_parallel_min_rows=0)) == 1
 
 
-def test_a_cpu_device_cuts_calls_into_one_part_per_usable_core(tmp_path: Path) -> None:
+def test_calls_are_not_cut_unless_asked(tmp_path: Path) -> None:
+    assert cpu_parts(ServerConfig(model_repository=tmp_path, device="cpu")) == 1
+
+
+def test_a_cpu_device_asked_to_cut_calls_cuts_one_part_per_usable_core(tmp_path: Path) -> None:
     cores = len(os.sched_getaffinity(0))
 
-    assert cpu_parts(ServerConfig(model_repository=tmp_path, device="cpu")) == cores
-    assert cpu_parts(ServerConfig(model_repository=tmp_path, device="sim:1")) == cores
+    for device in ("cpu", "sim:1"):
+        config = ServerConfig(model_repository=tmp_path, device=device, cpu_parallel_min_rows=256)
+        assert cpu_parts(config) == cores
 
 
 def test_a_minimum_below_the_row_alignment_is_a_config_error(tmp_path: Path) -> None:
