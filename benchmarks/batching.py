@@ -4,7 +4,8 @@ MLP, with the server's dynamic batching on and off.
     python -m benchmarks.batching [--quick] [--no-profile]
 
 Two repositories differ only in ``dynamic_batching.enabled`` of ``tabular_mlp``; each is served
-by its own server, one after the other. The clients are ``grpc.aio`` streams in one client process,
+by its own server; both are up, and the two cells of each point are measured back to back, in
+alternating order. The clients are ``grpc.aio`` streams in one client process,
 each on its own connection with one request outstanding (a closed loop, as perf_analyzer's
 concurrency). Requests are encoded before the run, so the client's work per request is the gRPC
 call itself. To show that the client is not what limits the rates, the same clients are run
@@ -112,17 +113,22 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = True) -> Comp
     started = time.perf_counter()
     cells: list[dict[str, object]] = []
     profiles = []
+    servers = {}
     for mode, enabled in ((ON, True), (OFF, False)):
         repository = workspace.repository(
             f"batching-{'on' if enabled else 'off'}", {MODEL: {"dynamic_batching": {"enabled": enabled}}}
         )
-        server = workspace.start_server(
+        servers[mode] = workspace.start_server(
             repository, f"batching-{'on' if enabled else 'off'}", ["--models", MODEL]
         )
-        for clients, rows in itertools.product(settings.clients, settings.rows):
+    # Both servers up, the one not measured idle; the two cells of a point measured back to back,
+    # in alternating order, so that a change in what else the machine runs lands on both.
+    for index, (clients, rows) in enumerate(itertools.product(settings.clients, settings.rows)):
+        for mode in (ON, OFF) if index % 2 == 0 else (OFF, ON):
             logger.info("batching: %s, %d clients x %d rows", mode, clients, rows)
-            cell = measure_cell(server, clients, rows, settings.cell_s, with_metrics=True)
+            cell = measure_cell(servers[mode], clients, rows, settings.cell_s, with_metrics=True)
             cells.append({"mode": mode, "clients": clients, "rows": rows, **cell})
+    for mode, server in servers.items():
         if settings.profile:
             profiles.append(_profile(server, mode, settings.profile_s))
         workspace.stop_server(server)
@@ -277,7 +283,8 @@ def _result(
         tables += summary.tables()  # type: ignore[attr-defined]
     method = (
         "`tabular_mlp` (64→256→256→8) served twice, from two repositories that differ only in "
-        "`dynamic_batching.enabled` (max_batch_size 1024, max_queue_delay_s 0.002), one server at a time. "
+        "`dynamic_batching.enabled` (max_batch_size 1024, max_queue_delay_s 0.002), both up (the one not "
+        "measured idle), the two cells of each point measured back to back in alternating order. "
         "N clients in one client process (`benchmarks/load_client.py`), each a `grpc.aio` channel of its own "
         "with one request outstanding "
         f"(closed loop), for {settings.cell_s:.0f} s per cell, over the unix socket; requests are encoded "
