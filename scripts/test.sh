@@ -8,6 +8,7 @@ source scripts/venv.sh "dev"
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy services spark_client udfserve
 
 set +e
 .venv/bin/python -m pytest "$@"

@@ -31,6 +31,7 @@ def describe_model(target: str, config: ClientConfig, model: str, metadata: Meta
         kserve = _kserve()
         _, kserve_model = connect(target, config, model, metadata, kserve.describe_kserve_model)
         return DescribedModel(kserve_model.spec, kserve_model.max_batch_size)
+    spec: ModelSpec
     _, spec = connect(target, config, model, metadata)
     return DescribedModel(spec)
 

@@ -114,7 +114,7 @@ def channel_for(target: str, config: ClientConfig) -> grpc.Channel:
     with _channels_lock:
         channel = _channels.get(key)
         if channel is None:
-            options = [
+            options: list[tuple[str, int | str]] = [
                 ("grpc.max_send_message_length", config.max_message_bytes),
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.keepalive_time_ms", 30_000),

@@ -35,6 +35,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import grpc
 import numpy as np
@@ -594,8 +595,8 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         return plan
 
 
-_Answer = kpb.ModelInferResponse | _Failure
-_StreamAnswer = tuple[kpb.ModelInferRequest, _Answer]
+_Answer: TypeAlias = "kpb.ModelInferResponse | _Failure"
+_StreamAnswer: TypeAlias = "tuple[kpb.ModelInferRequest, _Answer]"
 
 
 def _with_request(
