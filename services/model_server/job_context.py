@@ -150,11 +150,11 @@ class SparkApplications:
         self._log_budget = LogBudget(LOG_LINES_PER_S)
 
     def observe(
-        self, job: JobContext, model: str, batch_id: int, code: str, seconds: float, rows: int
+        self, job: JobContext, model: str, batch_id: int | str, code: str, seconds: float, rows: int
     ) -> None:
         if (code != "OK" or seconds >= self.slow_request_s) and self._log_budget.take():
             logger.warning(
-                "%s request: model=%s batch_id=%d code=%s seconds=%.3f %s",
+                "%s request: model=%s batch_id=%s code=%s seconds=%.3f %s",
                 "failed" if code != "OK" else "slow",
                 model,
                 batch_id,

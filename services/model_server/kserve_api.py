@@ -54,6 +54,7 @@ from services.model_server.errors import (
 )
 from services.model_server.grpc_api import UNKNOWN_MODEL_LABEL
 from services.model_server.in_flight import InFlightRequests
+from services.model_server.job_context import JobContext, parse_job_context
 from services.model_server.metrics import ModelMetrics, ServerMetrics
 from services.model_server.models import LoadedModel, ModelTable, ServedModel
 from services.model_server.schema import numpy_dtype, zeros
@@ -449,7 +450,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     ) -> kpb.ModelInferResponse:
         """Checked and queued inline, then one await on the batcher's future: no task or
         coroutine per request beyond the handler itself."""
-        outcome = self._start(request)
+        outcome = self._start(request, parse_job_context(context.invocation_metadata()))
         if isinstance(outcome, Pending):
             future, finish = outcome
             try:
@@ -472,11 +473,13 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[kpb.ModelStreamInferResponse]:
         """Requests of one stream run concurrently (up to ``MAX_IN_FLIGHT_PER_STREAM``) and are
         answered as they complete; the response's ``id`` names the request."""
-        metadata = dict(context.invocation_metadata() or ())
+        invocation = context.invocation_metadata()
+        metadata = dict(invocation or ())
         end_on_error = str(metadata.get(TRITON_GRPC_ERROR_HEADER, "")).lower() == "true"
+        job = parse_job_context(invocation)
 
         def start(request: kpb.ModelInferRequest) -> _StreamAnswer | Pending[_StreamAnswer]:
-            outcome = self._start(request)
+            outcome = self._start(request, job)
             if isinstance(outcome, Pending):
                 return Pending(outcome.future, functools.partial(_with_request, request, outcome.finish))
             return request, outcome
@@ -497,9 +500,10 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             else:
                 yield kpb.ModelStreamInferResponse(infer_response=result)
 
-    def _start(self, request: kpb.ModelInferRequest) -> _Answer | Pending[_Answer]:
+    def _start(self, request: kpb.ModelInferRequest, job: JobContext) -> _Answer | Pending[_Answer]:
         """Check, decode and queue one request; the answer, or the batcher's future and what makes
-        the answer from it. Never raises: failures are answered with their status."""
+        the answer from it. Never raises: failures are answered with their status. ``job`` is the
+        Spark job the request came from, when its metadata says (as the Arrow protocol's)."""
         started_s = time.perf_counter()
         model_metrics: ModelMetrics | None = None
         try:
@@ -513,15 +517,15 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             inputs, rows = request_to_inputs(request, served.name, model.inputs, self._plan(model))
             if rows == 0:
                 response = self._respond(served, request, output_specs, _empty_outputs(model.outputs), 0)
-                model_metrics.observe_request("OK", time.perf_counter() - started_s, 0)
+                self._observe(model_metrics, job, request, "OK", started_s, 0)
                 return response
             future = served.batcher.enqueue(inputs)
         except Exception as exc:
-            return self._refuse(model_metrics, request, exc, started_s)
+            return self._refuse(model_metrics, job, request, exc, started_s)
         self._in_flight.begin()
         model_metrics.in_flight.inc()
         finish = functools.partial(
-            self._finish, served, model_metrics, request, output_specs, rows, started_s
+            self._finish, served, model_metrics, job, request, output_specs, rows, started_s
         )
         return Pending(future, finish)
 
@@ -529,6 +533,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         self,
         served: ServedModel,
         model_metrics: ModelMetrics,
+        job: JobContext,
         request: kpb.ModelInferRequest,
         output_specs: tuple[TensorSpec, ...],
         rows: int,
@@ -544,8 +549,8 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         try:
             response = self._respond(served, request, output_specs, outputs.result(), rows)
         except Exception as exc:
-            return self._refuse(model_metrics, request, exc, started_s)
-        model_metrics.observe_request("OK", time.perf_counter() - started_s, rows)
+            return self._refuse(model_metrics, job, request, exc, started_s)
+        self._observe(model_metrics, job, request, "OK", started_s, rows)
         return response
 
     def _respond(
@@ -571,6 +576,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     def _refuse(
         self,
         model_metrics: ModelMetrics | None,
+        job: JobContext,
         request: kpb.ModelInferRequest,
         exc: Exception,
         started_s: float,
@@ -581,12 +587,27 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             code, message = grpc.StatusCode.UNAVAILABLE, f"{QUEUE_FULL_PREFIX}: {exc.message}"
         else:
             code, message = failure_status(exc, f"model {request.model_name!r} request {request.id!r}")
+        self._observe(model_metrics, job, request, code.name, started_s, 0)
+        return _Failure(code, message)
+
+    def _observe(
+        self,
+        model_metrics: ModelMetrics | None,
+        job: JobContext,
+        request: kpb.ModelInferRequest,
+        code: str,
+        started_s: float,
+        rows: int,
+    ) -> None:
+        """Count one answered request, for its model and for its Spark application (if named)."""
         seconds = time.perf_counter() - started_s
         if model_metrics is None:
-            self._metrics.observe_request(UNKNOWN_MODEL_LABEL, code.name, seconds, 0)
+            model = UNKNOWN_MODEL_LABEL
+            self._metrics.observe_request(model, code, seconds, rows)
         else:
-            model_metrics.observe_request(code.name, seconds, 0)
-        return _Failure(code, message)
+            model = model_metrics.model
+            model_metrics.observe_request(code, seconds, rows)
+        self._metrics.applications.observe(job, model, request.id, code, seconds, rows)
 
     def _plan(self, model: LoadedModel) -> _Plan:
         plan = self._plans.get(model)

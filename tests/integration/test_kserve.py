@@ -23,6 +23,7 @@ import yaml
 from server_harness import (
     batch_of,
     column_to_numpy,
+    http_json,
     keras_reference,
     metric_value,
     request,
@@ -481,6 +482,25 @@ def test_kserve_requests_are_counted_in_the_server_metrics(
         ("udfserve_rows_total", {"model": "tabular_mlp"}, 7),
     ]:
         assert metric_value(after, name, **labels) - metric_value(before, name, **labels) == delta
+
+
+def test_kserve_requests_carrying_spark_metadata_are_counted_for_their_application(
+    client: triton.InferenceServerClient, kserve_server: ServerProcess
+) -> None:
+    """The Spark client sends its job's context as gRPC metadata on KServe calls too."""
+    assert kserve_server.http_address is not None
+    spark = {"udfserve-spark-app-id": "app-kserve-0001", "udfserve-spark-app-name": "kserve scoring"}
+    client.infer("tabular_mlp", [tensor("features", features(5))], headers=spark)
+    client.infer("tabular_mlp", [tensor("features", features(6))], headers=spark)
+    with pytest.raises(InferenceServerException):
+        client.infer("tabular_mlp", [tensor("features", np.zeros((1, 3), np.float32))], headers=spark)
+
+    status, body = http_json(kserve_server.http_address, "/v1/spark/applications")
+    assert status == 200
+    [app] = [a for a in body["applications"] if a["app_id"] == "app-kserve-0001"]
+    assert (app["app_name"], app["rows"], app["requests"], app["errors"]) == ("kserve scoring", 11, 3, 1)
+    labels = {"app_id": "app-kserve-0001", "app_name": "kserve scoring"}
+    assert metric_value(scrape(kserve_server.http_address), "udfserve_app_rows_total", **labels) == 11
 
 
 # -- the shared codec against the real server --------------------------------------------------

@@ -33,15 +33,18 @@ def listed_rows(server: ServerProcess, app_id: str) -> int:
     return sum(int(app["rows"]) for app in body["applications"] if app["app_id"] == app_id)
 
 
+@pytest.mark.parametrize("protocol", ["arrow", "kserve"])
 def test_the_server_and_the_driver_count_the_same_rows_for_the_application(
-    spark: SparkSession, server: ServerProcess
+    spark: SparkSession, server: ServerProcess, protocol: str
 ) -> None:
     app_id, app_name = spark.sparkContext.applicationId, spark.sparkContext.appName
     metric_before = app_rows_metric(server, app_name, app_id)
     listed_before = listed_rows(server, app_id)
     predict = remote_predict(
         "tabular_mlp",
-        config=ClientConfig(address=server.grpc_target(), fallback="error", rows_per_request=1_000),
+        config=ClientConfig(
+            address=server.grpc_target(), fallback="error", rows_per_request=1_000, protocol=protocol
+        ),
     )
     spark.range(ROWS, numPartitions=2).select(predict(feature_column((64,)))).write.format("noop").mode(
         "overwrite"
