@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+import re
 import subprocess
 import sys
 import time
@@ -50,10 +50,23 @@ class Cluster:
     nodes: list[Node]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+MASTER_URL_LINE = re.compile(r"Starting Spark master at (spark://\S+)")
+MASTER_UI_LINE = re.compile(r"Successfully started service 'MasterUI' on port (\d+)")
+
+
+def master_addresses(log_path: Path, master: subprocess.Popen[bytes], timeout_s: float) -> tuple[str, str]:
+    """The master's URL and web UI, as it logs them once bound (it picks both ports itself:
+    a port probed free beforehand can be taken before the master binds it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if master.poll() is not None:
+            raise RuntimeError(f"the spark master exited with {master.returncode}; see {log_path}")
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        url, ui = MASTER_URL_LINE.search(text), MASTER_UI_LINE.search(text)
+        if url and ui:
+            return url.group(1), f"http://127.0.0.1:{ui.group(1)}"
+        time.sleep(0.2)
+    raise TimeoutError(f"the spark master did not log its addresses within {timeout_s:g} s; see {log_path}")
 
 
 def spark_class() -> Path:
@@ -130,16 +143,14 @@ def cluster(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) 
                 node.discovery_file,
                 NodeDiscovery(node=node.name, model_repository=str(example_repository), servers=entries),
             )
-        port, web_port = free_port(), free_port()
-        master_url, web_url = f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{web_port}"
         environment = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
-        daemons.append(
-            start_daemon(
-                ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                 "--port", str(port), "--webui-port", str(web_port)],
-                environment, root / "master.log",
-            )
+        master = start_daemon(
+            ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+             "--port", "0", "--webui-port", "0"],
+            environment, root / "master.log",
         )  # fmt: skip
+        daemons.append(master)
+        master_url, web_url = master_addresses(root / "master.log", master, timeout_s=120)
         for node in nodes:
             folder = node.discovery_file.parent
             properties = folder / "worker.properties"
@@ -155,7 +166,7 @@ def cluster(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) 
             daemons.append(
                 start_daemon(
                     ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                     "--cores", "2", "--memory", "1200m", "--webui-port", str(free_port()),
+                     "--cores", "2", "--memory", "1200m", "--webui-port", "0",
                      "--work-dir", str(folder / "work"), "--properties-file", str(properties), master_url],
                     worker_environment, folder / "worker.log",
                 )
