@@ -23,7 +23,7 @@ from services.model_server.in_flight import InFlightRequests
 from services.model_server.job_context import JobContext, parse_job_context
 from services.model_server.metrics import ModelMetrics, ServerMetrics
 from services.model_server.models import ModelInfo, ModelTable, ServedModel
-from services.model_server.schema import batch_to_inputs, outputs_to_batch
+from services.model_server.schema import answer_bytes_at_least, batch_to_inputs, outputs_to_batch
 from services.model_server.shared_memory import SharedMemoryRefused, StreamRegions
 from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
 from udfserve.protocol import inference_pb2 as pb
@@ -129,6 +129,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             batch = self._decode(served, request, regions)
             inputs = batch_to_inputs(batch, served.name, served.model.inputs)
             rows = batch.num_rows
+            self._check_answer_fits(served, request, rows)
             if rows == 0:
                 response = self._respond(served, request, _empty_outputs(served), rows, regions)
                 self._observe(model_metrics, job, request, grpc.StatusCode.OK, started_s, rows)
@@ -142,6 +143,21 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             self._finish, served, model_metrics, job, request, regions, rows, started_s
         )
         return Pending(future, finish)
+
+    def _check_answer_fits(self, served: ServedModel, request: pb.PredictRequest, rows: int) -> None:
+        """Refuse, before any backend call, a request whose answer cannot fit the message limit
+        nor the output region it names (the check after the call stays for what only the model
+        knows: strings, free dimensions)."""
+        assert served.model is not None
+        at_least = answer_bytes_at_least(served.model.outputs, rows)
+        if at_least <= self._max_response_bytes:
+            return
+        if request.HasField("output_region") and request.output_region.size >= at_least:
+            return  # it may fit the region; if it does not, the check after the call answers
+        raise InvalidInput(
+            f"model {served.name!r}: the answer to {rows} rows would be at least {at_least} bytes, over "
+            f"the {self._max_response_bytes} byte message limit; send fewer rows per request"
+        )
 
     def _decode(
         self, served: ServedModel, request: pb.PredictRequest, regions: StreamRegions

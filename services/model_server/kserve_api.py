@@ -57,7 +57,7 @@ from services.model_server.in_flight import InFlightRequests
 from services.model_server.job_context import JobContext, parse_job_context
 from services.model_server.metrics import ModelMetrics, ServerMetrics
 from services.model_server.models import LoadedModel, ModelTable, ServedModel
-from services.model_server.schema import numpy_dtype, zeros
+from services.model_server.schema import answer_bytes_at_least, numpy_dtype, zeros
 from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
 from udfserve import kserve_codec as codec
 
@@ -515,6 +515,12 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             model_metrics = served.metrics
             output_specs = _requested_outputs(request, served.name, model.outputs)
             inputs, rows = request_to_inputs(request, served.name, model.inputs, self._plan(model))
+            at_least = answer_bytes_at_least(output_specs, rows)
+            if at_least > self._max_response_bytes:  # refused before any backend call
+                raise InvalidInput(
+                    f"model {served.name!r}: the answer to {rows} rows would be at least {at_least} bytes, "
+                    f"over the {self._max_response_bytes} byte message limit; send fewer rows per request"
+                )
             if rows == 0:
                 response = self._respond(served, request, output_specs, _empty_outputs(model.outputs), 0)
                 self._observe(model_metrics, job, request, "OK", started_s, 0)

@@ -131,6 +131,19 @@ def _new_plan(model_name: str, inputs: tuple[TensorSpec, ...], schema: pa.Schema
     return tuple(plan)
 
 
+def answer_bytes_at_least(specs: Sequence[TensorSpec], rows: int) -> int:
+    """The fewest bytes the values of ``rows`` rows of ``specs`` take, known before the model
+    runs: fixed-size outputs count fully, strings and free dimensions as nothing. An answer this
+    big cannot fit a message whatever the model computes, so a request can be refused before it
+    takes a backend call."""
+    total = 0
+    for spec in specs:
+        if spec.dtype == STRING_DTYPE or FREE_DIM in spec.shape:
+            continue
+        total += rows * int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+    return total
+
+
 def outputs_to_batch(outputs: Mapping[str, np.ndarray], specs: Sequence[TensorSpec]) -> pa.RecordBatch:
     """One record batch of the outputs in ``specs`` order: a scalar output becomes a primitive
     column, a vector a ``fixed_size_list``, a higher-rank tensor nested ``fixed_size_list``s."""

@@ -15,7 +15,7 @@ from hypothesis.extra import numpy as hnp
 
 from services.model_server.config import TensorSpec
 from services.model_server.errors import BackendFault, InvalidInput
-from services.model_server.schema import batch_to_inputs, outputs_to_batch
+from services.model_server.schema import answer_bytes_at_least, batch_to_inputs, outputs_to_batch
 from udfserve.protocol.arrow_ipc import decode_batch, encode_batch
 
 
@@ -578,3 +578,22 @@ def test_a_tensor_read_from_a_grpc_message_stays_a_read_only_view() -> None:
     converted = batch_to_inputs(batch, "m", [TensorSpec(name="features", dtype="float32", shape=[64])])
     assert not converted["features"].flags.writeable
     assert np.array_equal(converted["features"], values)
+
+
+def test_the_least_answer_size_counts_fixed_size_outputs_fully() -> None:
+    specs = [
+        TensorSpec(name="probabilities", dtype="float32", shape=(8,)),
+        TensorSpec(name="grid", dtype="float64", shape=(2, 3)),
+        TensorSpec(name="flag", dtype="bool", shape=()),
+    ]
+    assert answer_bytes_at_least(specs, 10) == 10 * (8 * 4 + 6 * 8 + 1)
+    assert answer_bytes_at_least(specs, 0) == 0
+
+
+def test_the_least_answer_size_counts_strings_and_free_dimensions_as_nothing() -> None:
+    specs = [
+        TensorSpec(name="text", dtype="string", shape=()),
+        TensorSpec(name="ragged", dtype="float32", shape=(-1,)),
+        TensorSpec(name="score", dtype="float32", shape=()),
+    ]
+    assert answer_bytes_at_least(specs, 100) == 100 * 4
