@@ -6,16 +6,14 @@ workers (``mapInArrow``) never do.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any, Tuple, Union  # noqa: UP035 (pyspark reads these hints)
 
 import pandas as pd
 
 from spark_client.pandas_convert import answer_to_pandas, pandas_pieces
-from spark_client.partition import PredictJob, predict_partition
-from spark_client.rechunk import Rechunker
-from spark_client.udf import counted, task_placement
+from spark_client.partition import PredictJob
+from spark_client.udf import answer_partition
 
 
 def pandas_function(job: PredictJob, as_struct: bool) -> Any:
@@ -37,13 +35,6 @@ PandasArgs = Tuple[Union[pd.Series, pd.DataFrame], ...]  # noqa: UP006, UP007
 
 def predict_pandas(job: PredictJob, batches: Iterator[Any], as_struct: bool) -> Iterator[Any]:
     """One partition's predictions, a Series (or a DataFrame for a struct) per Spark batch."""
-    rechunker: Rechunker[None] = Rechunker(
-        job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
-    )
     requests = ((None, pandas_pieces(item, job.spec, job.config.rows_per_request)) for item in batches)
-    with counted(job) as (context, stats):
-        answers = predict_partition(
-            job, rechunker.requests(requests), os.environ, task_placement(), context=context, stats=stats
-        )
-        for _, answer in rechunker.answers(answers):
-            yield answer_to_pandas(answer, as_struct)
+    for _, answer in answer_partition(job, requests):
+        yield answer_to_pandas(answer, as_struct)

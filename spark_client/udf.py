@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
@@ -28,7 +28,7 @@ from spark_client.job_context import SparkJobContext, application_context
 from spark_client.metadata import ModelSpec, Tensor
 from spark_client.partition import PredictJob, predict_partition
 from spark_client.protocols import DescribedModel, describe_model
-from spark_client.rechunk import Rechunker
+from spark_client.rechunk import Carry, Pieces, Rechunker
 from spark_client.routing import (
     SPARK_CONF_KEYS,
     NoServerFound,
@@ -190,19 +190,12 @@ class ArrowPredictor:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         job = self.job
-        rechunker: Rechunker[pa.RecordBatch] = Rechunker(
-            job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
-        )
         requests = ((batch, arrow_to_request(batch, self.input_columns, job.spec)) for batch in batches)
-        with counted(job) as (context, stats):
-            answers = predict_partition(
-                job, rechunker.requests(requests), os.environ, task_placement(), context=context, stats=stats
+        for original, answer in answer_partition(job, requests):
+            columns = answer_to_spark_columns(answer, job.spec)
+            yield pa.RecordBatch.from_arrays(
+                [*original.columns, *columns], names=[*original.schema.names, *self.output_columns]
             )
-            for original, answer in rechunker.answers(answers):
-                columns = answer_to_spark_columns(answer, job.spec)
-                yield pa.RecordBatch.from_arrays(
-                    [*original.columns, *columns], names=[*original.schema.names, *self.output_columns]
-                )
 
 
 def build_job(model: str, config: ClientConfig | None, overrides: Mapping[str, Any]) -> PredictJob:
@@ -300,6 +293,22 @@ def task_placement() -> TaskPlacement:
         return TaskPlacement()
     resources = {name: list(info.addresses) for name, info in context.resources().items()}
     return placement_from_resources(context.partitionId(), resources)
+
+
+def answer_partition(
+    job: PredictJob, batches: Iterable[tuple[Carry, pa.RecordBatch | Pieces]]
+) -> Iterator[tuple[Carry, pa.RecordBatch]]:
+    """One partition's Spark batches answered in order, each with what it came with: cut into
+    requests of the job's size, sent to the task's server (or the CPU fallback), counted into
+    the job's accumulator however the partition ends. Both UDFs run their partitions here."""
+    rechunker: Rechunker[Carry] = Rechunker(
+        job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
+    )
+    with counted(job) as (context, stats):
+        answers = predict_partition(
+            job, rechunker.requests(batches), os.environ, task_placement(), context=context, stats=stats
+        )
+        yield from rechunker.answers(answers)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,12 @@ from services.model_server.in_flight import InFlightRequests
 from services.model_server.job_context import JobContext, parse_job_context
 from services.model_server.metrics import ModelMetrics, ServerMetrics
 from services.model_server.models import ModelInfo, ModelTable, ServedModel
-from services.model_server.schema import answer_bytes_at_least, batch_to_inputs, outputs_to_batch
+from services.model_server.schema import (
+    answer_bytes_at_least,
+    batch_to_inputs,
+    check_answer_size,
+    outputs_to_batch,
+)
 from services.model_server.shared_memory import SharedMemoryRefused, StreamRegions
 from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
 from udfserve.protocol import inference_pb2 as pb
@@ -32,10 +37,6 @@ from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_
 from udfserve.shared_memory import write_ipc_into
 
 logger = logging.getLogger(__name__)
-
-UNKNOWN_MODEL_LABEL = "<unknown>"
-"""Metrics label of requests naming no model of the repository: labels never carry what a
-client typed, so their number stays bounded."""
 
 _STATE_TO_PROTO = {
     "loading": pb.MODEL_STATE_LOADING,
@@ -150,14 +151,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         knows: strings, free dimensions)."""
         assert served.model is not None
         at_least = answer_bytes_at_least(served.model.outputs, rows)
-        if at_least <= self._max_response_bytes:
-            return
         if request.HasField("output_region") and request.output_region.size >= at_least:
             return  # it may fit the region; if it does not, the check after the call answers
-        raise InvalidInput(
-            f"model {served.name!r}: the answer to {rows} rows would be at least {at_least} bytes, over "
-            f"the {self._max_response_bytes} byte message limit; send fewer rows per request"
-        )
+        check_answer_size(served.name, rows, at_least, self._max_response_bytes, before_running=True)
 
     def _decode(
         self, served: ServedModel, request: pb.PredictRequest, regions: StreamRegions
@@ -223,11 +219,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                     batch_id=request.batch_id, output_region_bytes=written, model_version=version
                 )
         payload = encode_batch(answer)
-        if len(payload) > self._max_response_bytes:
-            raise InvalidInput(
-                f"model {served.name!r}: the answer to {rows} rows is {len(payload)} bytes, over "
-                f"the {self._max_response_bytes} byte message limit; send fewer rows per request"
-            )
+        check_answer_size(served.name, rows, len(payload), self._max_response_bytes)
         return pb.PredictResponse(
             batch_id=request.batch_id, arrow_ipc=payload, model_version=served.source.version
         )
@@ -258,15 +250,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         started_s: float,
         rows: int,
     ) -> None:
-        """Count one answered batch; ``model_metrics`` is None for a request naming no served model."""
         seconds = time.perf_counter() - started_s
-        if model_metrics is None:
-            model = UNKNOWN_MODEL_LABEL
-            self._metrics.observe_request(model, code.name, seconds, rows)
-        else:
-            model = model_metrics.model
-            model_metrics.observe_request(code.name, seconds, rows)
-        self._metrics.applications.observe(job, model, request.batch_id, code.name, seconds, rows)
+        self._metrics.observe_answer(model_metrics, job, request.batch_id, code.name, seconds, rows)
 
     @staticmethod
     def _error(batch_id: int, code: grpc.StatusCode, message: str) -> pb.PredictResponse:

@@ -52,12 +52,11 @@ from services.model_server.errors import (
     ServingError,
     failure_status,
 )
-from services.model_server.grpc_api import UNKNOWN_MODEL_LABEL
 from services.model_server.in_flight import InFlightRequests
 from services.model_server.job_context import JobContext, parse_job_context
 from services.model_server.metrics import ModelMetrics, ServerMetrics
 from services.model_server.models import LoadedModel, ModelTable, ServedModel
-from services.model_server.schema import answer_bytes_at_least, numpy_dtype, zeros
+from services.model_server.schema import answer_bytes_at_least, check_answer_size, numpy_dtype, zeros
 from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
 from udfserve import kserve_codec as codec
 
@@ -516,11 +515,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             output_specs = _requested_outputs(request, served.name, model.outputs)
             inputs, rows = request_to_inputs(request, served.name, model.inputs, self._plan(model))
             at_least = answer_bytes_at_least(output_specs, rows)
-            if at_least > self._max_response_bytes:  # refused before any backend call
-                raise InvalidInput(
-                    f"model {served.name!r}: the answer to {rows} rows would be at least {at_least} bytes, "
-                    f"over the {self._max_response_bytes} byte message limit; send fewer rows per request"
-                )
+            check_answer_size(served.name, rows, at_least, self._max_response_bytes, before_running=True)
             if rows == 0:
                 response = self._respond(served, request, output_specs, _empty_outputs(model.outputs), 0)
                 self._observe(model_metrics, job, request, "OK", started_s, 0)
@@ -572,11 +567,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             model_name=served.name, model_version=str(served.source.version), id=request.id
         )
         size_bytes = outputs_to_response(outputs, output_specs, rows, response)
-        if size_bytes > self._max_response_bytes:
-            raise InvalidInput(
-                f"model {served.name!r}: the answer to {rows} rows is {size_bytes} bytes, over the "
-                f"{self._max_response_bytes} byte message limit; send fewer rows per request"
-            )
+        check_answer_size(served.name, rows, size_bytes, self._max_response_bytes)
         return response
 
     def _refuse(
@@ -605,15 +596,8 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         started_s: float,
         rows: int,
     ) -> None:
-        """Count one answered request, for its model and for its Spark application (if named)."""
         seconds = time.perf_counter() - started_s
-        if model_metrics is None:
-            model = UNKNOWN_MODEL_LABEL
-            self._metrics.observe_request(model, code, seconds, rows)
-        else:
-            model = model_metrics.model
-            model_metrics.observe_request(code, seconds, rows)
-        self._metrics.applications.observe(job, model, request.id, code, seconds, rows)
+        self._metrics.observe_answer(model_metrics, job, request.id, code, seconds, rows)
 
     def _plan(self, model: LoadedModel) -> _Plan:
         plan = self._plans.get(model)

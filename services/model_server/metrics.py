@@ -19,13 +19,18 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.registry import Collector
 
 import udfserve
-from services.model_server.job_context import SparkApplications
+from services.model_server.job_context import JobContext, SparkApplications
 
 LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
 )  # fmt: skip
 BATCH_ROWS_BUCKETS = tuple(float(1 << i) for i in range(0, 17))
 REQUESTS_PER_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+UNKNOWN_MODEL_LABEL = "<unknown>"
+"""Metrics label of requests naming no model of the repository: labels never carry what a
+client typed, so their number stays bounded."""
 
 
 class ModelMetrics:
@@ -217,6 +222,25 @@ class ServerMetrics:
         self.request_duration.labels(model=model).observe(seconds)
         if rows:
             self.rows.labels(model=model).inc(rows)
+
+    def observe_answer(
+        self,
+        model_metrics: ModelMetrics | None,
+        job: JobContext,
+        request_id: int | str,
+        code: str,
+        seconds: float,
+        rows: int,
+    ) -> None:
+        """Count one answered request of either protocol: for its model (``model_metrics`` None for
+        a request naming no served model) and for the Spark application it names, if any."""
+        if model_metrics is None:
+            model = UNKNOWN_MODEL_LABEL
+            self.observe_request(model, code, seconds, rows)
+        else:
+            model = model_metrics.model
+            model_metrics.observe_request(code, seconds, rows)
+        self.applications.observe(job, model, request_id, code, seconds, rows)
 
     # BatchObserver
     def on_queue_wait(self, model: str, seconds: float) -> None:

@@ -144,6 +144,21 @@ def answer_bytes_at_least(specs: Sequence[TensorSpec], rows: int) -> int:
     return total
 
 
+def check_answer_size(
+    model_name: str, rows: int, size_bytes: int, limit_bytes: int, *, before_running: bool = False
+) -> None:
+    """Refuse an answer over the message limit, naming both sizes (INVALID_ARGUMENT: the request
+    asks for too many rows). ``before_running``: ``size_bytes`` is the least the answer will take
+    (``answer_bytes_at_least``), checked before the model runs."""
+    if size_bytes <= limit_bytes:
+        return
+    size = f"would be at least {size_bytes}" if before_running else f"is {size_bytes}"
+    raise InvalidInput(
+        f"model {model_name!r}: the answer to {rows} rows {size} bytes, over the {limit_bytes} byte "
+        "message limit; send fewer rows per request"
+    )
+
+
 def outputs_to_batch(outputs: Mapping[str, np.ndarray], specs: Sequence[TensorSpec]) -> pa.RecordBatch:
     """One record batch of the outputs in ``specs`` order: a scalar output becomes a primitive
     column, a vector a ``fixed_size_list``, a higher-rank tensor nested ``fixed_size_list``s."""
