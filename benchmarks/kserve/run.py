@@ -36,6 +36,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import psutil
 import pyarrow as pa
 import tritonclient.grpc as triton
 import yaml
@@ -70,6 +71,9 @@ class Point:
     p99_ms: float | None
     stable: bool
     note: str = ""
+    server_cpu_us_per_row: float | None = None
+    """CPU time of the server's processes (Triton's backend stub included) over the whole
+    perf_analyzer run, per row answered at the measured rate: what a row costs the server."""
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -96,7 +100,7 @@ def quiet_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 # -- servers -----------------------------------------------------------------------------------
 @contextmanager
-def udfserve_server(repository: Path, logs: Path) -> Iterator[str]:
+def udfserve_server(repository: Path, logs: Path) -> Iterator[tuple[str, int]]:
     process = launch_server(
         repository,
         port=0,
@@ -107,13 +111,13 @@ def udfserve_server(repository: Path, logs: Path) -> Iterator[str]:
     )
     try:
         assert process.tcp_address is not None
-        yield process.tcp_address
+        yield process.tcp_address, process.pid
     finally:
         process.terminate()
 
 
 @contextmanager
-def triton_server(repository: Path, env_file: Mapping[str, str], logs: Path) -> Iterator[str]:
+def triton_server(repository: Path, env_file: Mapping[str, str], logs: Path) -> Iterator[tuple[str, int]]:
     port = free_port()
     command = [
         env_file["TRITONSERVER"],
@@ -130,7 +134,7 @@ def triton_server(repository: Path, env_file: Mapping[str, str], logs: Path) -> 
     address = f"127.0.0.1:{port}"
     try:
         wait_for_model(address, process, logs / "tritonserver.log")
-        yield address
+        yield address, process.pid
     finally:
         process.terminate()
         try:
@@ -201,9 +205,23 @@ def generate_examples(repository: Path) -> Path:
     return repository
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and every process under it, now."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in (root, *root.children(recursive=True)):
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
 def perf_analyzer(
     env_file: Mapping[str, str],
     address: str,
+    pid: int,
     server: str,
     batch: int,
     concurrency: int,
@@ -224,6 +242,7 @@ def perf_analyzer(
             *("-f", str(csv_path)),
         ]
         csv_path.unlink(missing_ok=True)
+        cpu_before_s, wall_before_s = tree_cpu_s(pid), time.perf_counter()
         result = subprocess.run(
             command,
             env={**os.environ, "LD_LIBRARY_PATH": env_file["PERF_ANALYZER_LD_LIBRARY_PATH"]},
@@ -232,20 +251,23 @@ def perf_analyzer(
             timeout=600,
             check=False,
         )
+        server_cores = (tree_cpu_s(pid) - cpu_before_s) / (time.perf_counter() - wall_before_s)
         output = result.stdout + result.stderr
         if result.returncode == 0 and csv_path.exists():
             with open(csv_path, newline="") as handle:
                 row = next(csv.DictReader(handle))
             note = "" if stability == args.stability_percent else f"stable within {stability}% only"
+            rows_per_s = float(row["Inferences/Second"])
             return Point(
                 server,
                 batch,
                 concurrency,
-                float(row["Inferences/Second"]),
+                rows_per_s,
                 float(row["p50 latency"]) / 1000,
                 float(row["p99 latency"]) / 1000,
                 True,
                 note,
+                server_cores / rows_per_s * 1e6 if rows_per_s > 0 else None,
             )
         logger.warning("%s b%d c%d: %s", server, batch, concurrency, output.strip().splitlines()[-1:])
     return Point(server, batch, concurrency, None, None, None, False, output.strip().splitlines()[-1][:200])
@@ -277,6 +299,7 @@ def best_of(runs: Sequence[Point]) -> Point:
         best.p99_ms,
         best.stable,
         note,
+        best.server_cpu_us_per_row,
     )
 
 
@@ -319,9 +342,14 @@ def write_report(
         "",
         f"Target: udfserve at least {TARGET_RATIO:.1f}x Triton's rows/s at every point.",
         "",
+        "Server CPU per row: CPU time of the server's processes (Triton's python backend stub "
+        "included) during the whole perf_analyzer run, divided by the rows it answered at the "
+        "measured rate; perf_analyzer itself runs on the same 2 CPUs, so where the machine is "
+        "saturated, the server that spends less CPU per row answers more rows.",
+        "",
         "| batch | concurrency | udfserve rows/s | Triton rows/s | udfserve ÷ Triton | udfserve p50 / p99 ms "
-        "| Triton p50 / p99 ms | verdict |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| Triton p50 / p99 ms | server CPU µs per row, udfserve / Triton | verdict |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for batch, concurrency in grid:
         ours, theirs = (
@@ -338,7 +366,10 @@ def write_report(
             f"| {batch} | {concurrency} | {fmt(ours and ours.rows_per_s)} "
             f"| {fmt(theirs and theirs.rows_per_s)} "
             f"| {fmt(ratio, 2)} | {fmt(ours and ours.p50_ms, 2)} / {fmt(ours and ours.p99_ms, 2)} "
-            f"| {fmt(theirs and theirs.p50_ms, 2)} / {fmt(theirs and theirs.p99_ms, 2)} | {verdict} |"
+            f"| {fmt(theirs and theirs.p50_ms, 2)} / {fmt(theirs and theirs.p99_ms, 2)} "
+            f"| {fmt(ours and ours.server_cpu_us_per_row, 1)} "
+            f"/ {fmt(theirs and theirs.server_cpu_us_per_row, 1)} "
+            f"| {verdict} |"
         )
     notes = [f"- {p.server} b{p.batch} c{p.concurrency}: {p.note}" for p in points if p.note]
     if notes:
@@ -386,13 +417,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "load_average_1m_before": round(os.getloadavg()[0], 2),
         }
         with ExitStack() as stack:
-            addresses = {}
+            addresses: dict[str, str] = {}
+            pids: dict[str, int] = {}
             for server in servers:
                 if server == "udfserve":
                     context = udfserve_server(repository, work)
                 else:
                     context = triton_server(triton_repo, env_file, work)
-                addresses[server] = stack.enter_context(context)
+                addresses[server], pids[server] = stack.enter_context(context)
                 predictions[server] = predict(addresses[server], batch)
             if "triton" in addresses:
                 with triton.InferenceServerClient(addresses["triton"]) as client:
@@ -402,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     runs = {server: [] for server in servers}
                     for server in interleaved(servers, args.repeats):
                         point = perf_analyzer(
-                            env_file, addresses[server], server, rows, concurrency, args, work
+                            env_file, addresses[server], pids[server], server, rows, concurrency, args, work
                         )
                         logger.info(
                             "%s batch %d concurrency %d: %s rows/s",

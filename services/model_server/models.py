@@ -181,6 +181,9 @@ class ModelTable:
 
     def get(self, name: str) -> ServedModel:
         """The model called ``name`` in any state; INVALID_ARGUMENT or NOT_FOUND otherwise."""
+        served = self._models.get(name)
+        if served is not None:  # a served name was valid when it was loaded
+            return served
         try:
             validate_model_name(name)
         except ValueError as exc:

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from services.model_server.backends import LoadedModel
-from services.model_server.backends.tensorflow import to_numpy, to_tensor
+from services.model_server.backends.tensorflow import TensorFlowModel, VerifiedCall, to_numpy, to_tensor
 from services.model_server.config import TensorSpec
 from services.model_server.errors import InvalidInput, ModelLoadError
 from services.model_server.repository import ModelSource, load_model, scan_repository
@@ -168,6 +168,80 @@ def test_concurrent_predictions_from_threads_match_sequential_ones(loaded: dict[
     for alone, together in zip(sequential, concurrent, strict=True):
         for output in alone:
             np.testing.assert_array_equal(alone[output], together[output])
+
+
+@pytest.mark.parametrize("name", [*KERAS_MODELS, "tabular_mlp_savedmodel"])
+def test_every_example_model_is_served_through_the_graphs_flat_call(
+    name: str, loaded: dict[str, LoadedModel]
+) -> None:
+    """The flat call (no argument binding in Python) agreed with the public one on the first call
+    and serves from then on; a model with several outputs proves the output order is right."""
+    model = loaded[name]
+    assert isinstance(model, TensorFlowModel)
+
+    model.predict(random_inputs(model.inputs, 3))
+
+    assert model._call.uses_fast_call is True
+
+
+def _doubled(tensors: list[tf.Tensor]) -> dict[str, tf.Tensor]:
+    return {"y": tensors[0] * 2.0}
+
+
+def test_a_fast_call_that_disagrees_is_never_used_and_its_answer_never_returned() -> None:
+    calls: list[str] = []
+
+    def wrong(tensors: list[tf.Tensor]) -> dict[str, tf.Tensor]:
+        calls.append("fast")
+        return {"y": tensors[0] * 3.0}
+
+    call = VerifiedCall(wrong, _doubled)
+    x = [tf.constant([[1.0, 2.0]])]
+
+    first, second = call(x), call(x)
+
+    assert call.uses_fast_call is False
+    np.testing.assert_array_equal(first["y"].numpy(), [[2.0, 4.0]])
+    np.testing.assert_array_equal(second["y"].numpy(), [[2.0, 4.0]])
+    assert calls == ["fast"]  # tried once, to decide
+
+
+def test_a_fast_call_that_fails_leaves_the_public_call_serving() -> None:
+    def broken(tensors: list[tf.Tensor]) -> dict[str, tf.Tensor]:
+        raise TypeError("call_flat() takes 2 positional arguments")
+
+    call = VerifiedCall(broken, _doubled)
+
+    answer = call([tf.constant([1.0])])
+
+    assert call.uses_fast_call is False
+    np.testing.assert_array_equal(answer["y"].numpy(), [2.0])
+
+
+def test_a_fast_call_with_other_output_names_is_not_trusted() -> None:
+    call = VerifiedCall(lambda tensors: {"z": tensors[0] * 2.0}, _doubled)
+
+    call([tf.constant([1.0])])
+
+    assert call.uses_fast_call is False
+
+
+def test_the_fast_call_serves_once_it_agreed() -> None:
+    calls: list[str] = []
+
+    def fast(tensors: list[tf.Tensor]) -> dict[str, tf.Tensor]:
+        calls.append("fast")
+        return _doubled(tensors)
+
+    call = VerifiedCall(fast, _doubled)
+    assert call.uses_fast_call is None
+
+    call([tf.constant([1.0])])
+    answer = call([tf.constant([5.0])])
+
+    assert call.uses_fast_call is True
+    assert calls == ["fast", "fast"]
+    np.testing.assert_array_equal(answer["y"].numpy(), [10.0])
 
 
 def test_missing_input_is_invalid_input_naming_it(loaded: dict[str, LoadedModel]) -> None:
