@@ -218,6 +218,17 @@ def test_a_fast_call_that_fails_leaves_the_public_call_serving() -> None:
     np.testing.assert_array_equal(answer["y"].numpy(), [2.0])
 
 
+def test_nan_answers_equal_on_both_calls_let_the_fast_call_serve() -> None:
+    def log(tensors: list[tf.Tensor]) -> dict[str, tf.Tensor]:
+        return {"y": tf.math.log(tensors[0]) * 0.0}  # log(0) * 0 is NaN
+
+    call = VerifiedCall(log, log)
+
+    call([tf.constant([0.0, 1.0])])
+
+    assert call.uses_fast_call is True
+
+
 def test_a_fast_call_with_other_output_names_is_not_trusted() -> None:
     call = VerifiedCall(lambda tensors: {"z": tensors[0] * 2.0}, _doubled)
 

@@ -223,9 +223,7 @@ class VerifiedCall:
         try:
             got = self._fast(tensors)
             same = set(got) == set(expected) and all(
-                got[name].dtype == expected[name].dtype
-                and got[name].shape == expected[name].shape
-                and bool(tf.reduce_all(tf.equal(got[name], expected[name])))
+                got[name].dtype == expected[name].dtype and _same_values(got[name], expected[name])
                 for name in expected
             )
         except Exception as exc:  # any failure of the private call means: do not use it
@@ -234,6 +232,14 @@ class VerifiedCall:
         if not same:
             logger.info("flat call of the traced graph disagrees with the public one; the public call serves")
         return same
+
+
+def _same_values(got: tf.Tensor, expected: tf.Tensor) -> bool:
+    """Equal shapes and values, NaN equal to NaN (a model may well answer NaN to a warm-up's zeros)."""
+    got_array, expected_array = got.numpy(), expected.numpy()
+    return got_array.shape == expected_array.shape and bool(
+        np.array_equal(got_array, expected_array, equal_nan=got_array.dtype.kind in "fc")
+    )
 
 
 _DLPACK_KINDS = frozenset("biuf")  # bool, integers, floats: what DLPack carries
