@@ -69,7 +69,7 @@ def _batch_stats(before: str, after: str) -> tuple[float, float]:
 
 def measure_cell(
     server: ServerProcess, clients: int, rows: int, duration_s: float, with_metrics: bool
-) -> dict[str, float]:
+) -> dict[str, object]:
     """``clients`` closed-loop clients (one process, one connection each) for ``duration_s``."""
     spec = LoadSpec(
         target=server.grpc_target(prefer_unix=True),
@@ -88,7 +88,7 @@ def measure_cell(
     result = finish(client, spec)
     usage = meter.stop()
     requests = max(result.requests, 1)
-    cell = {
+    cell: dict[str, object] = {
         "rows_s": result.rows / result.wall_s,
         "requests_s": result.requests / result.wall_s,
         "p50_ms": result.p50_ms,

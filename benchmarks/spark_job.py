@@ -207,14 +207,15 @@ def _predicted(spark: Any, frame: Any, job: Job) -> Any:
             input_tensor_shapes=[[width]],
         )
         return frame.withColumn("prediction", udf(column))
-    if job.contender == "cached_pandas_udf":
-        udf = pandas_udf(inworker.cached_pandas_udf(job.model_file, job.marker_dir), returnType=result_type)
-        return frame.withColumn("prediction", udf(column))
-    if job.contender == "load_per_batch":
-        udf = pandas_udf(inworker.load_per_batch_pandas_udf(job.model_file, job.marker_dir), result_type)
-        return frame.withColumn("prediction", udf(column))
-    if job.contender == "passthrough":
-        udf = pandas_udf(inworker.passthrough_pandas_udf(output_width), result_type)
+    # The recipes' functions are built by factories, so PySpark's stubs cannot see the pandas
+    # type hints that pick pandas_udf's overload (Spark reads them at run time).
+    recipes: dict[str, Any] = {
+        "cached_pandas_udf": lambda: inworker.cached_pandas_udf(job.model_file, job.marker_dir),
+        "load_per_batch": lambda: inworker.load_per_batch_pandas_udf(job.model_file, job.marker_dir),
+        "passthrough": lambda: inworker.passthrough_pandas_udf(output_width),
+    }
+    if job.contender in recipes:
+        udf = pandas_udf(recipes[job.contender](), returnType=result_type)  # type: ignore[call-overload]
         return frame.withColumn("prediction", udf(column))
     raise ValueError(f"unknown contender {job.contender!r}; expected one of {', '.join(CONTENDERS)}")
 

@@ -8,7 +8,7 @@ source scripts/venv.sh "dev"
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy services spark_client udfserve
+.venv/bin/mypy services spark_client udfserve benchmarks
 
 set +e
 .venv/bin/python -m pytest "$@"

@@ -198,7 +198,11 @@ def predicted(frame: Any, model: str, route: Route, job: SparkJob) -> tuple[Any,
     from spark_client import arrow_predictor, remote_predict
 
     column = EXAMPLE_MODELS[model].input_name
-    settings = {"address": job.addresses[route.server], "protocol": route.protocol, "fallback": "error"}
+    settings: dict[str, Any] = {
+        "address": job.addresses[route.server],
+        "protocol": route.protocol,
+        "fallback": "error",
+    }
     frame = frame.select("id", column)
     if route.api == "remote_predict":
         udf = remote_predict(model, **settings)
@@ -288,7 +292,7 @@ def spark_main(job: SparkJob) -> list[RouteRun]:
     try:
         frame = spark.read.parquet(job.data).repartition(job.partitions, "id").cache()
         rows = frame.count()
-        runs = []
+        runs: list[RouteRun] = []
         for model in job.models:
             by_route = {route.key: RouteRun(model, route.key, rows_in=rows) for route in ROUTES}
             for route in ROUTES:
@@ -536,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         with ExitStack() as stack:
             udfserve_address, udfserve_http = stack.enter_context(udfserve_server(repository, models, work))
-            triton_address = stack.enter_context(triton_server(triton_repo, env_file, work))
+            triton_address, _ = stack.enter_context(triton_server(triton_repo, env_file, work))
             meta["triton_version"] = triton_metadata(triton_address, models)
             logger.info(
                 "udfserve at %s, Triton %s at %s", udfserve_address, meta["triton_version"], triton_address

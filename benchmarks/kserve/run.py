@@ -308,6 +308,11 @@ def fmt(value: float | None, digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f}"
 
 
+def _of(point: Point | None, name: str) -> float | None:
+    """A measured figure of ``point``; None when the point was not measured."""
+    return None if point is None else getattr(point, name)
+
+
 def write_report(
     points: Sequence[Point], check: dict[str, object], meta: dict[str, object], output: Path
 ) -> None:
@@ -363,12 +368,12 @@ def write_report(
         )
         verdict = "n/a" if ratio is None else ("met" if ratio >= TARGET_RATIO else "**missed**")
         lines.append(
-            f"| {batch} | {concurrency} | {fmt(ours and ours.rows_per_s)} "
-            f"| {fmt(theirs and theirs.rows_per_s)} "
-            f"| {fmt(ratio, 2)} | {fmt(ours and ours.p50_ms, 2)} / {fmt(ours and ours.p99_ms, 2)} "
-            f"| {fmt(theirs and theirs.p50_ms, 2)} / {fmt(theirs and theirs.p99_ms, 2)} "
-            f"| {fmt(ours and ours.server_cpu_us_per_row, 1)} "
-            f"/ {fmt(theirs and theirs.server_cpu_us_per_row, 1)} "
+            f"| {batch} | {concurrency} | {fmt(_of(ours, 'rows_per_s'))} "
+            f"| {fmt(_of(theirs, 'rows_per_s'))} "
+            f"| {fmt(ratio, 2)} | {fmt(_of(ours, 'p50_ms'), 2)} / {fmt(_of(ours, 'p99_ms'), 2)} "
+            f"| {fmt(_of(theirs, 'p50_ms'), 2)} / {fmt(_of(theirs, 'p99_ms'), 2)} "
+            f"| {fmt(_of(ours, 'server_cpu_us_per_row'), 1)} "
+            f"/ {fmt(_of(theirs, 'server_cpu_us_per_row'), 1)} "
             f"| {verdict} |"
         )
     notes = [f"- {p.server} b{p.batch} c{p.concurrency}: {p.note}" for p in points if p.note]
@@ -431,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     meta["triton_version"] = client.get_server_metadata().version
             for rows in batches:
                 for concurrency in concurrencies:
-                    runs = {server: [] for server in servers}
+                    runs: dict[str, list[Point]] = {server: [] for server in servers}
                     for server in interleaved(servers, args.repeats):
                         point = perf_analyzer(
                             env_file, addresses[server], pids[server], server, rows, concurrency, args, work
