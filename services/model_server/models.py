@@ -182,7 +182,7 @@ class ModelTable:
     def get(self, name: str) -> ServedModel:
         """The model called ``name`` in any state; INVALID_ARGUMENT or NOT_FOUND otherwise."""
         served = self._models.get(name)
-        if served is not None:  # a served name was valid when it was loaded
+        if served is not None and served.model is not None:  # loaded: its name passed the checks
             return served
         try:
             validate_model_name(name)

@@ -251,3 +251,22 @@ def test_importing_the_repository_does_not_import_tensorflow() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
     assert result.returncode == 0, result.stderr
+
+
+def test_a_folder_with_an_invalid_name_is_still_refused_as_an_invalid_name_by_the_model_table(
+    tmp_path: Path,
+) -> None:
+    """The scan keeps such a folder as a failed entry under its own name; asking for it is still
+    INVALID_ARGUMENT (not a retryable "failed to load"), as for any name that is not valid."""
+    from services.model_server.config import ServerConfig
+    from services.model_server.errors import InvalidInput
+    from services.model_server.metrics import ServerMetrics
+    from services.model_server.models import ModelTable
+
+    make_model(tmp_path, "has space")
+    config = ServerConfig(model_repository=tmp_path, socket=tmp_path / "s.sock", port=None)
+    table = ModelTable(config, ServerMetrics(config.device))
+    table.scan()
+
+    with pytest.raises(InvalidInput, match="invalid model name 'has space'"):
+        table.ready("has space")

@@ -115,7 +115,7 @@ class TensorFlowModel:
         # the arguments to a trace), 130-180 us of Python per call, which at a few rows per
         # batch is a third of the call.
         self._serve = serve.get_concrete_function()
-        self._call = _graph_caller(self._serve, [spec.name for spec in outputs])
+        self._call = _graph_caller(self._serve)
         self._input_dtypes = tuple(tf.as_dtype(spec.dtype) for spec in inputs)
         # A SavedModel's signature only holds weak references to the variables of the object
         # tf.saved_model.load returned; the model must outlive every call.
@@ -150,14 +150,14 @@ GraphCall = Callable[[list[tf.Tensor]], Mapping[str, tf.Tensor]]
 """Runs the traced graph on one tensor per input, in the inputs' order; outputs by name."""
 
 
-def _graph_caller(concrete: Any, output_names: Sequence[str]) -> VerifiedCall:
+def _graph_caller(concrete: Any) -> VerifiedCall:
     """The cheapest call of the traced graph this TensorFlow offers, checked on the first call.
 
     ``ConcreteFunction.__call__`` binds its arguments to the traced signature, looks for a
     gradient tape and packs the outputs in Python: about 150 us per call here, half the cost of
     an 8-row call of the example MLP, all of it holding the GIL that the event loop needs. The
-    graph's own flat call (inputs then captured variables in, outputs in the order of the sorted
-    output names, as ``tf.nest`` flattens a dict) skips that; no tape ever watches a serving
+    graph's own flat call (the inputs, then the captured variables, in; the outputs packed by
+    the function's own record of their structure) skips that; no tape ever watches a serving
     thread. It is a private interface of TensorFlow's, so where it is missing the public call
     serves, and ``VerifiedCall`` checks that the two agree before trusting it.
     """
@@ -167,21 +167,15 @@ def _graph_caller(concrete: Any, output_names: Sequence[str]) -> VerifiedCall:
 
     inference = getattr(concrete, "_inference_function", None)
     call_flat = getattr(inference, "call_flat", None)
-    captured = getattr(concrete, "captured_inputs", None)
-    flat_outputs = getattr(getattr(inference, "function_type", None), "flat_outputs", None)
-    if (
-        call_flat is None
-        or captured is None
-        or flat_outputs is None
-        or len(flat_outputs) != len(output_names)
-    ):
+    pack_output = getattr(getattr(inference, "function_type", None), "pack_output", None)
+    if call_flat is None or pack_output is None or not hasattr(concrete, "captured_inputs"):
         logger.info("tensorflow %s: no flat call of a traced graph; the public call serves", tf.__version__)
         return VerifiedCall(None, public)
-    order = sorted(output_names)
-    variables = list(captured)
 
     def flat(tensors: list[tf.Tensor]) -> Mapping[str, tf.Tensor]:
-        return dict(zip(order, call_flat(*tensors, *variables), strict=True))
+        # The outputs are packed by TensorFlow's own record of their structure, and the captured
+        # variables read on every call, as the public call does (deferred captures included).
+        return pack_output(call_flat(*tensors, *concrete.captured_inputs))
 
     return VerifiedCall(flat, public)
 
@@ -190,7 +184,8 @@ class VerifiedCall:
     """``fast`` once it has answered one call exactly as ``public`` does (names, dtypes, shapes,
     values), else ``public`` for good: a TensorFlow whose private call behaves differently costs
     speed, never a wrong answer. Safe from several threads: until one call has decided, calls
-    take the public path."""
+    take the public path. The deciding call (the warm-up at load, unless warm-up is off) runs
+    the graph twice; a model with state of its own (a counter variable) sees it once more."""
 
     def __init__(self, fast: GraphCall | None, public: GraphCall) -> None:
         self._fast = fast
