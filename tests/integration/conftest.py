@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from server_harness import running_server
 
-from services.model_server.launcher import ServerProcess, launch_server
+from services.model_server.launcher import ServerProcess
+
+_servers = itertools.count()
+"""Names the module-scoped servers' sockets apart: several modules' servers can be up at once."""
 
 
 @pytest.fixture(scope="session")
@@ -25,13 +30,7 @@ def server(
     example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     """One server on a temporary unix socket and TCP port 0, serving every example model."""
-    logs = tmp_path_factory.mktemp("server-logs")
-    process = launch_server(
-        example_repository,
-        socket=socket_dir / f"s{id(logs) % 10000}.sock",
-        port=0,
-        http_port=0,
-        log_path=logs / "server.log",
-    )
-    yield process
-    process.terminate()
+    with running_server(
+        example_repository, socket_dir, tmp_path_factory, f"s{next(_servers)}", port=0, http_port=0
+    ) as process:
+        yield process

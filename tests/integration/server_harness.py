@@ -4,17 +4,45 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 import pyarrow as pa
+import pytest
 
+from services.model_server.launcher import ServerProcess, launch_server
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import decode_batch, encode_batch
+
+
+@contextmanager
+def running_server(
+    repository: Path,
+    socket_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    extra_args: Sequence[str] = (),
+    **launch: Any,
+) -> Iterator[ServerProcess]:
+    """A server of ``repository`` on ``socket_dir/<name>.sock`` with its log in a temporary folder
+    of its own, stopped on exit; ``launch`` goes to ``launch_server`` (ports, environment)."""
+    process = launch_server(
+        repository,
+        socket=socket_dir / f"{name}.sock",
+        extra_args=list(extra_args),
+        log_path=tmp_path_factory.mktemp(name) / "server.log",
+        **launch,
+    )
+    try:
+        yield process
+    finally:
+        process.terminate()
 
 
 @dataclass

@@ -8,10 +8,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from server_harness import batch_of, metric_value, scrape
+from server_harness import batch_of, metric_value, running_server, scrape
 from test_shared_memory import MODEL, PayloadFile, features, raw_predict
 
-from services.model_server.launcher import ServerProcess, launch_server
+from services.model_server.launcher import ServerProcess
 from udfserve.protocol import inference_pb2 as pb
 
 MAX_MESSAGE_BYTES = 1 << 16  # the smallest the server accepts
@@ -22,16 +22,16 @@ ROWS = 3_000  # 8 float32 outputs per row: 96,000 bytes of values, over the limi
 def small_messages(
     example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    process = launch_server(
+    with running_server(
         example_repository,
-        socket=socket_dir / "small.sock",
+        socket_dir,
+        tmp_path_factory,
+        "small-messages",
+        ["--models", MODEL, "--max-message-bytes", str(MAX_MESSAGE_BYTES)],
         port=None,
         http_port=0,
-        extra_args=["--models", MODEL, "--max-message-bytes", str(MAX_MESSAGE_BYTES)],
-        log_path=tmp_path_factory.mktemp("small-messages") / "server.log",
-    )
-    yield process
-    process.terminate()
+    ) as process:
+        yield process
 
 
 @pytest.fixture

@@ -7,27 +7,26 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from server_harness import keras_reference, metric_value, scrape
+from server_harness import keras_reference, metric_value, running_server, scrape
 from test_predictions import MAX_BATCH, example_inputs, predict_over
 
-from services.model_server.launcher import ServerProcess, launch_server
+from services.model_server.launcher import ServerProcess
 
 
 @pytest.fixture(scope="module")
 def cutting_server(
     example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    logs = tmp_path_factory.mktemp("cutting-server")
-    process = launch_server(
+    with running_server(
         example_repository,
-        socket=socket_dir / "cut.sock",
+        socket_dir,
+        tmp_path_factory,
+        "cut",
+        ["--cpu-parallel-min-rows", "64"],
         port=0,
         http_port=0,
-        extra_args=["--cpu-parallel-min-rows", "64"],
-        log_path=logs / "server.log",
-    )
-    yield process
-    process.terminate()
+    ) as process:
+        yield process
 
 
 @pytest.mark.parametrize("model", sorted(MAX_BATCH))

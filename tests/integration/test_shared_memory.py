@@ -13,9 +13,9 @@ import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
-from server_harness import batch_of, metric_value, request, scrape, stream_predict
+from server_harness import batch_of, metric_value, request, running_server, scrape, stream_predict
 
-from services.model_server.launcher import ServerProcess, launch_server
+from services.model_server.launcher import ServerProcess
 from spark_client.config import ClientConfig
 from spark_client.transport import HeldBatch, PredictStream, arrow_stream, connect
 from udfserve.protocol import inference_pb2 as pb
@@ -143,14 +143,14 @@ def test_answers_taken_from_shared_memory_stay_intact_while_later_batches_reuse_
 def server_without_shared_memory(
     example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    off = launch_server(
+    with running_server(
         example_repository,
-        socket=socket_dir / "shm-off.sock",
-        extra_args=["--shared-memory-dir", "off", "--models", MODEL],
-        log_path=tmp_path_factory.mktemp("shm-off") / "server.log",
-    )
-    yield off
-    off.terminate()
+        socket_dir,
+        tmp_path_factory,
+        "shm-off",
+        ["--shared-memory-dir", "off", "--models", MODEL],
+    ) as off:
+        yield off
 
 
 def test_a_server_with_shared_memory_off_refuses_it_and_the_client_resends_inline(
