@@ -45,6 +45,21 @@ def running_server(
         process.terminate()
 
 
+def module_server(name: str, extra_args: Sequence[str] = (), **launch: Any) -> Any:
+    """A module-scoped fixture of a server of the example models with flags of its own."""
+
+    @pytest.fixture(scope="module")
+    def fixture(
+        example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[ServerProcess]:
+        with running_server(
+            example_repository, socket_dir, tmp_path_factory, name, extra_args, **launch
+        ) as process:
+            yield process
+
+    return fixture
+
+
 @dataclass
 class Answer:
     """One PredictResponse, decoded."""

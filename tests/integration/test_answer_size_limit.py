@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-from server_harness import batch_of, metric_value, running_server, scrape
+from server_harness import batch_of, metric_value, module_server, scrape
 from test_shared_memory import MODEL, PayloadFile, features, raw_predict
 
 from services.model_server.launcher import ServerProcess
@@ -18,20 +17,12 @@ MAX_MESSAGE_BYTES = 1 << 16  # the smallest the server accepts
 ROWS = 3_000  # 8 float32 outputs per row: 96,000 bytes of values, over the limit
 
 
-@pytest.fixture(scope="module")
-def small_messages(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    with running_server(
-        example_repository,
-        socket_dir,
-        tmp_path_factory,
-        "small-messages",
-        ["--models", MODEL, "--max-message-bytes", str(MAX_MESSAGE_BYTES)],
-        port=None,
-        http_port=0,
-    ) as process:
-        yield process
+small_messages = module_server(
+    "small-messages",
+    ["--models", MODEL, "--max-message-bytes", str(MAX_MESSAGE_BYTES)],
+    port=None,
+    http_port=0,
+)
 
 
 @pytest.fixture

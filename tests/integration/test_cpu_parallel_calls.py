@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from server_harness import keras_reference, metric_value, running_server, scrape
+from server_harness import keras_reference, metric_value, module_server, scrape
 from test_predictions import MAX_BATCH, example_inputs, predict_over
 
 from services.model_server.launcher import ServerProcess
 
-
-@pytest.fixture(scope="module")
-def cutting_server(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    with running_server(
-        example_repository,
-        socket_dir,
-        tmp_path_factory,
-        "cut",
-        ["--cpu-parallel-min-rows", "64"],
-        port=0,
-        http_port=0,
-    ) as process:
-        yield process
+cutting_server = module_server("cut", ["--cpu-parallel-min-rows", "64"], port=0, http_port=0)
 
 
 @pytest.mark.parametrize("model", sorted(MAX_BATCH))

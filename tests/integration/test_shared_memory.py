@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
-from server_harness import batch_of, metric_value, request, running_server, scrape, stream_predict
+from server_harness import batch_of, metric_value, module_server, request, scrape, stream_predict
 
 from services.model_server.launcher import ServerProcess
 from spark_client.config import ClientConfig
@@ -139,18 +139,7 @@ def test_answers_taken_from_shared_memory_stay_intact_while_later_batches_reuse_
     assert all(a.equals(b) for a, b in zip(answers, reversed(again), strict=True))
 
 
-@pytest.fixture(scope="module")
-def server_without_shared_memory(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    with running_server(
-        example_repository,
-        socket_dir,
-        tmp_path_factory,
-        "shm-off",
-        ["--shared-memory-dir", "off", "--models", MODEL],
-    ) as off:
-        yield off
+server_without_shared_memory = module_server("shm-off", ["--shared-memory-dir", "off", "--models", MODEL])
 
 
 def test_a_server_with_shared_memory_off_refuses_it_and_the_client_resends_inline(
