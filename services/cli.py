@@ -5,12 +5,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from collections.abc import Sequence
 
 import udfserve
+from services.model_server import event_loop
 from services.model_server.config import ServerConfig
 from services.node.config import NodeConfig
 from services.settings_cli import SettingsError, add_settings_arguments, settings_from_args
@@ -36,7 +36,12 @@ def run_serve(args: argparse.Namespace) -> int:
     if not config.model_repository.is_dir():
         logger.error("model repository %s is not a folder", config.model_repository)
         return 2
-    return asyncio.run(serve(config))
+    try:
+        loop = event_loop.resolve(config.event_loop)
+    except event_loop.EventLoopUnavailable as exc:
+        logger.error("%s", exc)
+        return 2
+    return event_loop.run(serve(config), loop)
 
 
 def run_node(args: argparse.Namespace) -> int:

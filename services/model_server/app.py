@@ -28,6 +28,7 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.model_server.config import ServerConfig, is_loopback
+from services.model_server.event_loop import running_loop_kind
 from services.model_server.gpu_metrics import GpuCollector
 from services.model_server.grpc_api import InferenceServicer
 from services.model_server.http_api import create_admin_app
@@ -98,8 +99,13 @@ class RunningServer:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
+        self.event_loop = running_loop_kind()
         self.metrics = ServerMetrics(
-            config.device, config.device_uuid, config.max_tracked_apps, config.slow_request_s
+            config.device,
+            config.device_uuid,
+            config.max_tracked_apps,
+            config.slow_request_s,
+            event_loop=self.event_loop,
         )
         self.metrics.register([GpuCollector(config.device, config.device_uuid)])
         self.models = ModelTable(config, self.metrics)
@@ -184,9 +190,10 @@ class RunningServer:
         if config.ready_file is not None:
             _write_json_atomically(config.ready_file, asdict(self.addresses))
         logger.info(
-            "listening on %s (device %s)",
+            "listening on %s (device %s, %s event loop)",
             ", ".join(a for a in (unix_socket, tcp_address, http_address and f"http://{http_address}") if a),
             config.device,
+            self.event_loop,
         )
         self._load_task = asyncio.create_task(self._load_models())
         return self.addresses

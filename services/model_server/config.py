@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from services.model_server.cpu_parallel import ROW_ALIGNMENT
+from services.model_server.event_loop import EventLoopChoice
 from udfserve.shared_memory import DEFAULT_DIRECTORY as DEFAULT_SHARED_MEMORY_DIRECTORY
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -186,6 +187,11 @@ class ServerConfig(BaseSettings):
     )
     slow_request_s: float = Field(
         default=1.0, gt=0, description="log requests slower than this with their Spark stage and partition"
+    )
+    event_loop: EventLoopChoice = Field(
+        default="auto",
+        description="event loop of the server: uvloop (less CPU per request), asyncio (the standard "
+        "loop), or auto: uvloop when installed",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

@@ -76,6 +76,7 @@ class ServerMetrics:
         device_uuid: str | None = None,
         max_tracked_apps: int = 64,
         slow_request_s: float = 1.0,
+        event_loop: str = "asyncio",
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
@@ -185,10 +186,12 @@ class ServerMetrics:
         info = Gauge(
             "udfserve_server_info",
             "Constant 1, labelled with what this process serves on.",
-            ["device", "device_uuid", "version"],
+            ["device", "device_uuid", "version", "event_loop"],
             registry=registry,
         )
-        info.labels(device=device, device_uuid=device_uuid or "", version=udfserve.__version__).set(1)
+        info.labels(
+            device=device, device_uuid=device_uuid or "", version=udfserve.__version__, event_loop=event_loop
+        ).set(1)
         self.start_time = Gauge(
             "udfserve_server_start_time_seconds", "Unix time the process started.", registry=registry
         )
