@@ -9,11 +9,14 @@ order, are the call's outputs. A GPU does this parallelism itself; on a GPU devi
 It is a latency trade, off by default (``--cpu-parallel-min-rows``). Measured on two cores with
 the example MLP: a 1,024-row call took 2.1-2.6 ms of wall time cut in two against 2.5-2.7 ms
 whole, and 7.2-7.4 against 9.3-9.6 ms at 4,096 rows, but 13-40% more CPU time (the parts'
-start and join). perf_analyzer against the KServe endpoint, both variants in one run: one client
-sending 1,024-row requests got up to 22% more rows/s with calls cut, and 16 clients sending 64
-rows 18% fewer (their merged calls were cut while the event loop needed the second core). Turn it
-on for a server whose cores idle while it answers a few large requests, not for one that shares
-its cores with Spark or serves many clients.
+start and join). So a call is cut only when the server has nothing else to do: no rows queued
+for the model and no other backend call running (``CallsInFlight``, over all models); otherwise
+the waiting work takes the cores anyway. Without that rule, perf_analyzer with 16 clients sending
+64 rows got 18% fewer rows/s with calls cut (merged calls were cut while the event loop needed
+the second core). With it, two interleaved pairs per point: 64 x 16 at 97-100k against 99-108k
+rows/s, 1,024 x 16 at 338-356k against 295-316k, 1,024 x 1 at 250-275k against 240-251k. Turn it
+on for a server whose cores idle while it answers a few large requests, not for one whose idle
+cores Spark executors use.
 
 Parts are contiguous row ranges whose starts are multiples of ``ROW_ALIGNMENT`` rows, so that
 each part of an aligned batch stays aligned (frameworks take aligned memory without a copy).
@@ -26,7 +29,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -37,6 +42,26 @@ ROW_ALIGNMENT = 64
 """Part boundaries fall on multiples of this many rows: a multiple of 64 bytes for any row size."""
 SUGGESTED_MIN_ROWS_PER_PART = 256
 """Where cutting starts to pay for the example MLP on an idle core (the benchmarks time it)."""
+
+
+class CallsInFlight:
+    """How many backend calls a server runs right now, over all its models (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+
+    @contextmanager
+    def running(self) -> Iterator[int]:
+        """Count one call for the duration of the block; yields the count including it."""
+        with self._lock:
+            self._count += 1
+            now = self._count
+        try:
+            yield now
+        finally:
+            with self._lock:
+                self._count -= 1
 
 
 class CoreParallelPredict:
@@ -51,6 +76,8 @@ class CoreParallelPredict:
         parts: int,
         min_rows_per_part: int,
         executor: concurrent.futures.Executor,
+        calls: CallsInFlight | None = None,
+        queued_rows: Callable[[], int] = lambda: 0,
     ) -> None:
         if parts < 2:
             raise ValueError(f"parts must be at least 2, received {parts}")
@@ -62,6 +89,8 @@ class CoreParallelPredict:
         self._parts = parts
         self._min_rows = min_rows_per_part
         self._executor = executor
+        self._calls = calls if calls is not None else CallsInFlight()
+        self._queued_rows = queued_rows
 
     def bounds(self, rows: int) -> list[int]:
         """Where the parts of a call of ``rows`` rows start and end: ``[0, ..., rows]``."""
@@ -73,6 +102,12 @@ class CoreParallelPredict:
         return [0, *inner, rows]
 
     def __call__(self, inputs: Arrays) -> dict[str, np.ndarray]:
+        with self._calls.running() as calls_now:
+            if calls_now > 1 or self._queued_rows() > 0:  # other work would take the cores anyway
+                return dict(self._predict(inputs))
+            return self._cut(inputs)
+
+    def _cut(self, inputs: Arrays) -> dict[str, np.ndarray]:
         rows = len(next(iter(inputs.values()))) if inputs else 0
         bounds = self.bounds(rows)
         if len(bounds) == 2:

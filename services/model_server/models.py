@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from services.model_server.backends.base import LoadedModel
 from services.model_server.batching import DynamicBatcher
 from services.model_server.config import ServerConfig, TensorSpec, validate_model_name
-from services.model_server.cpu_parallel import CoreParallelPredict
+from services.model_server.cpu_parallel import CallsInFlight, CoreParallelPredict
 from services.model_server.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelUnavailable
 from services.model_server.metrics import ModelMetrics, ServerMetrics
 from services.model_server.repository import ModelSource, load_model, scan_repository
@@ -82,6 +82,7 @@ class ModelTable:
         self.draining = False
         self.on_state_change: Callable[[ServedModel], None] = lambda _model: None
         self._parts = cpu_parts(config)
+        self._calls_in_flight = CallsInFlight()
         self._parts_executor = (
             ThreadPoolExecutor(max_workers=self._parts - 1, thread_name_prefix="infer-part")
             if self._parts > 1
@@ -136,6 +137,8 @@ class ModelTable:
                     parts=self._parts,
                     min_rows_per_part=self._config.cpu_parallel_min_rows,
                     executor=self._parts_executor,
+                    calls=self._calls_in_flight,
+                    queued_rows=lambda: served.batcher.queued_rows if served.batcher is not None else 0,
                 )
             batcher = DynamicBatcher(
                 source.name,

@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.model_server.config import ServerConfig
-from services.model_server.cpu_parallel import ROW_ALIGNMENT, CoreParallelPredict
+from services.model_server.cpu_parallel import ROW_ALIGNMENT, CallsInFlight, CoreParallelPredict
 from services.model_server.models import cpu_parts
 
 TIMEOUT_S = 10.0
@@ -71,6 +71,54 @@ def test_a_call_below_twice_the_minimum_runs_whole_in_the_calling_thread(
 
     assert backend.calls == [(0.0, 511)]
     assert len(outputs["y"]) == 511
+
+
+def test_a_call_is_not_cut_while_rows_wait_in_the_queue(executor: Executor) -> None:
+    """Queued work will take the other cores: cutting would only add the parts' cost."""
+    backend = Recording()
+    predict = CoreParallelPredict(
+        backend, parts=2, min_rows_per_part=256, executor=executor, queued_rows=lambda: 8
+    )
+
+    outputs = predict(rows(1000))
+
+    assert backend.calls == [(0.0, 1000)]
+    np.testing.assert_array_equal(outputs["y"], rows(1000)["x"] * 2)
+
+
+def test_a_call_is_not_cut_while_another_backend_call_of_the_server_runs(executor: Executor) -> None:
+    calls = CallsInFlight()
+    other_model_started, release_other = threading.Event(), threading.Event()
+
+    def other_model(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        other_model_started.set()
+        release_other.wait(TIMEOUT_S)
+        return {"y": inputs["x"]}
+
+    backend = Recording()
+    busy = CoreParallelPredict(other_model, parts=2, min_rows_per_part=256, executor=executor, calls=calls)
+    predict = CoreParallelPredict(backend, parts=2, min_rows_per_part=256, executor=executor, calls=calls)
+    running = executor.submit(busy, rows(8))
+    assert other_model_started.wait(TIMEOUT_S)
+    try:
+        predict(rows(1000))
+    finally:
+        release_other.set()
+        running.result(TIMEOUT_S)
+
+    assert backend.calls == [(0.0, 1000)]
+
+
+def test_a_call_is_cut_again_once_the_server_is_otherwise_idle(executor: Executor) -> None:
+    calls = CallsInFlight()
+    with calls.running():
+        pass  # a call that came and went
+    backend = Recording(meet=2)
+    predict = CoreParallelPredict(backend, parts=2, min_rows_per_part=256, executor=executor, calls=calls)
+
+    predict(rows(1000))
+
+    assert sorted(count for _, count in backend.calls) == [448, 552]
 
 
 def test_parts_never_exceed_the_cores_nor_go_below_the_minimum_rows(
