@@ -9,7 +9,7 @@ import tritonclient.grpc as triton
 from server_harness import keras_reference, metric_value, module_server, scrape
 from test_predictions import example_inputs, predict_over
 
-from services.model_server.launcher import ServerProcess, launch_server
+from services.model_server.launcher import ServerProcess
 
 asyncio_server = module_server("asyncio_loop", ["--event-loop", "asyncio"], port=0, http_port=0)
 
@@ -44,15 +44,3 @@ def test_the_asyncio_loop_answers_kserve_requests(
         result = client.infer("tabular_mlp", [tensor])
     for name, values in keras_reference(example_repository, "tabular_mlp", {"features": features}).items():
         np.testing.assert_allclose(result.as_numpy(name), values, atol=1e-5, rtol=1e-5)
-
-
-def test_the_asyncio_loop_drains_and_exits_zero_on_sigterm(
-    example_repository: Path, socket_dir: Path, tmp_path: Path
-) -> None:
-    process = launch_server(
-        example_repository,
-        socket=socket_dir / "asyncio_sigterm.sock",
-        extra_args=["--event-loop", "asyncio", "--models", "tabular_mlp"],
-        log_path=tmp_path / "server.log",
-    )
-    assert process.terminate() == 0

@@ -20,15 +20,19 @@ BATCHES = 40
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("event_loop", ["auto", "asyncio"])
 def test_sigterm_during_a_stream_answers_every_request_and_exits_zero(
-    example_repository: Path, socket_dir: Path, tmp_path: Path
+    example_repository: Path, socket_dir: Path, tmp_path: Path, event_loop: str
 ) -> None:
     server = launch_server(
         example_repository,
-        socket=socket_dir / "drain.sock",
+        socket=socket_dir / f"drain-{event_loop}.sock",
         port=None,
         http_port=None,
-        extra_args=["--models", "sequence_bilstm", "--grace-period-s", str(GRACE_PERIOD_S)],
+        extra_args=[
+            *("--models", "sequence_bilstm", "--grace-period-s", str(GRACE_PERIOD_S)),
+            *("--event-loop", event_loop),
+        ],
         log_path=tmp_path / "server.log",
     )
     rng = np.random.default_rng(0)
