@@ -28,9 +28,9 @@ class EventLoopUnavailable(RuntimeError):
 
 def resolve(choice: EventLoopChoice) -> Literal["uvloop", "asyncio"]:
     """The loop that ``choice`` means on this machine; raises when a required uvloop is missing."""
-    installed = importlib.util.find_spec("uvloop") is not None
     if choice == "asyncio":
         return "asyncio"
+    installed = importlib.util.find_spec("uvloop") is not None
     if choice == "uvloop" and not installed:
         raise EventLoopUnavailable(
             "--event-loop uvloop: the uvloop package is not installed here; install udfserve[server] "
