@@ -60,6 +60,8 @@ class Job:
     runs: int = 1
     batch_rows: int = 16384
     rows_per_request: int = 4096
+    bytes_per_request: int = 0
+    """0: the client's default."""
     predict_batch_size: int = 4096
     log_file: str = ""
 
@@ -90,6 +92,8 @@ class JobResult:
         return min(candidates, key=lambda index: self.runs_s[index])
 
     sample: dict[str, list[float]] = field(default_factory=dict)
+    rounds_rows_s: list[float] = field(default_factory=list)
+    """The steady rows/s of each round's application, where several ran (``spark_e2e.best_of``)."""
 
 
 def write_dataset(path: Path, model: str, rows: int, files: int, seed: int = 0) -> None:
@@ -168,6 +172,16 @@ def _input_frame(spark: Any, job: Job) -> Any:
     )
 
 
+def _client_config(job: Job) -> Any:
+    """The remote contenders' client settings: the defaults but for what the job sets."""
+    from spark_client import ClientConfig
+
+    config = ClientConfig(address=job.address, rows_per_request=job.rows_per_request)
+    if job.bytes_per_request:
+        config = config.model_copy(update={"bytes_per_request": job.bytes_per_request})
+    return config
+
+
 def _predicted(spark: Any, frame: Any, job: Job) -> Any:
     """``frame`` with a ``prediction`` column (an ``array<float>``) computed by the contender."""
     from pyspark.sql.functions import pandas_udf
@@ -180,7 +194,7 @@ def _predicted(spark: Any, frame: Any, job: Job) -> Any:
 
         return frame.withColumn(
             "prediction",
-            remote_predict(job.model, column, address=job.address, rows_per_request=job.rows_per_request),
+            remote_predict(job.model, column, config=_client_config(job)),
         )
     if job.contender == "predict_arrow":
         from spark_client import predict_arrow
@@ -190,8 +204,7 @@ def _predicted(spark: Any, frame: Any, job: Job) -> Any:
             job.model,
             [column],
             ["prediction"],
-            address=job.address,
-            rows_per_request=job.rows_per_request,
+            config=_client_config(job),
         )
     from benchmarks import inworker
 

@@ -70,6 +70,16 @@ class ModelSpec:
     def output_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.outputs)
 
+    def input_bytes_per_row(self) -> int | None:
+        """The bytes of one row's input values, or None when a row's size is not fixed (a free
+        dimension, or a string tensor)."""
+        bits = 0
+        for tensor in self.inputs:
+            if tensor.dtype == "string" or any(dim < 0 for dim in tensor.shape):
+                return None
+            bits += int(np.prod(tensor.shape, dtype=np.int64)) * _value_type(tensor).bit_width
+        return (bits + 7) // 8
+
     def output_schema(self) -> pa.Schema:
         return pa.schema([pa.field(t.name, t.arrow_type()) for t in self.outputs])
 

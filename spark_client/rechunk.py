@@ -37,6 +37,20 @@ class _Waiting(Generic[Carry]):
     rows: int
 
 
+def planned_request_rows(
+    rows_per_request: int, bytes_per_request: int, bytes_per_row: int | None, max_batch_size: int = 0
+) -> int:
+    """The rows of one request: ``rows_per_request``, fewer where the server takes fewer at once
+    (``max_batch_size``, 0 for no limit) or where rows of a fixed size (``bytes_per_row``; None
+    when it varies) would pass ``bytes_per_request``. Never fewer than one row."""
+    rows = rows_per_request
+    if max_batch_size:
+        rows = min(rows, max_batch_size)
+    if bytes_per_row:
+        rows = min(rows, max(1, bytes_per_request // bytes_per_row))
+    return rows
+
+
 class Rechunker(Generic[Carry]):
     """Use ``requests`` as the input of a predictor and ``answers`` on its output, in the same thread.
 

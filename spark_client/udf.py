@@ -28,7 +28,7 @@ from spark_client.job_context import SparkJobContext, application_context
 from spark_client.metadata import ModelSpec, Tensor
 from spark_client.partition import PredictJob, predict_partition
 from spark_client.protocols import DescribedModel, describe_model
-from spark_client.rechunk import Carry, Pieces, Rechunker
+from spark_client.rechunk import Carry, Pieces, Rechunker, planned_request_rows
 from spark_client.routing import (
     SPARK_CONF_KEYS,
     NoServerFound,
@@ -207,16 +207,22 @@ def build_job(model: str, config: ClientConfig | None, overrides: Mapping[str, A
     spark = _active_session()
     full = apply_spark_conf(base, _spark_conf(spark))
     described = describe_in_driver(model, full)
-    limit = described.max_rows_per_request
-    if limit and limit < full.rows_per_request:
+    bytes_per_row = described.spec.input_bytes_per_row()
+    rows = planned_request_rows(
+        full.rows_per_request, full.bytes_per_request, bytes_per_row, described.max_rows_per_request
+    )
+    if rows < full.rows_per_request:
         logger.info(
-            "model %r takes at most %d rows per request (the server's max_batch_size); requests are cut to "
-            "that instead of rows_per_request=%d",
+            "model %r: requests of %d rows instead of rows_per_request=%d (the server's max_batch_size: "
+            "%s; bytes_per_request=%d at %s bytes per row)",
             model,
-            limit,
+            rows,
             full.rows_per_request,
+            described.max_rows_per_request or "none",
+            full.bytes_per_request,
+            bytes_per_row if bytes_per_row is not None else "a varying number of",
         )
-        full = full.model_copy(update={"rows_per_request": limit})
+        full = full.model_copy(update={"rows_per_request": rows})
     return PredictJob(
         model=model,
         spec=described.spec,

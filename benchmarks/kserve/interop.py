@@ -105,7 +105,8 @@ class RouteRun:
     route: str
     rows_in: int = 0
     rows_per_request: int = 0
-    """What the UDF was built with: ``rows_per_request``, cut to the server's ``max_batch_size``."""
+    """What the UDF was built with: ``rows_per_request``, cut to the server's ``max_batch_size`` and to
+    ``bytes_per_request``."""
     seconds: list[float] = field(default_factory=list)
     rows_by_server: int = 0
     rows_by_fallback: int = 0
@@ -411,7 +412,8 @@ def write_report(
         "counters (`.stats()`) give every row to a server and none to the "
         "fallback, and the server's own count (Triton's inference statistics, udfserve's "
         "`udfserve_rows_total`) grew by the rows sent. Rows per request: `rows_per_request` (4,096), cut "
-        "by the client to the `max_batch_size` of the server's `ModelConfig` on the KServe paths; the "
+        "by the client to the `max_batch_size` of the server's `ModelConfig` on the KServe paths and to "
+        "`bytes_per_request` (2 MiB of input: 1,024 rows of `sequence_bilstm`) on every path; the "
         "server's requests are those it counted (Triton's successful requests, udfserve's "
         '`udfserve_requests_total{code="OK"}`). rows/s: the fastest action (all of them in the JSON), '
         f"on a {meta['cpus']}-CPU machine shared with other work (load average "

@@ -163,3 +163,31 @@ def test_the_server_is_found_through_the_discovery_file(
     np.testing.assert_allclose(
         stacked(result["p"]), expected(example_repository, "tabular_mlp", result["id"].to_numpy()), atol=1e-5
     )
+
+
+def test_wide_rows_are_sent_in_requests_of_about_bytes_per_request(
+    spark: SparkSession, server: ServerProcess
+) -> None:
+    """2 KiB per row of the sequence model: 2 MiB requests are 1,024 rows; the tabular model's
+    256-byte rows keep rows_per_request."""
+    config = ClientConfig(address=server.grpc_target(), fallback="error")
+    assert remote_predict("sequence_bilstm", config=config).job.config.rows_per_request == 1024
+    assert remote_predict("tabular_mlp", config=config).job.config.rows_per_request == 4096
+    wider = config.model_copy(update={"bytes_per_request": 8 << 20})
+    assert remote_predict("sequence_bilstm", config=wider).job.config.rows_per_request == 4096
+
+
+def test_rows_cut_by_bytes_per_request_are_each_answered_once_as_the_model_does(
+    spark: SparkSession, server: ServerProcess, example_repository: Path
+) -> None:
+    config = ClientConfig(address=server.grpc_target(), fallback="error", bytes_per_request=64 << 10)
+    udf = remote_predict("sequence_bilstm", config=config)
+    assert udf.job.config.rows_per_request == 32
+    result = inputs_frame(spark, "sequence_bilstm", 1_000).select("id", udf("lines").alias("p")).toPandas()
+    result = result.sort_values("id")
+    ids = result["id"].to_numpy()
+    assert np.array_equal(ids, np.arange(1_000))
+    np.testing.assert_allclose(
+        stacked(result["p"]), expected(example_repository, "sequence_bilstm", ids), atol=1e-5
+    )
+    assert udf.stats().batches_by_server == 2 * 16  # two partitions of 500 rows: 15 x 32 rows + 20

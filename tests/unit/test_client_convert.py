@@ -163,3 +163,15 @@ def test_a_string_column_becomes_a_string_array() -> None:
 def test_a_string_output_is_a_spark_binary_column() -> None:
     spec = ModelSpec("m", 1, inputs=(Tensor("text", "string", ()),), outputs=(Tensor("tag", "string", ()),))
     assert spark_return_type(spec) == T.BinaryType()
+
+
+def test_a_rows_input_bytes_add_up_over_the_model_inputs() -> None:
+    assert MULTI.input_bytes_per_row() == 4 + 8 * 4
+    assert SEQUENCE.input_bytes_per_row() == 2 * 3 * 4
+
+
+def test_a_row_has_no_fixed_size_with_a_free_dimension_or_a_string_input() -> None:
+    free = ModelSpec("m", 1, inputs=(Tensor("tokens", "int64", (-1,)),), outputs=())
+    text = ModelSpec("m", 1, inputs=(Tensor("text", "string", ()),), outputs=())
+    assert free.input_bytes_per_row() is None
+    assert text.input_bytes_per_row() is None

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
-from spark_client.rechunk import Pieces, Rechunker
+from spark_client.rechunk import Pieces, Rechunker, planned_request_rows
 
 EMPTY = pa.RecordBatch.from_arrays([pa.array([], pa.int64())], names=["y"])
 
@@ -84,3 +84,24 @@ def test_pieces_that_do_not_hold_the_announced_rows_are_an_error() -> None:
     rechunker: Rechunker[int] = Rechunker(4, 1 << 20, EMPTY)
     with pytest.raises(ValueError, match="announced 5 rows but its pieces hold 2"):
         list(rechunker.requests(iter([(0, Pieces(5, iter([batch(0, 2)])))])))
+
+
+def test_requests_of_wide_fixed_size_rows_are_cut_to_the_bytes_per_request() -> None:
+    assert planned_request_rows(4096, 2 << 20, bytes_per_row=2048) == 1024
+
+
+def test_narrow_rows_keep_rows_per_request_under_the_bytes_per_request() -> None:
+    assert planned_request_rows(4096, 2 << 20, bytes_per_row=256) == 4096
+
+
+def test_rows_of_varying_size_are_not_cut_by_the_bytes_per_request() -> None:
+    assert planned_request_rows(4096, 2 << 20, bytes_per_row=None) == 4096
+
+
+def test_a_row_bigger_than_the_bytes_per_request_still_travels_alone() -> None:
+    assert planned_request_rows(4096, 1 << 10, bytes_per_row=1 << 20) == 1
+
+
+def test_the_servers_max_batch_size_caps_the_rows_per_request() -> None:
+    assert planned_request_rows(4096, 2 << 20, bytes_per_row=256, max_batch_size=1000) == 1000
+    assert planned_request_rows(4096, 2 << 20, bytes_per_row=2048, max_batch_size=3000) == 1024
