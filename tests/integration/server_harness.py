@@ -152,7 +152,8 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     return total
 
 
-_KERAS_MODELS: dict[Path, object] = {}
+_KERAS_MODELS: dict[Path, Any] = {}
+"""Loaded Keras models by file: keras ships no type stubs, so they are typed as Any."""
 
 
 def keras_reference(repository: Path, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
