@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -26,6 +27,7 @@ from benchmarks.cli import main_for, results_dir
 from benchmarks.processes import LOGS_DIR, PeakRssSampler, Workspace
 from benchmarks.report import ComparisonResult, Table, TargetCheck
 from benchmarks.spark_job import MODELS, Job, JobResult, run_in_child, write_dataset
+from services.model_server.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +84,6 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = False) -> Com
             write_dataset(data, model, settings.rows[model], settings.files)
             small = workspace.path(f"small-{model}")
             write_dataset(small, model, settings.small_rows, 1)
-            model_file = repository / model / "1" / "model.keras"
             # The quick run only checks the scripts: the model-less ceiling is left out.
             entries = [c for c in MAIN_CONTENDERS if not (settings.quick and c == "passthrough")]
             rounds: dict[str, list[JobResult]] = {entry: [] for entry in entries}
@@ -91,37 +92,53 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = False) -> Com
             for round_index in range(settings.rounds):
                 for entry in entries if round_index % 2 == 0 else entries[::-1]:
                     logger.info("spark: %s on %s, round %d", entry, model, round_index + 1)
-                    job = Job(
-                        contender=entry,
-                        model=model,
-                        data=str(data),
-                        model_file=str(model_file),
-                        address=server.grpc_target(),
-                        server_pid=server.pid,
-                        marker_dir=str(workspace.path(f"loads-{model}-{entry}-{round_index}")),
-                        runs=settings.runs,
-                        log_file=str(LOGS_DIR / f"spark-{model}-{entry}.log"),
+                    rounds[entry].append(
+                        run_in_child(
+                            _job(
+                                workspace,
+                                server,
+                                repository,
+                                model,
+                                entry,
+                                data,
+                                settings.runs,
+                                str(round_index),
+                            )
+                        )
                     )
-                    rounds[entry].append(run_in_child(job))
             results[model] = {entry: best_of(runs) for entry, runs in rounds.items()}
             if model == "tabular_mlp":
                 # The anti-pattern is slow enough to need no second round, and a small data set.
                 logger.info("spark: load_per_batch on %s", model)
                 results[model]["load_per_batch"] = run_in_child(
-                    Job(
-                        contender="load_per_batch",
-                        model=model,
-                        data=str(small),
-                        model_file=str(model_file),
-                        address=server.grpc_target(),
-                        server_pid=server.pid,
-                        marker_dir=str(workspace.path(f"loads-{model}-load_per_batch")),
-                        runs=1,
-                        log_file=str(LOGS_DIR / f"spark-{model}-load_per_batch.log"),
-                    )
+                    _job(workspace, server, repository, model, "load_per_batch", small, 1, "small")
                 )
     workspace.stop_server(server)
     return _result(results, server_memory.peak_total_bytes / 2**20, settings, time.perf_counter() - started)
+
+
+def _job(
+    workspace: Workspace,
+    server: ServerProcess,
+    repository: Path,
+    model: str,
+    contender: str,
+    data: Path,
+    runs: int,
+    tag: str,
+) -> Job:
+    """One application of ``contender``: ``tag`` keeps its model-load markers apart from others'."""
+    return Job(
+        contender=contender,
+        model=model,
+        data=str(data),
+        model_file=str(repository / model / "1" / "model.keras"),
+        address=server.grpc_target(),
+        server_pid=server.pid,
+        marker_dir=str(workspace.path(f"loads-{model}-{contender}-{tag}")),
+        runs=runs,
+        log_file=str(LOGS_DIR / f"spark-{model}-{contender}.log"),
+    )
 
 
 def best_of(rounds: list[JobResult]) -> JobResult:
