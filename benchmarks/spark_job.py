@@ -176,10 +176,10 @@ def _client_config(job: Job) -> Any:
     """The remote contenders' client settings: the defaults but for what the job sets."""
     from spark_client import ClientConfig
 
-    config = ClientConfig(address=job.address, rows_per_request=job.rows_per_request)
-    if job.bytes_per_request:
-        config = config.model_copy(update={"bytes_per_request": job.bytes_per_request})
-    return config
+    size = {"bytes_per_request": job.bytes_per_request} if job.bytes_per_request else {}
+    return ClientConfig.model_validate(
+        {"address": job.address, "rows_per_request": job.rows_per_request, **size}
+    )
 
 
 def _predicted(spark: Any, frame: Any, job: Job) -> Any:

@@ -61,7 +61,12 @@ class ClientConfig(BaseModel):
         "<UDFSERVE_RUNTIME_DIR or /tmp/udfserve>/discovery.json on the executor",
     )
     model_version: int = Field(default=0, ge=0, description="0 = the version the server serves")
-    rows_per_request: int = Field(default=4096, gt=0, description="rows of one PredictRequest")
+    rows_per_request: int = Field(
+        default=4096,
+        gt=0,
+        description="most rows of one request; fewer where the server's max_batch_size or "
+        "bytes_per_request is reached first",
+    )
     bytes_per_request: int = Field(
         default=DEFAULT_BYTES_PER_REQUEST,
         ge=1 << 10,

@@ -71,14 +71,16 @@ class ModelSpec:
         return tuple(t.name for t in self.outputs)
 
     def input_bytes_per_row(self) -> int | None:
-        """The bytes of one row's input values, or None when a row's size is not fixed (a free
+        """The bytes of one row's input values as numpy holds them (a byte per bool; Arrow packs
+        bools in bits, KServe does not), or None when a row's size is not fixed (a free
         dimension, or a string tensor)."""
-        bits = 0
+        total = 0
         for tensor in self.inputs:
             if tensor.dtype == "string" or any(dim < 0 for dim in tensor.shape):
                 return None
-            bits += int(np.prod(tensor.shape, dtype=np.int64)) * _value_type(tensor).bit_width
-        return (bits + 7) // 8
+            value_bytes = max(_value_type(tensor).bit_width, 8) // 8
+            total += int(np.prod(tensor.shape, dtype=np.int64)) * value_bytes
+        return total
 
     def output_schema(self) -> pa.Schema:
         return pa.schema([pa.field(t.name, t.arrow_type()) for t in self.outputs])

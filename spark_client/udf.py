@@ -212,15 +212,17 @@ def build_job(model: str, config: ClientConfig | None, overrides: Mapping[str, A
         full.rows_per_request, full.bytes_per_request, bytes_per_row, described.max_rows_per_request
     )
     if rows < full.rows_per_request:
+        cause = (
+            f"the server's max_batch_size is {rows}"
+            if rows == described.max_rows_per_request
+            else f"bytes_per_request={full.bytes_per_request} at {bytes_per_row} bytes per row"
+        )
         logger.info(
-            "model %r: requests of %d rows instead of rows_per_request=%d (the server's max_batch_size: "
-            "%s; bytes_per_request=%d at %s bytes per row)",
+            "model %r: requests of %d rows instead of rows_per_request=%d (%s)",
             model,
             rows,
             full.rows_per_request,
-            described.max_rows_per_request or "none",
-            full.bytes_per_request,
-            bytes_per_row if bytes_per_row is not None else "a varying number of",
+            cause,
         )
         full = full.model_copy(update={"rows_per_request": rows})
     return PredictJob(

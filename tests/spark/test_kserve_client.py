@@ -122,7 +122,8 @@ def test_requests_are_cut_to_the_max_batch_size_the_kserve_server_declares(
     assert 0 < declared < 8192
     assert udf.job.config.rows_per_request == declared
     arrow = remote_predict(
-        "tabular_mlp", config=ClientConfig(address=server.grpc_target(), rows_per_request=8192)
+        "tabular_mlp",
+        config=ClientConfig(address=server.grpc_target(), rows_per_request=8192, bytes_per_request=8 << 20),
     )
     assert arrow.job.config.rows_per_request == 8192
 

@@ -173,7 +173,7 @@ def test_wide_rows_are_sent_in_requests_of_about_bytes_per_request(
     config = ClientConfig(address=server.grpc_target(), fallback="error")
     assert remote_predict("sequence_bilstm", config=config).job.config.rows_per_request == 1024
     assert remote_predict("tabular_mlp", config=config).job.config.rows_per_request == 4096
-    wider = config.model_copy(update={"bytes_per_request": 8 << 20})
+    wider = ClientConfig(address=server.grpc_target(), fallback="error", bytes_per_request=16 << 20)
     assert remote_predict("sequence_bilstm", config=wider).job.config.rows_per_request == 4096
 
 

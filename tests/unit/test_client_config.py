@@ -48,6 +48,11 @@ def test_sizes_and_timeouts_must_be_positive(field: str) -> None:
         ClientConfig(**{field: 0})
 
 
+def test_bytes_per_request_must_be_at_least_a_kibibyte() -> None:
+    with pytest.raises(pydantic.ValidationError, match="bytes_per_request"):
+        ClientConfig(bytes_per_request=1023)
+
+
 def test_the_longest_back_off_cannot_be_shorter_than_the_first() -> None:
     with pytest.raises(
         pydantic.ValidationError, match=r"max_backoff_s \(0.01\) must be at least initial_backoff_s"

@@ -170,6 +170,11 @@ def test_a_rows_input_bytes_add_up_over_the_model_inputs() -> None:
     assert SEQUENCE.input_bytes_per_row() == 2 * 3 * 4
 
 
+def test_a_bool_value_counts_a_byte_as_numpy_and_kserve_hold_it() -> None:
+    mask = ModelSpec("m", 1, inputs=(Tensor("mask", "bool", (16,)),), outputs=())
+    assert mask.input_bytes_per_row() == 16
+
+
 def test_a_row_has_no_fixed_size_with_a_free_dimension_or_a_string_input() -> None:
     free = ModelSpec("m", 1, inputs=(Tensor("tokens", "int64", (-1,)),), outputs=())
     text = ModelSpec("m", 1, inputs=(Tensor("text", "string", ()),), outputs=())

@@ -102,6 +102,14 @@ def test_a_row_bigger_than_the_bytes_per_request_still_travels_alone() -> None:
     assert planned_request_rows(4096, 1 << 10, bytes_per_row=1 << 20) == 1
 
 
+def test_rows_per_request_under_both_caps_is_kept() -> None:
+    assert planned_request_rows(100, 2 << 20, bytes_per_row=2048, max_batch_size=1000) == 100
+
+
+def test_rows_of_no_bytes_are_not_cut() -> None:
+    assert planned_request_rows(4096, 1 << 10, bytes_per_row=0) == 4096
+
+
 def test_the_servers_max_batch_size_caps_the_rows_per_request() -> None:
     assert planned_request_rows(4096, 2 << 20, bytes_per_row=256, max_batch_size=1000) == 1000
     assert planned_request_rows(4096, 2 << 20, bytes_per_row=2048, max_batch_size=3000) == 1024
