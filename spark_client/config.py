@@ -105,6 +105,12 @@ class ClientConfig(BaseModel):
         description="the tmpfs folder for those payloads: the server's --shared-memory-dir, seen at the "
         "same path by the executors",
     )
+    shared_memory_group_access: bool = Field(
+        default=False,
+        description="create payload files that their group may read and write (0660, not 0600): for "
+        "executors that run as another user than the server, in a folder of the server's group; the "
+        "server must list the executors' uid in --shared-memory-uids",
+    )
     circuit_reset_s: float = Field(
         default=10.0,
         ge=0,

@@ -42,6 +42,7 @@ SPARK_CONF_TLS_CLIENT_KEY_FILE = "spark.udfserve.tlsClientKeyFile"
 SPARK_CONF_TLS_SERVER_NAME = "spark.udfserve.tlsServerName"
 SPARK_CONF_SHARED_MEMORY = "spark.udfserve.sharedMemory"
 SPARK_CONF_SHARED_MEMORY_DIR = "spark.udfserve.sharedMemoryDir"
+SPARK_CONF_SHARED_MEMORY_GROUP_ACCESS = "spark.udfserve.sharedMemoryGroupAccess"
 
 _SPARK_CONF_PATHS = {
     SPARK_CONF_DISCOVERY_FILE: "discovery_file",
@@ -56,6 +57,7 @@ _SPARK_CONF_SETTINGS = {
     SPARK_CONF_PROTOCOL: "protocol",
     SPARK_CONF_SHARED_MEMORY: "shared_memory",
     SPARK_CONF_SHARED_MEMORY_DIR: "shared_memory_dir",
+    SPARK_CONF_SHARED_MEMORY_GROUP_ACCESS: "shared_memory_group_access",
 }
 """Settings with a default of their own: the conf applies unless the UDF's config set them."""
 SPARK_CONF_KEYS = (SPARK_CONF_ADDRESS, SPARK_CONF_AUTH_TOKEN, *_SPARK_CONF_SETTINGS, *_SPARK_CONF_PATHS)

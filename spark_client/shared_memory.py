@@ -83,6 +83,9 @@ class SharedMemoryPayloads:
 
     directory: Path
     max_in_flight: int
+    group_access: bool = False
+    """Files readable and writable by their group too (0660), for a server of another user in
+    that group; else by their owner only (0600)."""
     _free: list[_PayloadFile] = field(default_factory=list)
     _busy: dict[int, _PayloadFile] = field(default_factory=dict)
     _answer_bytes_per_row: float = 0.0
@@ -199,14 +202,17 @@ class SharedMemoryPayloads:
     def _create(self, input_room: int, output_room: int) -> _PayloadFile | None:
         path = self.directory / f"{FILE_PREFIX}{secrets.token_hex(12)}{FILE_SUFFIX}"
         size = input_room + output_room
+        mode = 0o660 if self.group_access else 0o600
         try:
             descriptor = os.open(
-                path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+                path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode
             )
         except OSError as exc:
             logger.warning("no shared-memory file in %s (%s); batches travel inline", self.directory, exc)
             return None
         try:
+            if self.group_access:
+                os.fchmod(descriptor, mode)  # the process's umask took group write away at open
             os.posix_fallocate(descriptor, 0, size)  # ENOSPC now, not SIGBUS at the first store
             memory = mmap.mmap(descriptor, size)
         except OSError as exc:

@@ -621,7 +621,9 @@ def arrow_stream(
     refused it lately."""
     payloads = None
     if _may_use_shared_memory(target, config):
-        payloads = SharedMemoryPayloads(Path(config.shared_memory_dir), config.max_in_flight)
+        payloads = SharedMemoryPayloads(
+            Path(config.shared_memory_dir), config.max_in_flight, config.shared_memory_group_access
+        )
     wire = ArrowWire(channel, target, model, config, metadata, payloads)
     return PredictStream(wire, target, model, config)
 

@@ -117,6 +117,7 @@ class RunningServer:
             config.max_message_bytes,
             self.in_flight,
             shared_memory_folder(config.shared_memory_dir),
+            frozenset(config.shared_memory_uids),
         )
         options = [
             ("grpc.max_receive_message_length", config.max_message_bytes),

@@ -149,6 +149,12 @@ class ServerConfig(BaseSettings):
         description="tmpfs folder where clients on the unix socket may put payloads (udfserve-*.shm "
         "files of the server's user); 'off' disables shared memory",
     )
+    shared_memory_uids: Annotated[tuple[int, ...], NoDecode] = Field(
+        default=(),
+        description="other users (uids, comma-separated) whose shared-memory files this server maps, "
+        "such as 185 for executors of the apache/spark images; their files must give this server's "
+        "group read and write (the client's shared_memory_group_access)",
+    )
     grace_period_s: float = Field(
         default=10.0, ge=0.0, description="time to finish in-flight work on SIGTERM"
     )
@@ -217,6 +223,22 @@ class ServerConfig(BaseSettings):
         if isinstance(value, str):
             return tuple(v.strip() for v in value.split(",") if v.strip())
         return value
+
+    @field_validator("shared_memory_uids", mode="before")
+    @classmethod
+    def _split_uids(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        uids = []
+        for item in (v.strip() for v in value.split(",")):
+            if not item:
+                continue
+            if not item.isdigit():
+                raise ValueError(
+                    f"expected numeric uids separated by commas, such as '185,1000'; received {value!r}"
+                )
+            uids.append(int(item))
+        return tuple(uids)
 
     @field_validator("port", "http_port", "shared_memory_dir", mode="before")
     @classmethod

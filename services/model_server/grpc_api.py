@@ -80,12 +80,14 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         max_message_bytes: int,
         in_flight: InFlightRequests,
         shared_memory_dir: Path | None = None,
+        shared_memory_uids: frozenset[int] = frozenset(),
     ) -> None:
         self._models = models
         self._metrics = metrics
         self._max_response_bytes = max_message_bytes - 1024  # room for the protobuf envelope
         self._in_flight = in_flight
         self._shared_memory_dir = shared_memory_dir
+        self._shared_memory_uids = shared_memory_uids
 
     def _stream_regions(self, context: grpc.aio.ServicerContext) -> StreamRegions:
         """What shared memory this stream may name: only a peer on the unix socket is on this node."""
@@ -95,7 +97,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             return StreamRegions(
                 None, "shared memory is served on the unix socket only (clients of this node)"
             )
-        return StreamRegions(self._shared_memory_dir)
+        return StreamRegions(self._shared_memory_dir, other_uids=self._shared_memory_uids)
 
     # -- Predict -----------------------------------------------------------------------------
     async def Predict(

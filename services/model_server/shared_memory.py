@@ -3,9 +3,12 @@
 Only a client on this node can name a file here: the stream must come through the unix socket
 (whose file mode already limits who connects), the file must lie directly in the configured
 folder under a ``udfserve-*.shm`` name, be a regular file (no symbolic link followed) and belong
-to this server's user. Once mapped, its name is unlinked: the mappings of both sides keep the
-memory alive, and nothing is left in the folder when either side dies. Mappings are dropped with
-the stream; batches still reading from one keep it alive until they are gone.
+to this server's user, or to one of the users the server was told to trust
+(``--shared-memory-uids``: executors that run as another user, which then create their files
+for their group, the server's, to read and write). Once mapped, its name is unlinked: the
+mappings of both sides keep the memory alive, and nothing is left in the folder when either side
+dies. Mappings are dropped with the stream; batches still reading from one keep it alive until
+they are gone.
 
 A file the server cannot use is refused with ``SharedMemoryRefused`` before any row is computed,
 so the client resends the same batch inline and nothing is lost or answered twice.
@@ -50,11 +53,14 @@ class SharedMemoryRefused(ServingError):
 class StreamRegions:
     """The files of one stream, by the path the client named."""
 
-    def __init__(self, directory: Path | None, refusal: str = "") -> None:
+    def __init__(
+        self, directory: Path | None, refusal: str = "", other_uids: frozenset[int] = frozenset()
+    ) -> None:
         """``directory``: the shared-memory folder, None when this stream may not use one;
-        ``refusal`` then says why."""
+        ``refusal`` then says why. ``other_uids``: users besides this server's whose files it maps."""
         self._directory = directory
         self._refusal = refusal
+        self._other_uids = other_uids
         self._maps: dict[str, memoryview] = {}
 
     def close(self) -> None:
@@ -94,6 +100,12 @@ class StreamRegions:
             )
         try:
             descriptor = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except PermissionError as exc:
+            raise SharedMemoryRefused(
+                f"{field}: cannot open {path} ({exc.strerror}): a file of another user must give this "
+                "server's group read and write (ClientConfig.shared_memory_group_access, in a folder "
+                "whose group is the server's) and its owner be in --shared-memory-uids"
+            ) from None
         except OSError as exc:
             raise SharedMemoryRefused(
                 f"{field}: cannot open {path} ({exc.strerror}): the client and this server must see the "
@@ -101,10 +113,12 @@ class StreamRegions:
             ) from None
         try:
             info = os.fstat(descriptor)
-            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            trusted = info.st_uid == os.geteuid() or info.st_uid in self._other_uids
+            if not stat.S_ISREG(info.st_mode) or not trusted:
+                others = f" or of --shared-memory-uids {sorted(self._other_uids)}" if self._other_uids else ""
                 raise SharedMemoryRefused(
-                    f"{field}: {path} is not a regular file of this server's user (uid {os.geteuid()}); "
-                    f"received mode {stat.filemode(info.st_mode)}, uid {info.st_uid}"
+                    f"{field}: {path} is not a regular file of this server's user (uid {os.geteuid()})"
+                    f"{others}; received mode {stat.filemode(info.st_mode)}, uid {info.st_uid}"
                 )
             if info.st_size == 0:
                 raise InvalidInput(f"{field}: {path} is empty; expected the client's written file")

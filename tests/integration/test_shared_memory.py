@@ -235,3 +235,33 @@ def test_an_answer_too_large_for_its_room_comes_inline(server: ServerProcess) ->
         cramped.remove()
     assert not response.HasField("error") and response.output_region_bytes == 0
     assert decode_batch(response.arrow_ipc).num_rows == 300
+
+
+server_trusting_uid_185 = module_server(
+    "shm-uids", ["--shared-memory-uids", "185", "--models", MODEL], port=0, http_port=0
+)
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+
+
+@needs_root
+def test_a_file_of_another_user_is_refused_naming_its_uid_and_left_alone(
+    server: ServerProcess, payload_file: PayloadFile
+) -> None:
+    os.chown(payload_file.path, 185, -1)
+    [response] = raw_predict(unix(server), [in_shared_memory(payload_file)])
+    assert response.shared_memory_refused
+    assert "uid 185" in response.error.message and f"(uid {os.geteuid()})" in response.error.message
+    assert payload_file.path.exists()
+
+
+@needs_root
+def test_a_file_of_a_user_in_shared_memory_uids_is_answered_as_inline(
+    server_trusting_uid_185: ServerProcess, payload_file: PayloadFile
+) -> None:
+    os.chown(payload_file.path, 185, -1)
+    [response] = raw_predict(unix(server_trusting_uid_185), [in_shared_memory(payload_file)])
+    assert not response.HasField("error") and response.output_region_bytes > 0
+    inline = stream_predict(
+        unix(server_trusting_uid_185), [request(MODEL, batch_of({"features": features(300)}))]
+    )[0]
+    assert payload_file.answer(response).equals(inline.outputs)

@@ -70,3 +70,20 @@ def test_a_model_name_with_a_path_separator_is_refused() -> None:
     with pytest.raises(SettingsError) as raised:
         serve_config("--model-repository", "/m", "--models", "../etc")
     assert "invalid model name" in str(raised.value)
+
+
+def test_shared_memory_uids_are_read_as_a_comma_separated_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert serve_config(
+        "--model-repository", "/m", "--shared-memory-uids", "185, 1000"
+    ).shared_memory_uids == (
+        185,
+        1000,
+    )
+    monkeypatch.setenv("UDFSERVE_SHARED_MEMORY_UIDS", "185")
+    assert serve_config("--model-repository", "/m").shared_memory_uids == (185,)
+
+
+def test_a_shared_memory_uid_that_is_not_a_number_is_refused_saying_what_is_expected() -> None:
+    with pytest.raises(SettingsError) as raised:
+        serve_config("--model-repository", "/m", "--shared-memory-uids", "spark")
+    assert "'spark'" in str(raised.value) and "numeric uids" in str(raised.value)

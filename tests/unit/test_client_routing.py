@@ -117,6 +117,13 @@ def test_the_spark_conf_turns_shared_memory_off_and_names_its_folder_unless_the_
     assert (kept.shared_memory, kept.shared_memory_dir) == (True, "/dev/shm")
 
 
+def test_the_spark_conf_shares_payload_files_with_the_group_unless_the_udf_said_otherwise() -> None:
+    conf = {"spark.udfserve.sharedMemoryGroupAccess": "true"}
+    assert apply_spark_conf(ClientConfig(), conf).shared_memory_group_access is True
+    kept = apply_spark_conf(ClientConfig(shared_memory_group_access=False), conf)
+    assert kept.shared_memory_group_access is False
+
+
 def test_an_invalid_spark_conf_shared_memory_switch_is_refused_naming_the_key() -> None:
     with pytest.raises(ValueError, match=r"(?s)spark\.udfserve\.sharedMemory.*valid boolean"):
         apply_spark_conf(ClientConfig(), {"spark.udfserve.sharedMemory": "maybe"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,14 @@ def test_a_pool_dropped_without_close_unlinks_its_files(tmp_path: Path) -> None:
     del payloads
     gc.collect()
     assert files(tmp_path) == []
+
+
+def test_files_for_a_group_are_readable_and_writable_by_it_whatever_the_umask(tmp_path: Path) -> None:
+    previous = os.umask(0o077)
+    try:
+        payloads = SharedMemoryPayloads(tmp_path, max_in_flight=1, group_access=True)
+        source, _ = payloads.place(1, batch(10))
+    finally:
+        os.umask(previous)
+    assert (Path(source.path).stat().st_mode & 0o777) == 0o660
+    payloads.close()
