@@ -243,12 +243,18 @@ server_trusting_uid_185 = module_server(
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
 
 
+def predict_from_file_of_uid_185(server: ServerProcess, payload_file: PayloadFile) -> pb.PredictResponse:
+    """The payload file given to uid 185 (an apache/spark executor's user), then sent."""
+    os.chown(payload_file.path, 185, -1)
+    [response] = raw_predict(unix(server), [in_shared_memory(payload_file)])
+    return response
+
+
 @needs_root
 def test_a_file_of_another_user_is_refused_naming_its_uid_and_left_alone(
     server: ServerProcess, payload_file: PayloadFile
 ) -> None:
-    os.chown(payload_file.path, 185, -1)
-    [response] = raw_predict(unix(server), [in_shared_memory(payload_file)])
+    response = predict_from_file_of_uid_185(server, payload_file)
     assert response.shared_memory_refused
     assert "uid 185" in response.error.message and f"(uid {os.geteuid()})" in response.error.message
     assert payload_file.path.exists()
@@ -258,8 +264,7 @@ def test_a_file_of_another_user_is_refused_naming_its_uid_and_left_alone(
 def test_a_file_of_a_user_in_shared_memory_uids_is_answered_as_inline(
     server_trusting_uid_185: ServerProcess, payload_file: PayloadFile
 ) -> None:
-    os.chown(payload_file.path, 185, -1)
-    [response] = raw_predict(unix(server_trusting_uid_185), [in_shared_memory(payload_file)])
+    response = predict_from_file_of_uid_185(server_trusting_uid_185, payload_file)
     assert not response.HasField("error") and response.output_region_bytes > 0
     inline = stream_predict(
         unix(server_trusting_uid_185), [request(MODEL, batch_of({"features": features(300)}))]
