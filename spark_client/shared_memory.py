@@ -30,6 +30,7 @@ import logging
 import mmap
 import os
 import secrets
+import stat
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -96,6 +97,10 @@ class SharedMemoryPayloads:
     placing: bool = True
     """False once the server refused this memory: new batches travel inline, answers to those
     already placed are still read."""
+
+    def __post_init__(self) -> None:
+        if self.group_access:
+            warn_of_a_group_not_the_folders(self.directory)
 
     def place(self, batch_id: int, batch: pa.RecordBatch) -> tuple[pb.SharedMemoryRegion, ...] | None:
         """Write ``batch`` into a file for ``batch_id``: the input and output regions to send, or
@@ -222,6 +227,25 @@ class SharedMemoryPayloads:
         finally:
             os.close(descriptor)
         return _PayloadFile(path, memory, memoryview(memory), input_room, output_room)
+
+
+_WARNED_FOLDERS: set[Path] = set()
+
+
+def warn_of_a_group_not_the_folders(directory: Path) -> None:
+    """Files for a group go to the creator's own group unless the folder hands its own down (the
+    setgid bit): then every member of that group could read the payloads. Said once per folder."""
+    if directory in _WARNED_FOLDERS:
+        return
+    _WARNED_FOLDERS.add(directory)
+    with contextlib.suppress(OSError):  # a missing folder is reported where files are made
+        if not directory.stat().st_mode & stat.S_ISGID:
+            logger.warning(
+                "shared_memory_group_access: %s has no setgid bit, so payload files belong to this "
+                "process's own group, which may read them; expected a folder of the servers' group "
+                "with mode 3730 or 3770 (see docs/deployment.md, Shared memory)",
+                directory,
+            )
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -147,7 +147,7 @@ class ServerConfig(BaseSettings):
     shared_memory_dir: Path | None = Field(
         default=Path(DEFAULT_SHARED_MEMORY_DIRECTORY),
         description="tmpfs folder where clients on the unix socket may put payloads (udfserve-*.shm "
-        "files of the server's user); 'off' disables shared memory",
+        "files of the server's user, or of --shared-memory-uids); 'off' disables shared memory",
     )
     shared_memory_uids: Annotated[tuple[int, ...], NoDecode] = Field(
         default=(),

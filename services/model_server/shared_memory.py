@@ -98,6 +98,9 @@ class StreamRegions:
                 f"{field} names a {MAX_FILES_PER_STREAM + 1}th shared-memory file on one stream; "
                 f"expected at most {MAX_FILES_PER_STREAM} (reuse files across batches)"
             )
+        # The entry of our folder, not the client's spelling of it: a parent the client swaps for
+        # a symbolic link after the check above leads nowhere else.
+        path = self._directory / path.name
         try:
             descriptor = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except PermissionError as exc:
@@ -126,8 +129,9 @@ class StreamRegions:
         finally:
             os.close(descriptor)
         # Both mappings keep the memory; the name must not outlive the stream. The client may have
-        # closed the file already: our mapping still holds the bytes.
-        with contextlib.suppress(FileNotFoundError):
+        # closed the file already: our mapping still holds the bytes. A sticky folder that is not
+        # ours keeps another user's file from us: its client removes the name when it is done.
+        with contextlib.suppress(FileNotFoundError, PermissionError):
             os.unlink(path)
         view = memoryview(mapped)
         self._maps[path_text] = view

@@ -191,3 +191,23 @@ def test_files_for_a_group_are_readable_and_writable_by_it_whatever_the_umask(tm
         os.umask(previous)
     assert (Path(source.path).stat().st_mode & 0o777) == 0o660
     payloads.close()
+
+
+def test_files_for_a_group_in_a_folder_without_setgid_are_warned_of_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tmp_path.chmod(0o770)
+    with caplog.at_level("WARNING", logger="spark_client.shared_memory"):
+        SharedMemoryPayloads(tmp_path, max_in_flight=1, group_access=True).close()
+        SharedMemoryPayloads(tmp_path, max_in_flight=1, group_access=True).close()
+    warnings = [r for r in caplog.records if "setgid" in r.getMessage()]
+    assert len(warnings) == 1 and str(tmp_path) in warnings[0].getMessage()
+
+
+def test_a_setgid_folder_for_a_group_raises_no_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tmp_path.chmod(0o2770)
+    with caplog.at_level("WARNING", logger="spark_client.shared_memory"):
+        SharedMemoryPayloads(tmp_path, max_in_flight=1, group_access=True).close()
+    assert not [r for r in caplog.records if "setgid" in r.getMessage()]
