@@ -193,21 +193,14 @@ def test_files_for_a_group_are_readable_and_writable_by_it_whatever_the_umask(tm
     payloads.close()
 
 
+@pytest.mark.parametrize(("folder_mode", "warnings"), [(0o770, 1), (0o2770, 0)])
 def test_files_for_a_group_in_a_folder_without_setgid_are_warned_of_once(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, folder_mode: int, warnings: int
 ) -> None:
-    tmp_path.chmod(0o770)
+    """Without the setgid bit the files would belong to the executor's own group."""
+    tmp_path.chmod(folder_mode)
     with caplog.at_level("WARNING", logger="spark_client.shared_memory"):
         SharedMemoryPayloads(tmp_path, max_in_flight=1, group_access=True).close()
         SharedMemoryPayloads(tmp_path, max_in_flight=1, group_access=True).close()
-    warnings = [r for r in caplog.records if "setgid" in r.getMessage()]
-    assert len(warnings) == 1 and str(tmp_path) in warnings[0].getMessage()
-
-
-def test_a_setgid_folder_for_a_group_raises_no_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    tmp_path.chmod(0o2770)
-    with caplog.at_level("WARNING", logger="spark_client.shared_memory"):
-        SharedMemoryPayloads(tmp_path, max_in_flight=1, group_access=True).close()
-    assert not [r for r in caplog.records if "setgid" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "setgid" in r.getMessage()]
+    assert len(said) == warnings and all(str(tmp_path) in message for message in said)
