@@ -14,6 +14,7 @@ over all runs, and the highest peak of the two rounds is quoted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import asdict, dataclass, replace
@@ -87,32 +88,18 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = False) -> Com
             # The quick run only checks the scripts: the model-less ceiling is left out.
             entries = [c for c in MAIN_CONTENDERS if not (settings.quick and c == "passthrough")]
             rounds: dict[str, list[JobResult]] = {entry: [] for entry in entries}
+            job_of = functools.partial(_job, workspace, server, repository, model)
             # A neighbour's burst lands on whichever contender runs at the time: each round runs
             # the contenders in the other order, so none always runs first or last.
             for round_index in range(settings.rounds):
                 for entry in entries if round_index % 2 == 0 else entries[::-1]:
                     logger.info("spark: %s on %s, round %d", entry, model, round_index + 1)
-                    rounds[entry].append(
-                        run_in_child(
-                            _job(
-                                workspace,
-                                server,
-                                repository,
-                                model,
-                                entry,
-                                data,
-                                settings.runs,
-                                str(round_index),
-                            )
-                        )
-                    )
+                    rounds[entry].append(run_in_child(job_of(entry, data, settings.runs, str(round_index))))
             results[model] = {entry: best_of(runs) for entry, runs in rounds.items()}
             if model == "tabular_mlp":
                 # The anti-pattern is slow enough to need no second round, and a small data set.
                 logger.info("spark: load_per_batch on %s", model)
-                results[model]["load_per_batch"] = run_in_child(
-                    _job(workspace, server, repository, model, "load_per_batch", small, 1, "small")
-                )
+                results[model]["load_per_batch"] = run_in_child(job_of("load_per_batch", small, 1, "small"))
     workspace.stop_server(server)
     return _result(results, server_memory.peak_total_bytes / 2**20, settings, time.perf_counter() - started)
 

@@ -100,7 +100,7 @@ class SharedMemoryPayloads:
 
     def __post_init__(self) -> None:
         if self.group_access:
-            warn_of_a_group_not_the_folders(self.directory)
+            _warn_unless_setgid(self.directory)
 
     def place(self, batch_id: int, batch: pa.RecordBatch) -> tuple[pb.SharedMemoryRegion, ...] | None:
         """Write ``batch`` into a file for ``batch_id``: the input and output regions to send, or
@@ -232,7 +232,7 @@ class SharedMemoryPayloads:
 _WARNED_FOLDERS: set[Path] = set()
 
 
-def warn_of_a_group_not_the_folders(directory: Path) -> None:
+def _warn_unless_setgid(directory: Path) -> None:
     """Files for a group go to the creator's own group unless the folder hands its own down (the
     setgid bit): then every member of that group could read the payloads. Said once per folder."""
     if directory in _WARNED_FOLDERS:
