@@ -104,8 +104,9 @@ class BatchObserver(Protocol):
     def on_queue_wait(self, model: str, seconds: float) -> None:
         """One queued chunk waited ``seconds`` from being queued to the start of its batch."""
 
-    def on_batch(self, model: str, rows: int, requests: int, seconds: float) -> None:
-        """One backend call ran ``rows`` rows from ``requests`` chunks in ``seconds``."""
+    def on_batch(self, model: str, rows: int, requests: int, seconds: float, succeeded: bool) -> None:
+        """One backend call ran ``rows`` rows from ``requests`` chunks in ``seconds``; it failed
+        unless ``succeeded`` (its rows then run again, split or alone)."""
 
 
 @runtime_checkable
@@ -594,7 +595,7 @@ class DynamicBatcher:
             result = call.result()
         except Exception as error:  # _call_backend never raises; the executor might
             result = _CallResult(None, error, 0.0)
-        self._report_batch(batch.rows, len(batch.chunks), result.seconds)
+        self._report_batch(batch.rows, len(batch.chunks), result)
         if result.error is not None:
             assert self._loop is not None
             batch.task = self._loop.create_task(self._run_batch(batch, result))
@@ -781,14 +782,14 @@ class DynamicBatcher:
         """One backend call in the executor, reported to the observer."""
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(self._executor, self._call_backend, inputs, rows)
-        self._report_batch(rows, requests, result.seconds)
+        self._report_batch(rows, requests, result)
         return result
 
-    def _report_batch(self, rows: int, requests: int, seconds: float) -> None:
+    def _report_batch(self, rows: int, requests: int, result: _CallResult) -> None:
         if self._observer is None:
             return
         try:
-            self._observer.on_batch(self.model_name, rows, requests, seconds)
+            self._observer.on_batch(self.model_name, rows, requests, result.seconds, result.error is None)
         except Exception:
             logger.exception("model '%s': batch observer failed", self.model_name)
 

@@ -64,8 +64,9 @@ logger = logging.getLogger(__name__)
 
 
 SERVER_NAME = "udfserve"
-EXTENSIONS = ("model_configuration",)
-"""KServe extensions served beyond the core protocol (Triton's name for ModelConfig)."""
+EXTENSIONS = ("model_configuration", "statistics")
+"""KServe extensions served beyond the core protocol (Triton's names for ModelConfig and
+ModelStatistics)."""
 
 TRITON_GRPC_ERROR_HEADER = "triton_grpc_error"
 """Header with which a Triton client asks a stream to end with the status of its first error."""
@@ -380,8 +381,8 @@ def model_config(served: ServedModel) -> mc.ModelConfig:
 class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` over the models of this process.
 
-    RPCs not overridden here (statistics, repository control, shared memory, trace and log
-    settings) answer UNIMPLEMENTED, as the generated base class does.
+    RPCs not overridden here (repository control, shared memory, trace and log settings) answer
+    UNIMPLEMENTED, as the generated base class does.
     """
 
     def __init__(
@@ -442,6 +443,31 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         except ServingError as exc:
             await context.abort(exc.code, exc.message)
         return kpb.ModelConfigResponse(config=model_config(served))
+
+    async def ModelStatistics(
+        self, request: kpb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.ModelStatisticsResponse:
+        """The named model's statistics, or every ready model's for an empty name (as Triton);
+        requests of both protocols count (see ``statistics``)."""
+        try:
+            if request.name:
+                chosen = [self._models.ready(request.name, _parse_version(request.version, request.name))]
+            elif request.version:
+                raise InvalidInput(
+                    f"version {request.version!r} without a model name; expected a name with the version, "
+                    "or neither for every model"
+                )
+            else:
+                chosen = [served for served in self._models.all() if served.state == "ready"]
+        except ServingError as exc:
+            await context.abort(exc.code, exc.message)
+        return kpb.ModelStatisticsResponse(
+            model_stats=[
+                served.metrics.statistics.to_proto(served.name, served.source.version)
+                for served in sorted(chosen, key=lambda served: served.name)
+                if served.metrics is not None and served.source is not None
+            ]
+        )
 
     # -- inference -------------------------------------------------------------------------
     async def ModelInfer(

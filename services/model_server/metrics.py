@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 import udfserve
 from services.model_server.job_context import JobContext, SparkApplications
+from services.model_server.statistics import ModelStatistics
 
 LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
@@ -47,6 +48,12 @@ class ModelMetrics:
         self.batch_rows = metrics.batch_rows.labels(model=model)
         self.batch_requests = metrics.batch_requests.labels(model=model)
         self.inference_duration = metrics.inference_duration.labels(model=model)
+        self.statistics = ModelStatistics()
+        """The served version's figures for the KServe statistics extension (see ``statistics``)."""
+
+    def restart_statistics(self) -> None:
+        """A version was loaded: its statistics start from zero, as Triton keeps them per version."""
+        self.statistics = ModelStatistics()
 
     def requests(self, code: str) -> Counter:
         """The request counter of this model and status ``code`` (a gRPC status name)."""
@@ -60,11 +67,18 @@ class ModelMetrics:
         self.request_duration.observe(seconds)
         if rows:
             self.rows.inc(rows)
+        self.statistics.on_request(code == "OK", seconds, rows)
 
-    def observe_batch(self, rows: int, requests: int, seconds: float) -> None:
+    def observe_queue_wait(self, seconds: float) -> None:
+        self.queue_wait.observe(seconds)
+        self.statistics.on_queue_wait(seconds)
+
+    def observe_batch(self, rows: int, requests: int, seconds: float, succeeded: bool) -> None:
         self.batch_rows.observe(rows)
         self.batch_requests.observe(requests)
         self.inference_duration.observe(seconds)
+        if succeeded:
+            self.statistics.on_call(rows, requests, seconds)
 
 
 class ServerMetrics:
@@ -247,10 +261,10 @@ class ServerMetrics:
 
     # BatchObserver
     def on_queue_wait(self, model: str, seconds: float) -> None:
-        self.for_model(model).queue_wait.observe(seconds)
+        self.for_model(model).observe_queue_wait(seconds)
 
-    def on_batch(self, model: str, rows: int, requests: int, seconds: float) -> None:
-        self.for_model(model).observe_batch(rows, requests, seconds)
+    def on_batch(self, model: str, rows: int, requests: int, seconds: float, succeeded: bool) -> None:
+        self.for_model(model).observe_batch(rows, requests, seconds, succeeded)
 
     # MemoryObserver
     def on_out_of_memory(self, model: str, rows: int) -> None:

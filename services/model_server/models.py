@@ -152,6 +152,7 @@ class ModelTable:
             )
             batcher.start()
             served.metrics = self._metrics.for_model(source.name)
+            served.metrics.restart_statistics()
             served.batcher = batcher
             self._metrics.track_queue(source.name, lambda: batcher.queued_rows)
             served.state = "ready"

@@ -146,12 +146,12 @@ def test_a_served_model_is_ready_and_an_unknown_one_is_not(client: triton.Infere
     assert not client.is_model_ready("no_such_model")
 
 
-def test_server_metadata_names_udfserve_and_the_configuration_extension(
+def test_server_metadata_names_udfserve_and_the_configuration_and_statistics_extensions(
     client: triton.InferenceServerClient,
 ) -> None:
     metadata = client.get_server_metadata()
     assert metadata.name == "udfserve"
-    assert "model_configuration" in metadata.extensions
+    assert {"model_configuration", "statistics"} <= set(metadata.extensions)
 
 
 def test_model_metadata_gives_datatypes_and_shapes_with_a_batch_dimension(
@@ -482,6 +482,71 @@ def test_kserve_requests_are_counted_in_the_server_metrics(
         ("udfserve_rows_total", {"model": "tabular_mlp"}, 7),
     ]:
         assert metric_value(after, name, **labels) - metric_value(before, name, **labels) == delta
+
+
+# -- statistics (Triton's extension) -------------------------------------------------------------
+def statistics_of(client: triton.InferenceServerClient, model: str) -> service_pb2.ModelStatistics:
+    (stats,) = client.get_inference_statistics(model).model_stats
+    return stats
+
+
+def test_statistics_count_requests_rows_failures_and_backend_calls(
+    client: triton.InferenceServerClient,
+) -> None:
+    before = statistics_of(client, "tabular_mlp")
+    for rows in (5, 6, 7):  # one at a time: each finds the batcher idle and is a call of its own
+        client.infer("tabular_mlp", [tensor("features", features(rows))])
+    refusal(client, "tabular_mlp", [tensor("features", np.zeros((1, 3), np.float32))])
+    after = statistics_of(client, "tabular_mlp")
+    assert (after.name, after.version) == ("tabular_mlp", "1")
+    assert after.inference_count - before.inference_count == 18
+    assert after.execution_count - before.execution_count == 3
+    for field, delta in [("success", 3), ("fail", 1), ("queue", 3), ("compute_infer", 3)]:
+        assert (
+            getattr(after.inference_stats, field).count - getattr(before.inference_stats, field).count
+            == delta
+        )
+    assert after.inference_stats.compute_infer.ns > before.inference_stats.compute_infer.ns
+    assert after.inference_stats.success.ns - before.inference_stats.success.ns >= (
+        after.inference_stats.compute_infer.ns - before.inference_stats.compute_infer.ns
+    )
+    calls = {stat.batch_size: stat.compute_infer.count for stat in after.batch_stats}
+    calls_before = {stat.batch_size: stat.compute_infer.count for stat in before.batch_stats}
+    assert {rows: calls[rows] - calls_before.get(rows, 0) for rows in (5, 6, 7)} == {5: 1, 6: 1, 7: 1}
+    assert after.last_inference >= before.last_inference and after.last_inference > 0
+
+
+def test_statistics_count_arrow_protocol_requests_too(
+    client: triton.InferenceServerClient, kserve_server: ServerProcess
+) -> None:
+    before = statistics_of(client, "tabular_mlp")
+    arrow_answer(kserve_server, "tabular_mlp", {"features": features(9)})
+    after = statistics_of(client, "tabular_mlp")
+    assert after.inference_count - before.inference_count == 9
+    assert after.inference_stats.success.count - before.inference_stats.success.count == 1
+
+
+def test_statistics_without_a_name_cover_every_ready_model(client: triton.InferenceServerClient) -> None:
+    names = [stats.name for stats in client.get_inference_statistics().model_stats]
+    assert names == sorted(
+        ["tabular_mlp", "multi_io", "text_hashing", "multi_io_bool", "multi_io_wide", "small_queue"]
+    )
+
+
+def test_statistics_of_an_unknown_model_are_not_found(client: triton.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException) as raised:
+        client.get_inference_statistics("no_such_model")
+    assert raised.value.status() == "StatusCode.NOT_FOUND"
+    assert "no_such_model" in raised.value.message()
+
+
+def test_statistics_of_a_version_without_a_model_name_are_refused(kserve_server: ServerProcess) -> None:
+    with grpc.insecure_channel(kserve_server.grpc_target()) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.ModelStatistics(service_pb2.ModelStatisticsRequest(version="1"))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "without a model name" in raised.value.details()
 
 
 def test_kserve_requests_carrying_spark_metadata_are_counted_for_their_application(

@@ -104,12 +104,14 @@ class Recorder:
     def __init__(self) -> None:
         self.waits: list[tuple[str, float]] = []
         self.batches: list[tuple[str, int, int, float]] = []
+        self.succeeded: list[bool] = []
 
     def on_queue_wait(self, model: str, seconds: float) -> None:
         self.waits.append((model, seconds))
 
-    def on_batch(self, model: str, rows: int, requests: int, seconds: float) -> None:
+    def on_batch(self, model: str, rows: int, requests: int, seconds: float, succeeded: bool) -> None:
         self.batches.append((model, rows, requests, seconds))
+        self.succeeded.append(succeeded)
 
 
 @pytest.fixture
@@ -729,3 +731,4 @@ def test_observer_sees_each_queue_wait_and_each_backend_call(executor: concurren
     assert [(model, batch_rows, requests) for model, batch_rows, requests, _ in observer.batches] == [
         ("m", 3, 2)
     ]
+    assert observer.succeeded == [True]

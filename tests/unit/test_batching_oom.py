@@ -69,14 +69,16 @@ class SmallDevice:
 class MemoryRecorder:
     def __init__(self) -> None:
         self.batches: list[int] = []
+        self.succeeded: list[bool] = []
         self.out_of_memory: list[int] = []
         self.limits: list[int] = []
 
     def on_queue_wait(self, model: str, seconds: float) -> None:
         pass
 
-    def on_batch(self, model: str, rows: int, requests: int, seconds: float) -> None:
+    def on_batch(self, model: str, rows: int, requests: int, seconds: float, succeeded: bool) -> None:
         self.batches.append(rows)
+        self.succeeded.append(succeeded)
 
     def on_out_of_memory(self, model: str, rows: int) -> None:
         self.out_of_memory.append(rows)
@@ -263,6 +265,7 @@ def test_the_observer_sees_each_out_of_memory_call_and_each_limit(
     assert observer.out_of_memory == [8, 4]
     assert observer.limits == [8, 2]
     assert observer.batches == [8, 4, 2, 2, 2, 2]
+    assert observer.succeeded == [False, False, True, True, True, True]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
