@@ -74,6 +74,37 @@ class Point:
     server_cpu_us_per_row: float | None = None
     """CPU time of the server's processes (Triton's backend stub included) over the whole
     perf_analyzer run, per row answered at the measured rate: what a row costs the server."""
+    latency: Latency | None = None
+
+
+@dataclass(frozen=True)
+class Latency:
+    """perf_analyzer's breakdown of a request's mean latency, µs. The server's parts come from
+    its statistics extension (``ModelStatistics``), which both servers answer."""
+
+    total_us: float
+    """The parts' sum, which is perf_analyzer's mean latency."""
+    queue_us: float
+    compute_us: float
+    """Compute input + infer + output."""
+    network_and_server_us: float
+    """Client to server and back, and the server's request path outside its queue and the model."""
+
+    @classmethod
+    def from_csv_row(cls, row: Mapping[str, str]) -> Latency | None:
+        try:
+            queue_us = float(row["Server Queue"])
+            compute_us = sum(float(row[f"Server Compute {part}"]) for part in ("Input", "Infer", "Output"))
+            network_and_server_us = float(row["Network+Server Send/Recv"])
+            client_us = float(row["Client Send"]) + float(row["Client Recv"])
+        except (KeyError, ValueError):
+            return None
+        return cls(
+            total_us=client_us + network_and_server_us + queue_us + compute_us,
+            queue_us=queue_us,
+            compute_us=compute_us,
+            network_and_server_us=network_and_server_us,
+        )
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -268,6 +299,7 @@ def perf_analyzer(
                 True,
                 note,
                 server_cores / rows_per_s * 1e6 if rows_per_s > 0 else None,
+                Latency.from_csv_row(row),
             )
         logger.warning("%s b%d c%d: %s", server, batch, concurrency, output.strip().splitlines()[-1:])
     return Point(server, batch, concurrency, None, None, None, False, output.strip().splitlines()[-1][:200])
@@ -300,6 +332,7 @@ def best_of(runs: Sequence[Point]) -> Point:
         best.stable,
         note,
         best.server_cpu_us_per_row,
+        best.latency,
     )
 
 
@@ -376,10 +409,47 @@ def write_report(
             f"/ {fmt(_of(theirs, 'server_cpu_us_per_row'), 1)} "
             f"| {verdict} |"
         )
+    lines += latency_table(by_key, grid)
     notes = [f"- {p.server} b{p.batch} c{p.concurrency}: {p.note}" for p in points if p.note]
     if notes:
         lines += ["", "Notes:", "", *notes]
     (output / "perf_analyzer.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def latency_table(by_key: Mapping[tuple[str, int, int], Point], grid: Sequence[tuple[int, int]]) -> list[str]:
+    """Where each server's mean request time went, as perf_analyzer splits it."""
+    lines = [
+        "",
+        "**Where a request's time goes: perf_analyzer's breakdown of the mean latency, µs per request "
+        "(the queue and compute parts from each server's statistics extension)**",
+        "",
+        "*mean* is the sum of perf_analyzer's parts (the client's own send and receive, a few µs, "
+        "included). *network + server* is its *Network+Server Send/Recv*: the way to the server and "
+        "back, gRPC's handling of the call on both sides, and the server's request path outside its "
+        "queue and the model (parsing, checks, answer). *compute* is compute input + infer + output "
+        "(udfserve counts its conversions inside *infer*; Triton's python backend adds its own "
+        "transfer to the stub process).",
+        "",
+        "| batch | concurrency | udfserve: mean | queue | compute | network + server "
+        "| Triton: mean | queue | compute | network + server |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for batch, concurrency in grid:
+        cells = []
+        for server in ("udfserve", "triton"):
+            point = by_key.get((server, batch, concurrency))
+            latency = point.latency if point is not None else None
+            if latency is None:
+                cells += ["n/a"] * 4
+            else:
+                cells += [
+                    fmt(latency.total_us),
+                    fmt(latency.queue_us),
+                    fmt(latency.compute_us),
+                    fmt(latency.network_and_server_us),
+                ]
+        lines.append(f"| {batch} | {concurrency} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # -- main --------------------------------------------------------------------------------------
