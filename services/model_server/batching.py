@@ -110,6 +110,16 @@ class BatchObserver(Protocol):
 
 
 @runtime_checkable
+class AnswerObserver(Protocol):
+    """Optionally also implemented by an observer: each request the batcher answered."""
+
+    def on_request_answered(self, model: str, queue_s: float, compute_s: float) -> None:
+        """One request got its outputs: ``compute_s`` in the successful backend calls that ran its
+        rows (each call once, however many of its pieces it ran), ``queue_s`` the rest of its time
+        in the batcher (waiting for its batch, handoffs, failed calls)."""
+
+
+@runtime_checkable
 class MemoryObserver(Protocol):
     """Optionally also implemented by an observer: out-of-memory splits and the batch limit."""
 
@@ -140,6 +150,11 @@ class _Chunk:
     request: int = 0
     at_once: bool = False
     queued: bool = field(default=True)
+    compute_s: float = 0.0
+    """Time in the successful backend calls that ran this chunk's rows, so far."""
+    queued_at_pc: float = 0.0
+    """``time.perf_counter()`` when queued, the clock of the calls' durations (an event loop's
+    ``time()`` may be that of the start of its current iteration, as uvloop's is)."""
 
 
 @dataclass
@@ -157,11 +172,8 @@ class _Piece:
     stop: int
     outputs: Arrays | None
     error: BaseException | None
-
-
-def _set_result(future: asyncio.Future[Arrays], value: Arrays) -> None:
-    if not future.done():
-        future.set_result(value)
+    seconds: float = 0.0
+    """The call's duration."""
 
 
 def _set_exception(future: asyncio.Future[Arrays], error: BaseException) -> None:
@@ -232,6 +244,7 @@ class DynamicBatcher:
         self._executor = executor
         self._observer = observer
         self._memory_observer = observer if isinstance(observer, MemoryObserver) else None
+        self._answer_observer = observer if isinstance(observer, AnswerObserver) else None
         self._batch_limit = max_batch_size
         self._full_calls_at_limit = 0
         self._max_concurrent_batches = max_concurrent_batches
@@ -359,6 +372,7 @@ class DynamicBatcher:
         loop = self._loop
         assert loop is not None
         now = loop.time()
+        queued_at_pc = time.perf_counter()
         signature = _signature(inputs)
         limit = self._batch_limit
         self._requests_queued += 1
@@ -382,6 +396,7 @@ class DynamicBatcher:
                 for start in range(0, rows, limit)
             ]
         for chunk in chunks:
+            chunk.queued_at_pc = queued_at_pc
             chunk.future.add_done_callback(self._on_queued_chunk_done)
         self._queue.extend(chunks)
         self._queued_rows += rows
@@ -439,6 +454,7 @@ class DynamicBatcher:
             if pending[0] == 0:
                 results = [chunk.future.result() for chunk in chunks]
                 whole.set_result({name: np.concatenate([r[name] for r in results]) for name in results[0]})
+                self._report_answered(chunks)
 
         def on_whole_done(_whole: asyncio.Future[Arrays]) -> None:
             for chunk in chunks:
@@ -604,12 +620,14 @@ class DynamicBatcher:
         outputs = result.outputs
         assert outputs is not None
         if len(batch.chunks) == 1:
-            _set_result(batch.chunks[0].future, outputs)
+            self._resolve(batch.chunks[0], outputs, result.seconds)
         else:
             start = 0
             for chunk in batch.chunks:
                 stop = start + chunk.rows
-                _set_result(chunk.future, {name: array[start:stop] for name, array in outputs.items()})
+                self._resolve(
+                    chunk, {name: array[start:stop] for name, array in outputs.items()}, result.seconds
+                )
                 start = stop
         self._finish(batch)
 
@@ -665,7 +683,7 @@ class DynamicBatcher:
             covering = [piece for piece in pieces if piece.start < stop and piece.stop > start]
             failed = next((piece for piece in covering if piece.error is not None), None)
             if failed is None:
-                _set_result(chunk.future, _rows_of_pieces(covering, start, stop))
+                self._resolve(chunk, _rows_of_pieces(covering, start, stop), sum(p.seconds for p in covering))
             elif len(chunks) > 1 and (failed.start < start or failed.stop > stop):
                 isolate.append(chunk)
             else:
@@ -716,7 +734,7 @@ class DynamicBatcher:
         result = first if first is not None else await self._call(part, rows, last_chunk - first_chunk + 1)
         if result.error is None:
             self._on_success(rows)
-            return [_Piece(start, stop, result.outputs, None)]
+            return [_Piece(start, stop, result.outputs, None, result.seconds)]
         if not isinstance(result.error, DeviceOutOfMemory):
             return [_Piece(start, stop, None, result.error)]
         self._on_out_of_memory(rows)
@@ -784,6 +802,29 @@ class DynamicBatcher:
         result = await loop.run_in_executor(self._executor, self._call_backend, inputs, rows)
         self._report_batch(rows, requests, result)
         return result
+
+    def _resolve(self, chunk: _Chunk, outputs: Arrays, compute_s: float) -> None:
+        """Answer ``chunk`` with outputs of calls that took ``compute_s`` in all; a chunk that is its
+        whole request is reported here (a request cut into chunks, once they all are: ``_whole``)."""
+        if chunk.future.done():
+            return  # cancelled: its client went away
+        chunk.compute_s += compute_s
+        chunk.future.set_result(outputs)
+        if chunk.rows == chunk.request_rows:
+            self._report_answered([chunk])
+
+    def _report_answered(self, chunks: list[_Chunk]) -> None:
+        """One request's chunks were all answered: its time in the batcher, split."""
+        if self._answer_observer is None:
+            return
+        compute_s = sum(chunk.compute_s for chunk in chunks)
+        in_batcher_s = time.perf_counter() - chunks[0].queued_at_pc
+        try:
+            self._answer_observer.on_request_answered(
+                self.model_name, max(0.0, in_batcher_s - compute_s), compute_s
+            )
+        except Exception:
+            logger.exception("model '%s': batch observer failed", self.model_name)
 
     def _report_batch(self, rows: int, requests: int, result: _CallResult) -> None:
         if self._observer is None:

@@ -304,7 +304,7 @@ def _empty_outputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
 def _parse_version(version: str, model: str) -> int:
     if not version:
         return 0
-    if not version.isdigit():
+    if not (version.isascii() and version.isdigit()):
         raise InvalidInput(
             f"model {model!r}: version {version!r} is not a version number; expected digits, or empty for "
             "the served version"
@@ -447,11 +447,13 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(
         self, request: kpb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
     ) -> kpb.ModelStatisticsResponse:
-        """The named model's statistics, or every ready model's for an empty name (as Triton);
-        requests of both protocols count (see ``statistics``)."""
+        """The named model's statistics, or every ready model's for an empty name (as Triton), also
+        while the server drains (perf_analyzer reads them after its last request); requests of both
+        protocols count (see ``statistics``)."""
         try:
             if request.name:
-                chosen = [self._models.ready(request.name, _parse_version(request.version, request.name))]
+                version = _parse_version(request.version, request.name)
+                chosen = [self._models.ready(request.name, version, while_draining=True)]
             elif request.version:
                 raise InvalidInput(
                     f"version {request.version!r} without a model name; expected a name with the version, "

@@ -49,11 +49,7 @@ class ModelMetrics:
         self.batch_requests = metrics.batch_requests.labels(model=model)
         self.inference_duration = metrics.inference_duration.labels(model=model)
         self.statistics = ModelStatistics()
-        """The served version's figures for the KServe statistics extension (see ``statistics``)."""
-
-    def restart_statistics(self) -> None:
-        """A version was loaded: its statistics start from zero, as Triton keeps them per version."""
-        self.statistics = ModelStatistics()
+        """The model's figures for the KServe statistics extension (see ``statistics``)."""
 
     def requests(self, code: str) -> Counter:
         """The request counter of this model and status ``code`` (a gRPC status name)."""
@@ -69,20 +65,17 @@ class ModelMetrics:
             self.rows.inc(rows)
         self.statistics.on_request(code == "OK", seconds, rows)
 
-    def observe_queue_wait(self, seconds: float) -> None:
-        self.queue_wait.observe(seconds)
-        self.statistics.on_queue_wait(seconds)
-
     def observe_batch(self, rows: int, requests: int, seconds: float, succeeded: bool) -> None:
         self.batch_rows.observe(rows)
         self.batch_requests.observe(requests)
         self.inference_duration.observe(seconds)
         if succeeded:
-            self.statistics.on_call(rows, requests, seconds)
+            self.statistics.on_call(rows, seconds)
 
 
 class ServerMetrics:
-    """The metrics of one server; also the batchers' observer (``BatchObserver``)."""
+    """The metrics of one server; also the batchers' observer (``BatchObserver``, and the optional
+    ``AnswerObserver`` and ``MemoryObserver``)."""
 
     def __init__(
         self,
@@ -261,7 +254,11 @@ class ServerMetrics:
 
     # BatchObserver
     def on_queue_wait(self, model: str, seconds: float) -> None:
-        self.for_model(model).observe_queue_wait(seconds)
+        self.for_model(model).queue_wait.observe(seconds)
+
+    # AnswerObserver
+    def on_request_answered(self, model: str, queue_s: float, compute_s: float) -> None:
+        self.for_model(model).statistics.on_answered(queue_s, compute_s)
 
     def on_batch(self, model: str, rows: int, requests: int, seconds: float, succeeded: bool) -> None:
         self.for_model(model).observe_batch(rows, requests, seconds, succeeded)

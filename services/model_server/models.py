@@ -152,7 +152,6 @@ class ModelTable:
             )
             batcher.start()
             served.metrics = self._metrics.for_model(source.name)
-            served.metrics.restart_statistics()
             served.batcher = batcher
             self._metrics.track_queue(source.name, lambda: batcher.queued_rows)
             served.state = "ready"
@@ -199,10 +198,11 @@ class ModelTable:
             )
         return served
 
-    def ready(self, name: str, version: int = 0) -> ServedModel:
-        """The model, ready to serve ``version`` (0: the served one); the right error otherwise."""
+    def ready(self, name: str, version: int = 0, *, while_draining: bool = False) -> ServedModel:
+        """The model, ready to serve ``version`` (0: the served one); the right error otherwise.
+        ``while_draining``: also while the server drains (for reads about the model, not requests)."""
         served = self.get(name)
-        if self.draining:
+        if self.draining and not while_draining:
             raise ModelUnavailable(f"model {name!r}: the server is draining; send the request elsewhere")
         if served.state == "loading":
             raise ModelUnavailable(f"model {name!r} is still loading; retry shortly")

@@ -1,25 +1,35 @@
 """Per-model inference statistics as Triton keeps them: what the KServe statistics extension
 (``ModelStatistics``, ``tritonclient``'s ``get_inference_statistics``) answers.
 
-Prometheus histograms already hold these figures, bucketed and labelled for scraping; the
-statistics extension wants exact cumulative counts and nanoseconds per model version, and
+Prometheus histograms already hold similar figures, bucketed and labelled for scraping; the
+statistics extension wants exact cumulative counts and nanoseconds per model, and
 ``perf_analyzer`` reads them before and after each measurement to show where a request's time
-went on the server (queue against compute). Both are fed from the same observations
-(``ModelMetrics``), on the event loop, so the counters need no lock.
+went on the server (queue against compute, the rest as overhead). Both are fed from the same
+observations (``ModelMetrics``), on the event loop, so the counters need no lock.
 
-What each field counts here (Triton's definitions, mapped onto udfserve's batcher):
+What each field counts here (Triton's definitions, mapped onto udfserve's batcher), since the
+server started (a server loads each model once):
 
 - ``success`` / ``fail``: requests of either protocol, Arrow or KServe, answered OK or not, and
-  their time in the server (received to answered);
-- ``queue``: the time a queued piece of a request waited for its batch to start (a request larger
-  than ``max_batch_size`` is cut into pieces, each counted);
-- ``compute_infer``: for each request piece of a successful backend call, that call's duration
-  (Triton's rule: a merged call counts once per request it served);
+  their time in the request handler (from its start to its answer; gRPC's own receiving and
+  sending are outside it);
+- ``compute_infer``: once per request the batcher answered, the time of the successful backend
+  calls that ran its rows, each call once however many pieces of the request it ran (a merged
+  call counts once for every request it served, as Triton counts it);
+- ``queue``: once per such request, the rest of its time in the batcher: waiting for its batch,
+  the handoffs to and from the inference thread, and calls that failed and were split or run
+  again;
 - ``compute_input`` / ``compute_output``: counted as often as ``compute_infer``, with no time of
   their own: the backend call converts its inputs and outputs itself, so that time is inside
   ``compute_infer``;
 - ``inference_count``: rows answered successfully; ``execution_count``: successful backend calls;
+  ``last_inference``: when the last of them ended;
 - ``batch_stats``: successful backend calls and their duration, by rows per call.
+
+``success`` minus ``queue`` minus ``compute_infer`` is then the handler's own work around the
+batcher (reading the request, writing the answer): what ``perf_analyzer`` prints as overhead. A
+request whose answer failed after the model ran (too large to send) is in ``queue`` and
+``compute_infer`` but in ``fail``, so the three counts can differ by such requests.
 """
 
 from __future__ import annotations
@@ -39,9 +49,9 @@ class DurationStat:
     count: int = 0
     ns: int = 0
 
-    def add(self, seconds: float, count: int = 1) -> None:
-        self.count += count
-        self.ns += round(seconds * NS_PER_S) * count
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.ns += round(seconds * NS_PER_S)
 
     def to_proto(self) -> kpb.StatisticDuration:
         return kpb.StatisticDuration(count=self.count, ns=self.ns)
@@ -49,7 +59,7 @@ class DurationStat:
 
 @dataclass
 class ModelStatistics:
-    """Cumulative statistics of one served model version since it was loaded."""
+    """Cumulative statistics of one served model."""
 
     success: DurationStat = field(default_factory=DurationStat)
     fail: DurationStat = field(default_factory=DurationStat)
@@ -61,20 +71,21 @@ class ModelStatistics:
     calls_by_rows: dict[int, DurationStat] = field(default_factory=dict)
 
     def on_request(self, succeeded: bool, seconds: float, rows: int) -> None:
-        self.last_inference_ms = time.time_ns() // 1_000_000
         if succeeded:
             self.success.add(seconds)
             self.inference_count += rows
         else:
             self.fail.add(seconds)
 
-    def on_queue_wait(self, seconds: float) -> None:
-        self.queue.add(seconds)
+    def on_answered(self, queue_s: float, compute_s: float) -> None:
+        """The batcher answered one request (see the module docstring for the split)."""
+        self.queue.add(queue_s)
+        self.compute_infer.add(compute_s)
 
-    def on_call(self, rows: int, requests: int, seconds: float) -> None:
-        """One successful backend call of ``rows`` rows that served ``requests`` request pieces."""
+    def on_call(self, rows: int, seconds: float) -> None:
+        """One successful backend call of ``rows`` rows."""
         self.execution_count += 1
-        self.compute_infer.add(seconds, requests)
+        self.last_inference_ms = time.time_ns() // 1_000_000
         by_rows = self.calls_by_rows.get(rows)
         if by_rows is None:
             by_rows = self.calls_by_rows[rows] = DurationStat()
