@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from udfserve.protocol import inference_pb2_grpc as pb_grpc
 
 GRACE_PERIOD_S = 20.0
 BATCHES = 40
+REQUESTS_IN_FLIGHT = 24
 
 
 @pytest.mark.slow
@@ -59,3 +61,49 @@ def test_sigterm_during_a_stream_answers_every_request_and_exits_zero(
     assert grpc.StatusCode.OK in answers.values()
     assert all(rows[i] > 0 for i, code in answers.items() if code == grpc.StatusCode.OK)
     assert "draining" in server.log_tail()
+
+
+@pytest.mark.slow
+def test_statistics_are_answered_while_the_server_drains(
+    example_repository: Path, socket_dir: Path, tmp_path: Path
+) -> None:
+    """perf_analyzer and other KServe clients read a model's statistics after their last request:
+    while a draining server answers the requests it accepted, it refuses new ones but still
+    answers statistics."""
+    import tritonclient.grpc as triton
+    from tritonclient.utils import InferenceServerException
+
+    server = launch_server(
+        example_repository,
+        socket=socket_dir / "drain-statistics.sock",
+        port=None,
+        http_port=None,
+        extra_args=["--models", "sequence_bilstm", "--grace-period-s", str(GRACE_PERIOD_S)],
+        log_path=tmp_path / "server.log",
+    )
+    try:
+        lines = np.random.default_rng(0).normal(size=(4096, 16, 32)).astype(np.float32)
+        answers: queue.SimpleQueue[object] = queue.SimpleQueue()
+        with triton.InferenceServerClient(server.grpc_target()) as client:
+            infer_input = triton.InferInput("lines", list(lines.shape), "FP32").set_data_from_numpy(lines)
+            for _ in range(REQUESTS_IN_FLIGHT):  # several times what the first answer takes
+                client.async_infer(
+                    "sequence_bilstm", [infer_input], lambda result, error: answers.put(error or result)
+                )
+            outcomes = [answers.get(timeout=GRACE_PERIOD_S)]  # the server is busy with the others
+            os.kill(server.pid, signal.SIGTERM)
+            deadline, draining = time.monotonic() + 10, False
+            while not draining and time.monotonic() < deadline:
+                draining = not client.is_server_ready()
+            assert draining, "the server reports not ready once it drains"
+            statistics = client.get_inference_statistics("sequence_bilstm")
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer("sequence_bilstm", [infer_input])
+            outcomes += [answers.get(timeout=GRACE_PERIOD_S) for _ in range(REQUESTS_IN_FLIGHT - 1)]
+        assert server.process.wait(timeout=GRACE_PERIOD_S + 10) == 0
+    finally:
+        server.terminate()  # a no-op once it has exited
+    (stats,) = statistics.model_stats
+    assert stats.name == "sequence_bilstm"
+    assert refused.value.status() == "StatusCode.UNAVAILABLE"
+    assert len(outcomes) == REQUESTS_IN_FLIGHT  # answered, or refused if they came after the signal
