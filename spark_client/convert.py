@@ -1,8 +1,9 @@
-"""Spark's Arrow data to request batches, and answers back to what ``mapInArrow`` accepts.
+"""Spark's Arrow data to request batches, and answers back to what ``mapInArrow`` and Arrow UDFs
+accept.
 
-Pandas-free on purpose: ``predict_arrow``'s workers (``mapInArrow``) never import pandas, which
-is about 45 MiB of resident memory per Python worker; the pandas UDF's conversions live in
-``pandas_convert``.
+Pandas-free on purpose: the workers of ``predict_arrow`` (``mapInArrow``) and of
+``remote_predict(..., udf_type="arrow")`` never import pandas, which is about 45 MiB of resident
+memory per Python worker; the pandas UDF's conversions live in ``pandas_convert``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,27 @@ def answer_to_spark_columns(answer: pa.RecordBatch, spec: ModelSpec) -> list[pa.
         column if column.type == tensor.spark_arrow_type() else column.cast(tensor.spark_arrow_type())
         for column, tensor in zip(answer.columns, spec.outputs, strict=True)
     ]
+
+
+def answer_to_array(answer: pa.RecordBatch, spec: ModelSpec, as_struct: bool) -> pa.Array:
+    """The answer as an Arrow UDF returns it: the output's column, or a struct of the outputs."""
+    columns = answer_to_spark_columns(answer, spec)
+    if as_struct:
+        return pa.StructArray.from_arrays(columns, names=list(spec.output_names))
+    return columns[0]
+
+
+def array_to_request(column: pa.Array, spec: ModelSpec) -> pa.RecordBatch:
+    """The request for what an Arrow UDF receives: a column feeding a single-input model, or a
+    struct column feeding the inputs by field name, else by position."""
+    if pa.types.is_struct(column.type):
+        names = [column.type.field(i).name for i in range(column.type.num_fields)]
+        fields = column.flatten()
+        arrays = [fields[i] for i in match_inputs(names, spec, "struct fields")]
+    else:
+        match_inputs(["column 0"], spec, "columns")
+        arrays = [column]
+    return pa.RecordBatch.from_arrays(arrays, names=list(spec.input_names))
 
 
 def arrow_to_request(batch: pa.RecordBatch, columns: Sequence[str], spec: ModelSpec) -> pa.RecordBatch:

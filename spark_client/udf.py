@@ -1,7 +1,9 @@
-"""The public UDFs: ``remote_predict`` (a pandas UDF) and ``predict_arrow`` (``mapInArrow``).
+"""The public UDFs: ``remote_predict`` (a pandas UDF, or an Arrow UDF) and ``predict_arrow``
+(``mapInArrow``).
 
 This module imports no pandas: ``predict_arrow``'s function lives here and its workers stay
-pandas-free (about 45 MiB less per Python worker); the pandas UDF's function is in ``pandas_udf``.
+pandas-free (about 45 MiB less per Python worker); the pandas UDF's function is in
+``pandas_udf``, the Arrow UDF's in ``arrow_udf``.
 
 Both are built in the driver: the config is completed from the Spark conf, the model's inputs
 and outputs are fetched from a server once, and the function Spark ships to the executors is
@@ -16,7 +18,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import pyarrow as pa
 
@@ -50,10 +52,14 @@ logger = logging.getLogger(__name__)
 ColumnOrName = Union["Column", str]
 
 
+UDF_TYPES = ("pandas", "arrow")
+
+
 def remote_predict(
     model: str,
     *input_columns: ColumnOrName,
     return_type: DataType | str | None = None,
+    udf_type: Literal["pandas", "arrow"] = "pandas",
     config: ClientConfig | None = None,
     **config_overrides: Any,
 ) -> Any:
@@ -63,13 +69,17 @@ def remote_predict(
     without, the UDF itself, to be called with the columns. The columns map to the model's inputs
     in order; a model with several inputs also takes one struct column whose fields are named
     after its inputs. ``return_type`` defaults to what the model declares: a scalar, an array
-    for a vector, a struct of the outputs when there are several. ``config_overrides`` are
-    ``ClientConfig`` fields (``rows_per_request=8192``, ``fallback="error"``, ...).
+    for a vector, a struct of the outputs when there are several. ``udf_type="arrow"`` makes it
+    a PySpark Arrow UDF instead (``arrow_udf``, PySpark 4.1 and later): the same columns in and
+    out, with no pandas in the executors' Python workers, which then cost what ``predict_arrow``'s
+    do. ``config_overrides`` are ``ClientConfig`` fields (``rows_per_request=8192``,
+    ``fallback="error"``, ...).
     """
-    from pyspark.sql.functions import pandas_udf
-
-    from spark_client.pandas_udf import pandas_function
-
+    if udf_type not in UDF_TYPES:
+        raise ValueError(
+            f"udf_type {udf_type!r} is not a kind of UDF remote_predict makes; expected one of {UDF_TYPES}"
+        )
+    make_udf = _arrow_udf_maker() if udf_type == "arrow" else None
     job = build_job(model, config, config_overrides)
     resolved_type = return_type if return_type is not None else spark_return_type(job.spec)
     as_struct = _is_struct(resolved_type)
@@ -78,23 +88,51 @@ def remote_predict(
             f"model {model!r} has outputs {list(job.spec.output_names)}; expected a struct return type with "
             f"those fields, received {resolved_type!r}"
         )
-    spark_udf = pandas_udf(pandas_function(job, as_struct), returnType=resolved_type)  # type: ignore[call-overload]
+    if make_udf is not None:
+        from spark_client.arrow_udf import arrow_function
+
+        spark_udf = make_udf(arrow_function(job, as_struct), returnType=resolved_type)
+    else:
+        from pyspark.sql.functions import pandas_udf
+
+        from spark_client.pandas_udf import pandas_function
+
+        spark_udf = pandas_udf(pandas_function(job, as_struct), returnType=resolved_type)  # type: ignore[call-overload]
     udf = RemotePredictUDF(job, spark_udf)
     return udf(*input_columns) if input_columns else udf
+
+
+def _arrow_udf_maker() -> Any:
+    """PySpark's ``arrow_udf``; refused early, in the driver, where PySpark has none."""
+    import pyspark
+    from pyspark.sql import functions
+
+    maker = getattr(functions, "arrow_udf", None)
+    if maker is None:
+        raise ValueError(
+            f"udf_type='arrow' needs PySpark 4.1 or later (pyspark.sql.functions.arrow_udf); this is PySpark "
+            f"{pyspark.__version__}: upgrade it, or use udf_type='pandas'"
+        )
+    return maker
 
 
 class RemotePredictUDF:
     """What ``remote_predict`` returns without columns: call it with the input columns.
 
     For a model with several inputs the columns travel as one struct, so that the worker sees
-    their names and matches them to the model's inputs by name. ``pandas_udf`` is the
-    underlying Spark pandas UDF (one argument: a column, a struct, or the inputs in order).
-    ``stats()`` sums what every task that ran this UDF did, read in the driver after an action.
+    their names and matches them to the model's inputs by name. ``spark_udf`` is the underlying
+    Spark UDF, a pandas UDF or an Arrow UDF (one argument: a column, a struct, or the inputs in
+    order); ``pandas_udf`` is its earlier name. ``stats()`` sums what every task that ran this
+    UDF did, read in the driver after an action.
     """
 
-    def __init__(self, job: PredictJob, pandas_udf: Any) -> None:
+    def __init__(self, job: PredictJob, spark_udf: Any) -> None:
         self.job = job
-        self.pandas_udf = pandas_udf
+        self.spark_udf = spark_udf
+
+    @property
+    def pandas_udf(self) -> Any:
+        return self.spark_udf
 
     def stats(self) -> ClientStats:
         """Rows answered by servers and by the CPU fallback, retries, back-offs and fallback reasons,
@@ -103,14 +141,14 @@ class RemotePredictUDF:
 
     @property
     def returnType(self) -> DataType:
-        return self.pandas_udf.returnType
+        return self.spark_udf.returnType
 
     def __call__(self, *columns: ColumnOrName) -> Column:
         from pyspark.sql import functions as F
 
         if len(self.job.spec.inputs) > 1 and len(columns) > 1:
-            return self.pandas_udf(F.struct(*columns))
-        return self.pandas_udf(*columns)
+            return self.spark_udf(F.struct(*columns))
+        return self.spark_udf(*columns)
 
 
 def predict_arrow(

@@ -1,9 +1,10 @@
 """What the UDFs' functions import in a Spark Python worker, which starts as a fresh interpreter.
 
-A ``mapInArrow`` worker imports no pandas of its own (PySpark's worker does not), so
-``predict_arrow``'s function must not either: pandas is about 45 MiB of resident memory in each
-Python worker. The function is pickled as Spark ships it (cloudpickle), given the rows as Spark
-gives them (Arrow IPC), and run in a fresh interpreter against a real server.
+A ``mapInArrow`` or Arrow UDF worker imports no pandas of its own (PySpark's worker does not),
+so the functions of ``predict_arrow`` and of ``remote_predict(..., udf_type="arrow")`` must not
+either: pandas is about 45 MiB of resident memory in each Python worker. The function is pickled
+as Spark ships it (cloudpickle), given the rows as Spark gives them (Arrow IPC: the batches, or
+the input column of each), and run in a fresh interpreter against a real server.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pyarrow as pa
 from pyspark import cloudpickle
 
 from services.model_server.launcher import ServerProcess
+from spark_client.arrow_udf import arrow_function
 from spark_client.config import ClientConfig
 from spark_client.partition import PredictJob
 from spark_client.protocols import describe_model
@@ -27,11 +29,12 @@ MODEL = "tabular_mlp"
 RUN_IN_A_FRESH_WORKER = """
 import json, pickle, sys
 import pyarrow as pa
-function, ipc_stream = pickle.loads(sys.stdin.buffer.read())
-rows = [batch for answer in function(iter(pa.ipc.open_stream(ipc_stream))) for batch in [answer]]
+function, ipc_stream, column = pickle.loads(sys.stdin.buffer.read())
+batches = iter(pa.ipc.open_stream(ipc_stream))
+answers = list(function(batches if column is None else (batch.column(column) for batch in batches)))
 print(json.dumps({
-    "columns": rows[0].schema.names,
-    "rows": sum(batch.num_rows for batch in rows),
+    "answered": str(answers[0].schema.names if column is None else answers[0].type),
+    "rows": sum(len(answer) for answer in answers),
     "imported": sorted(name for name in ("pandas", "tensorflow") if name in sys.modules),
 }))
 """
@@ -44,25 +47,43 @@ def ipc_stream_of(batch: pa.RecordBatch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def test_predict_arrows_function_answers_in_a_fresh_worker_without_importing_pandas(
-    server: ServerProcess,
-) -> None:
-    config = ClientConfig(address=server.grpc_target(), fallback="error")
-    spec = describe_model(config.address or "", config, MODEL).spec
-    predictor = ArrowPredictor(PredictJob(MODEL, spec, config), ("features",), ("scores",))
-    values = np.random.default_rng(0).normal(size=(100 * 64)).astype(np.float32)
+def rows_of_features(count: int) -> pa.RecordBatch:
+    values = np.random.default_rng(0).normal(size=(count * 64)).astype(np.float32)
     features = pa.FixedSizeListArray.from_arrays(pa.array(values), 64).cast(pa.list_(pa.float32()))
-    rows = pa.RecordBatch.from_arrays([pa.array(np.arange(100)), features], names=["id", "features"])
+    return pa.RecordBatch.from_arrays([pa.array(np.arange(count)), features], names=["id", "features"])
 
+
+def run_in_a_fresh_worker(function: object, rows: pa.RecordBatch, column: str | None) -> dict[str, object]:
     completed = subprocess.run(
         [sys.executable, "-c", RUN_IN_A_FRESH_WORKER],
-        input=cloudpickle.dumps((predictor, ipc_stream_of(rows))),
+        input=cloudpickle.dumps((function, ipc_stream_of(rows), column)),
         capture_output=True,
         check=True,
         timeout=60,
     )
-    worker = json.loads(completed.stdout)
+    return dict(json.loads(completed.stdout))
 
-    assert worker["columns"] == ["id", "features", "scores"]
-    assert worker["rows"] == 100
-    assert worker["imported"] == []
+
+def job_of(server: ServerProcess) -> PredictJob:
+    config = ClientConfig(address=server.grpc_target(), fallback="error")
+    return PredictJob(MODEL, describe_model(config.address or "", config, MODEL).spec, config)
+
+
+def test_predict_arrows_function_answers_in_a_fresh_worker_without_importing_pandas(
+    server: ServerProcess,
+) -> None:
+    predictor = ArrowPredictor(job_of(server), ("features",), ("scores",))
+
+    worker = run_in_a_fresh_worker(predictor, rows_of_features(100), column=None)
+
+    assert worker == {"answered": "['id', 'features', 'scores']", "rows": 100, "imported": []}
+
+
+def test_the_arrow_udfs_function_answers_in_a_fresh_worker_without_importing_pandas(
+    server: ServerProcess,
+) -> None:
+    function = arrow_function(job_of(server), as_struct=False)
+
+    worker = run_in_a_fresh_worker(function, rows_of_features(100), column="features")
+
+    assert worker == {"answered": "list<item: float>", "rows": 100, "imported": []}

@@ -1,0 +1,119 @@
+"""remote_predict(..., udf_type="arrow"): the same column API as the pandas UDF, through PySpark's
+Arrow UDFs, against a real model server in local mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from spark_data import feature_column, feature_values, reference_outputs, stacked
+
+from services.model_server.launcher import ServerProcess
+from spark_client import ClientConfig, remote_predict
+
+MODELS = {
+    # model: (input column, per-row input shape, output name)
+    "tabular_mlp": ("features", (64,), "probabilities"),
+    "sequence_bilstm": ("lines", (16, 32), "class_probabilities"),
+}
+
+
+def inputs_frame(spark: SparkSession, model: str, rows: int) -> DataFrame:
+    column, shape, _ = MODELS[model]
+    return spark.range(rows, numPartitions=2).withColumn(column, feature_column(shape))
+
+
+def multi_io_frame(spark: SparkSession, rows: int) -> DataFrame:
+    return (
+        spark.range(rows, numPartitions=2)
+        .withColumn("numeric", feature_column((8,)))
+        .withColumn("category", (F.col("id") % 16).cast("int"))
+    )
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_an_arrow_udf_predicts_what_the_model_run_in_process_does(
+    spark: SparkSession, server: ServerProcess, example_repository: Path, model: str
+) -> None:
+    column, shape, output = MODELS[model]
+    config = ClientConfig(address=server.grpc_target(), fallback="error")
+    udf = remote_predict(model, udf_type="arrow", config=config)
+    result = inputs_frame(spark, model, 20_000).select("id", udf(column).alias("p")).toPandas()
+    result = result.sort_values("id")
+    ids = result["id"].to_numpy()
+    assert np.array_equal(ids, np.arange(20_000))
+    reference = reference_outputs(example_repository, model, {column: feature_values(ids, shape)})[output]
+    np.testing.assert_allclose(stacked(result["p"]), reference, atol=1e-5)
+    assert udf.stats().rows_by_server == 20_000
+
+
+def test_an_arrow_udf_declares_the_return_type_the_pandas_udf_does(
+    spark: SparkSession, server: ServerProcess
+) -> None:
+    config = ClientConfig(address=server.grpc_target(), fallback="error")
+    frame = multi_io_frame(spark, 10).select(
+        remote_predict("multi_io", "numeric", "category", config=config).alias("pandas"),
+        remote_predict("multi_io", "numeric", "category", udf_type="arrow", config=config).alias("arrow"),
+    )
+    assert frame.schema["arrow"].dataType == frame.schema["pandas"].dataType
+    assert isinstance(frame.schema["arrow"].dataType, T.StructType)
+
+
+def test_an_arrow_udf_answers_several_outputs_as_the_pandas_udf_does(
+    spark: SparkSession, server: ServerProcess
+) -> None:
+    config = ClientConfig(address=server.grpc_target(), fallback="error")
+    result = (
+        multi_io_frame(spark, 3_000)
+        .select(
+            "id",
+            remote_predict("multi_io", "numeric", "category", config=config).alias("pandas"),
+            remote_predict("multi_io", "numeric", "category", udf_type="arrow", config=config).alias("arrow"),
+        )
+        .select(
+            "id",
+            "pandas.score",
+            "pandas.embedding",
+            F.col("arrow.score").alias("arrow_score"),
+            F.col("arrow.embedding").alias("arrow_embedding"),
+        )
+        .toPandas()
+    )
+    np.testing.assert_array_equal(result["arrow_score"].to_numpy(), result["score"].to_numpy())
+    np.testing.assert_array_equal(stacked(result["arrow_embedding"]), stacked(result["embedding"]))
+
+
+def test_an_arrow_udf_takes_a_struct_column_by_field_name(spark: SparkSession, server: ServerProcess) -> None:
+    udf = remote_predict(
+        "multi_io", udf_type="arrow", config=ClientConfig(address=server.grpc_target(), fallback="error")
+    )
+    result = (
+        multi_io_frame(spark, 2_000)
+        .select(
+            udf("numeric", "category").alias("positional"),
+            udf(F.struct(F.col("category"), F.col("numeric"))).alias("by_name"),
+        )
+        .toPandas()
+    )
+    positional = np.array([row["score"] for row in result["positional"]])
+    by_name = np.array([row["score"] for row in result["by_name"]])
+    np.testing.assert_array_equal(positional, by_name)
+
+
+def test_an_arrow_udf_fails_a_batch_the_server_refuses_naming_the_expected_length(
+    spark: SparkSession, server: ServerProcess
+) -> None:
+    config = ClientConfig(address=server.grpc_target(), fallback="error")
+    with pytest.raises(Exception, match=r"INVALID_ARGUMENT.*column 'features'.*length 64, received length 8"):
+        spark.range(100, numPartitions=1).select(
+            remote_predict("tabular_mlp", feature_column((8,)), udf_type="arrow", config=config)
+        ).collect()
+
+
+def test_an_unknown_udf_type_is_refused_naming_the_kinds_remote_predict_makes() -> None:
+    with pytest.raises(ValueError, match=r"udf_type 'numpy' .* expected one of \('pandas', 'arrow'\)"):
+        remote_predict("tabular_mlp", udf_type="numpy")  # type: ignore[arg-type]
