@@ -35,13 +35,15 @@ logger = logging.getLogger(__name__)
 NAME = "spark_e2e"
 LABELS = {
     "remote_predict": "1a remote_predict (udfserve, pandas UDF)",
+    "remote_predict_arrow": "1a remote_predict, udf_type='arrow' (udfserve, Arrow UDF)",
     "predict_arrow": "1a predict_arrow (udfserve, mapInArrow)",
     "predict_batch_udf": "1b predict_batch_udf (model in worker)",
     "cached_pandas_udf": "1c pandas UDF, model cached per worker",
     "load_per_batch": "1d pandas UDF, model loaded per batch (small run)",
     "passthrough": "pandas UDF without a model (ceiling)",
 }
-MAIN_CONTENDERS = ("remote_predict", "predict_arrow", "predict_batch_udf", "cached_pandas_udf", "passthrough")
+REMOTE_CONTENDERS = ("remote_predict", "remote_predict_arrow", "predict_arrow")
+MAIN_CONTENDERS = (*REMOTE_CONTENDERS, "predict_batch_udf", "cached_pandas_udf", "passthrough")
 TARGET_SPEED_RATIO = 1.0
 TARGET_MEMORY_FRACTION = 0.25
 
@@ -234,7 +236,7 @@ def _targets(results: dict[str, dict[str, JobResult]]) -> list[TargetCheck]:
     for model, by_contender in results.items():
         batch_udf = rows_per_s(by_contender["predict_batch_udf"])
         cached = rows_per_s(by_contender["cached_pandas_udf"])
-        for contender in ("remote_predict", "predict_arrow"):
+        for contender in REMOTE_CONTENDERS:
             speed = rows_per_s(by_contender[contender])
             ratio = min(speed / batch_udf, speed / cached)
             targets.append(
@@ -246,7 +248,7 @@ def _targets(results: dict[str, dict[str, JobResult]]) -> list[TargetCheck]:
             )
         reference_mib = by_contender["predict_batch_udf"].peak_worker_rss_total_mib
         reference_pss_mib = by_contender["predict_batch_udf"].peak_worker_pss_total_mib
-        for contender in ("remote_predict", "predict_arrow"):
+        for contender in REMOTE_CONTENDERS:
             fraction = by_contender[contender].peak_worker_rss_total_mib / reference_mib
             targets.append(
                 TargetCheck(

@@ -39,7 +39,7 @@ MODELS = {
     "sequence_bilstm": ("lines", 16 * 32, "class_probabilities", 4),
 }
 
-REMOTE = ("remote_predict", "predict_arrow")
+REMOTE = ("remote_predict", "remote_predict_arrow", "predict_arrow")
 IN_WORKER = ("predict_batch_udf", "cached_pandas_udf", "load_per_batch")
 CONTENDERS = (*REMOTE, *IN_WORKER, "passthrough")
 
@@ -189,13 +189,16 @@ def _predicted(spark: Any, frame: Any, job: Job) -> Any:
 
     column, width, _, output_width = MODELS[job.model]
     result_type = ArrayType(FloatType())
-    if job.contender == "remote_predict":
+    if job.contender in ("remote_predict", "remote_predict_arrow"):
         from spark_client import remote_predict
 
-        return frame.withColumn(
-            "prediction",
-            remote_predict(job.model, column, config=_client_config(job)),
+        config = _client_config(job)
+        udf = (
+            remote_predict(job.model, udf_type="arrow", config=config)
+            if job.contender == "remote_predict_arrow"
+            else remote_predict(job.model, config=config)
         )
+        return frame.withColumn("prediction", udf(column))
     if job.contender == "predict_arrow":
         from spark_client import predict_arrow
 
