@@ -6,12 +6,13 @@
 A real Triton Inference Server (the one the ``nvidia-pytriton`` wheel bundles, CPU python
 backend) serves ``tabular_mlp`` and ``sequence_bilstm`` from the same ``model.keras`` files as a
 udfserve server of the example repository. One Spark application (``local[2]``) then predicts
-the same DataFrame (an ``id`` and both models' inputs) four ways, for each model:
+the same DataFrame (an ``id`` and both models' inputs) five ways, for each model:
 
     (a) remote_predict, protocol="arrow", to udfserve           the reference
     (b) remote_predict, protocol="kserve", to udfserve's KServe endpoint (same port)
     (c) remote_predict, protocol="kserve", to Triton
     (d) predict_arrow (its mapInArrow function), protocol="kserve", to Triton
+    (e) remote_predict, udf_type="arrow" (an Arrow UDF), protocol="kserve", to Triton
 
 all with ``fallback="error"``, so that no row is quietly predicted on the CPU. Each path must
 answer every id exactly once, within 1e-5 of (a); the UDF's own counters must show every row
@@ -71,7 +72,8 @@ class Route:
 
     @property
     def label(self) -> str:
-        return f"({self.key}) {self.api}, protocol={self.protocol!r}, to {self.server}"
+        api = "remote_predict, udf_type='arrow'" if self.api == "remote_predict_arrow" else self.api
+        return f"({self.key}) {api}, protocol={self.protocol!r}, to {self.server}"
 
 
 ROUTES = (
@@ -79,6 +81,7 @@ ROUTES = (
     Route("b", "remote_predict", "kserve", "udfserve"),
     Route("c", "remote_predict", "kserve", "triton"),
     Route("d", "predict_arrow", "kserve", "triton"),
+    Route("e", "remote_predict_arrow", "kserve", "triton"),
 )
 REFERENCE = ROUTES[0]
 
@@ -205,8 +208,12 @@ def predicted(frame: Any, model: str, route: Route, job: SparkJob) -> tuple[Any,
         "fallback": "error",
     }
     frame = frame.select("id", column)
-    if route.api == "remote_predict":
-        udf = remote_predict(model, **settings)
+    if route.api in ("remote_predict", "remote_predict_arrow"):
+        udf = (
+            remote_predict(model, udf_type="arrow", **settings)
+            if route.api == "remote_predict_arrow"
+            else remote_predict(model, **settings)
+        )
         return frame.select("id", udf(column).alias("prediction")), udf
     # What predict_arrow(frame, model, [column], ["prediction"], ...) runs, kept for its counters.
     predictor = arrow_predictor(model, [column], ["prediction"], **settings)
@@ -398,7 +405,8 @@ def write_report(
         "# The Spark client over KServe v2: udfserve and a real Triton against the Arrow path",
         "",
         f"One Spark application (`local[2]`, {meta['partitions']} partitions) predicts the same "
-        f"{meta['rows']:,} rows (an `id` and each model's input as a flat `array<float>`) four ways, with "
+        f"{meta['rows']:,} rows (an `id` and each model's input as a flat `array<float>`) "
+        f"{len(ROUTES)} ways, with "
         '`fallback="error"`. Triton '
         f"{meta['triton_version']} (the `nvidia-pytriton` {meta['pytriton_version']} wheel's server, python "
         "backend on the CPU) serves the same `model.keras` files as udfserve, with the same `max_batch_size` "

@@ -114,6 +114,20 @@ def test_an_arrow_udf_fails_a_batch_the_server_refuses_naming_the_expected_lengt
         ).collect()
 
 
+def test_an_arrow_udf_refuses_a_null_number_naming_its_row_where_pandas_would_make_it_nan(
+    spark: SparkSession, server: ServerProcess
+) -> None:
+    config = ClientConfig(address=server.grpc_target(), fallback="error")
+    frame = multi_io_frame(spark, 100).withColumn(
+        "category", F.when(F.col("id") == 7, F.lit(None)).otherwise(F.col("category"))
+    )
+    udf = remote_predict("multi_io", udf_type="arrow", config=config)
+    with pytest.raises(
+        Exception, match=r"INVALID_ARGUMENT.*'category'.*expected no nulls, received a null row 7"
+    ):
+        frame.coalesce(1).select(udf("numeric", "category")).collect()
+
+
 def test_an_unknown_udf_type_is_refused_naming_the_kinds_remote_predict_makes() -> None:
     with pytest.raises(ValueError, match=r"udf_type 'numpy' .* expected one of \('pandas', 'arrow'\)"):
         remote_predict("tabular_mlp", udf_type="numpy")  # type: ignore[arg-type]

@@ -90,6 +90,24 @@ def test_remote_predict_over_kserve_equals_the_arrow_protocol_row_by_row(
     assert (stats.rows_by_server, stats.rows_by_fallback) == (ROWS, 0)
 
 
+def test_an_arrow_udf_over_kserve_answers_as_the_pandas_udf_over_the_arrow_protocol(
+    spark: SparkSession, server: ServerProcess
+) -> None:
+    pandas = remote_predict(
+        "tabular_mlp", config=ClientConfig(address=server.grpc_target(), fallback="error")
+    )
+    arrow = remote_predict("tabular_mlp", udf_type="arrow", config=kserve_config(server))
+    result = (
+        spark.range(ROWS, numPartitions=2)
+        .withColumn("features", feature_column((64,)))
+        .select("id", pandas("features").alias("pandas"), arrow("features").alias("arrow"))
+        .toPandas()
+    )
+    np.testing.assert_allclose(stacked(result["arrow"]), stacked(result["pandas"]), atol=1e-6)
+    stats = arrow.stats()
+    assert (stats.rows_by_server, stats.rows_by_fallback) == (ROWS, 0)
+
+
 def test_predict_arrow_over_kserve_carries_several_inputs_and_outputs_like_the_arrow_protocol(
     spark: SparkSession, server: ServerProcess
 ) -> None:
