@@ -40,6 +40,7 @@ FEATURES = 64
 class DemoOptions:
     rows: int
     model: str
+    udf_type: str
     model_repository: Path
     devices: str
     spark_master: str
@@ -57,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows to score (default 1,000,000)")
     parser.add_argument(
         "--model", default="tabular_mlp", help="example model to score with (default tabular_mlp)"
+    )
+    parser.add_argument(
+        "--udf-type",
+        choices=("pandas", "arrow"),
+        default="pandas",
+        help="the kind of Spark UDF remote_predict makes: a pandas UDF (default) or an Arrow UDF "
+        "(PySpark 4.1+, no pandas in the Python workers)",
     )
     parser.add_argument(
         "--model-repository",
@@ -94,6 +102,7 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
     return DemoOptions(
         rows=args.rows,
         model=args.model,
+        udf_type=args.udf_type,
         model_repository=args.model_repository.resolve(),
         devices=args.devices,
         spark_master=args.spark_master,
@@ -241,7 +250,12 @@ def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDis
         frame = spark.range(0, options.rows, numPartitions=options.partitions).select(
             "id", features.alias("features")
         )
-        predict = remote_predict(options.model)  # the UDF object: its stats() are the client's counters
+        # The UDF object: its stats() are the client's counters.
+        predict = (
+            remote_predict(options.model, udf_type="arrow")
+            if options.udf_type == "arrow"
+            else remote_predict(options.model)
+        )
         scored = frame.select("id", predict("features").alias("prediction"))
         frame.write.format("noop").mode("overwrite").save()  # warm the JVM and the data path
         rows_before = scrape_total(discovery, "udfserve_rows_total", options.model)
@@ -273,7 +287,8 @@ def report(options: DemoOptions, discovery: NodeDiscovery, figures: dict[str, ob
         "",
         "udfserve demo report",
         "--------------------",
-        f"rows scored            {options.rows:,} through remote_predict('{options.model}')",
+        f"rows scored            {options.rows:,} through remote_predict('{options.model}'), "
+        + ("an Arrow UDF" if options.udf_type == "arrow" else "a pandas UDF"),
         f"time                   {seconds:.1f} s",
         f"throughput             {options.rows / seconds:,.0f} rows/s",
         f"answered by servers    {client.rows_by_server:,} rows in {client.batches_by_server:,} batches "

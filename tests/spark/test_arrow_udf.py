@@ -131,3 +131,16 @@ def test_an_arrow_udf_refuses_a_null_number_naming_its_row_where_pandas_would_ma
 def test_an_unknown_udf_type_is_refused_naming_the_kinds_remote_predict_makes() -> None:
     with pytest.raises(ValueError, match=r"udf_type 'numpy' .* expected one of \('pandas', 'arrow'\)"):
         remote_predict("tabular_mlp", udf_type="numpy")  # type: ignore[arg-type]
+
+
+def test_an_arrow_udf_on_a_pyspark_without_arrow_udfs_is_refused_naming_the_version_it_needs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PySpark 4.0 has no ``arrow_udf``; the driver says so before it asks any server anything."""
+    import pyspark.sql.functions
+
+    monkeypatch.delattr(pyspark.sql.functions, "arrow_udf")
+    with pytest.raises(
+        ValueError, match=r"udf_type='arrow' needs PySpark 4\.1 or later .* use udf_type='pandas'"
+    ):
+        remote_predict("tabular_mlp", udf_type="arrow")
