@@ -87,23 +87,6 @@ def test_an_arrow_udf_answers_several_outputs_as_the_pandas_udf_does(
     np.testing.assert_array_equal(stacked(result["arrow_embedding"]), stacked(result["embedding"]))
 
 
-def test_an_arrow_udf_takes_a_struct_column_by_field_name(spark: SparkSession, server: ServerProcess) -> None:
-    udf = remote_predict(
-        "multi_io", udf_type="arrow", config=ClientConfig(address=server.grpc_target(), fallback="error")
-    )
-    result = (
-        multi_io_frame(spark, 2_000)
-        .select(
-            udf("numeric", "category").alias("positional"),
-            udf(F.struct(F.col("category"), F.col("numeric"))).alias("by_name"),
-        )
-        .toPandas()
-    )
-    positional = np.array([row["score"] for row in result["positional"]])
-    by_name = np.array([row["score"] for row in result["by_name"]])
-    np.testing.assert_array_equal(positional, by_name)
-
-
 def test_an_arrow_udf_fails_a_batch_the_server_refuses_naming_the_expected_length(
     spark: SparkSession, server: ServerProcess
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -111,9 +112,12 @@ def test_several_outputs_arrive_as_a_struct_equal_to_the_model(
     np.testing.assert_allclose(stacked(result["embedding"]), reference["embedding"], atol=1e-5)
 
 
-def test_a_struct_column_feeds_the_inputs_by_field_name(spark: SparkSession, server: ServerProcess) -> None:
+@pytest.mark.parametrize("udf_type", ["pandas", "arrow"])
+def test_a_struct_column_feeds_the_inputs_by_field_name(
+    spark: SparkSession, server: ServerProcess, udf_type: Literal["pandas", "arrow"]
+) -> None:
     config = ClientConfig(address=server.grpc_target(), fallback="error")
-    udf = remote_predict("multi_io", config=config)
+    udf = remote_predict("multi_io", udf_type=udf_type, config=config)
     result = (
         multi_io_frame(spark, 2_000)
         .select(
