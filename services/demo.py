@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 from udfserve.discovery import DiscoveryError, NodeDiscovery, default_discovery_path, read_discovery
 
@@ -40,7 +40,7 @@ FEATURES = 64
 class DemoOptions:
     rows: int
     model: str
-    udf_type: str
+    udf_type: Literal["pandas", "arrow"]
     model_repository: Path
     devices: str
     spark_master: str
@@ -102,7 +102,7 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
     return DemoOptions(
         rows=args.rows,
         model=args.model,
-        udf_type=args.udf_type,
+        udf_type="arrow" if args.udf_type == "arrow" else "pandas",
         model_repository=args.model_repository.resolve(),
         devices=args.devices,
         spark_master=args.spark_master,
@@ -251,11 +251,7 @@ def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDis
             "id", features.alias("features")
         )
         # The UDF object: its stats() are the client's counters.
-        predict = (
-            remote_predict(options.model, udf_type="arrow")
-            if options.udf_type == "arrow"
-            else remote_predict(options.model)
-        )
+        predict = remote_predict(options.model, udf_type=options.udf_type)
         scored = frame.select("id", predict("features").alias("prediction"))
         frame.write.format("noop").mode("overwrite").save()  # warm the JVM and the data path
         rows_before = scrape_total(discovery, "udfserve_rows_total", options.model)

@@ -10,8 +10,7 @@ outside the model). The column API is the pandas UDF's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
@@ -20,7 +19,7 @@ from spark_client.partition import PredictJob
 from spark_client.udf import answer_partition
 
 
-def arrow_function(job: PredictJob, as_struct: bool) -> Any:
+def arrow_function(job: PredictJob, as_struct: bool) -> Callable[[Iterator[pa.Array]], Iterator[pa.Array]]:
     """The function to wrap in ``arrow_udf``: batches of the input column in, predictions out."""
 
     # Spark infers the iterator form from these hints; several inputs travel as one struct column.

@@ -45,10 +45,14 @@ def answer_to_array(answer: pa.RecordBatch, spec: ModelSpec, as_struct: bool) ->
     return columns[0]
 
 
-def array_to_request(column: pa.Array, spec: ModelSpec) -> pa.RecordBatch:
-    """The request for what an Arrow UDF receives: a column feeding a single-input model, or a
-    struct column feeding the inputs by field name, else by position."""
-    if pa.types.is_struct(column.type):
+def array_to_request(column: pa.Array | tuple[pa.Array, ...], spec: ModelSpec) -> pa.RecordBatch:
+    """The request for what an Arrow UDF receives: a column feeding a single-input model, a
+    struct column feeding the inputs by field name, else by position, or the inputs' columns in
+    order (the Spark UDF called with several columns)."""
+    if isinstance(column, tuple):
+        order = match_inputs([f"column {i}" for i in range(len(column))], spec, "columns")
+        arrays = [column[i] for i in order]
+    elif pa.types.is_struct(column.type):
         names = [column.type.field(i).name for i in range(column.type.num_fields)]
         fields = column.flatten()
         arrays = [fields[i] for i in match_inputs(names, spec, "struct fields")]

@@ -98,6 +98,8 @@ def remote_predict(
         from spark_client.pandas_udf import pandas_function
 
         spark_udf = pandas_udf(pandas_function(job, as_struct), returnType=resolved_type)  # type: ignore[call-overload]
+    if as_struct and (not isinstance(resolved_type, str) or _active_session() is not None):
+        _check_struct_fields(job.spec, spark_udf.returnType)  # a DDL string is parsed by the session
     udf = RemotePredictUDF(job, spark_udf)
     return udf(*input_columns) if input_columns else udf
 
@@ -116,6 +118,18 @@ def _arrow_udf_maker() -> Any:
     return maker
 
 
+def _check_struct_fields(spec: ModelSpec, return_type: DataType) -> None:
+    """A struct's fields are filled by name from the model's outputs: a field named after none of
+    them would come back null on every row (an Arrow UDF) or fail every task (a pandas UDF)."""
+    names = [field.name for field in getattr(return_type, "fields", ())]
+    unknown = [name for name in names if name not in spec.output_names]
+    if unknown:
+        raise ValueError(
+            f"model {spec.name!r}: the return type's field(s) {unknown} are not outputs of the model; "
+            f"expected struct fields named after its outputs {list(spec.output_names)}"
+        )
+
+
 class RemotePredictUDF:
     """What ``remote_predict`` returns without columns: call it with the input columns.
 
@@ -132,6 +146,7 @@ class RemotePredictUDF:
 
     @property
     def pandas_udf(self) -> Any:
+        """``spark_udf`` under its name from before Arrow UDFs, kept for code that reads it."""
         return self.spark_udf
 
     def stats(self) -> ClientStats:
@@ -146,7 +161,13 @@ class RemotePredictUDF:
     def __call__(self, *columns: ColumnOrName) -> Column:
         from pyspark.sql import functions as F
 
-        if len(self.job.spec.inputs) > 1 and len(columns) > 1:
+        spec = self.job.spec
+        if len(columns) > 1 and len(spec.inputs) == 1:
+            raise ValueError(
+                f"model {spec.name!r} has one input {spec.input_names[0]!r}; expected one column, received "
+                f"{len(columns)}"
+            )
+        if len(columns) > 1:
             return self.spark_udf(F.struct(*columns))
         return self.spark_udf(*columns)
 

@@ -4,6 +4,7 @@ Arrow UDFs, against a real model server in local mode."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -97,7 +98,7 @@ def test_an_arrow_udf_fails_a_batch_the_server_refuses_naming_the_expected_lengt
         ).collect()
 
 
-def test_an_arrow_udf_refuses_a_null_number_naming_its_row_where_pandas_would_make_it_nan(
+def test_an_arrow_udf_refuses_a_null_number_naming_its_row(
     spark: SparkSession, server: ServerProcess
 ) -> None:
     config = ClientConfig(address=server.grpc_target(), fallback="error")
@@ -109,6 +110,108 @@ def test_an_arrow_udf_refuses_a_null_number_naming_its_row_where_pandas_would_ma
         Exception, match=r"INVALID_ARGUMENT.*'category'.*expected no nulls, received a null row 7"
     ):
         frame.coalesce(1).select(udf("numeric", "category")).collect()
+
+
+def test_an_arrow_udf_answers_requests_that_straddle_spark_batches_row_for_row(
+    spark: SparkSession, server: ServerProcess, example_repository: Path
+) -> None:
+    """15,000 rows per partition arrive as Spark batches of 10,000 and 5,000; requests of 3,000
+    rows cut across them, so each batch's answer is joined from slices of several answers."""
+    config = ClientConfig(address=server.grpc_target(), fallback="error", rows_per_request=3_000)
+    udf = remote_predict("multi_io", udf_type="arrow", config=config)
+    result = (
+        multi_io_frame(spark, 30_000)
+        .select("id", udf("numeric", "category").alias("p"))
+        .select("id", "p.score", "p.embedding")
+        .toPandas()
+        .sort_values("id")
+    )
+    ids = result["id"].to_numpy()
+    assert np.array_equal(ids, np.arange(30_000))
+    inputs = {"numeric": feature_values(ids, (8,)), "category": (ids % 16).astype(np.int32)}
+    reference = reference_outputs(example_repository, "multi_io", inputs)
+    np.testing.assert_allclose(result["score"].to_numpy(), reference["score"].reshape(-1), atol=1e-5)
+    np.testing.assert_allclose(stacked(result["embedding"]), reference["embedding"], atol=1e-5)
+
+
+def test_the_arrow_udf_called_with_the_inputs_in_order_answers_as_with_a_struct(
+    spark: SparkSession, server: ServerProcess
+) -> None:
+    udf = remote_predict(
+        "multi_io", udf_type="arrow", config=ClientConfig(address=server.grpc_target(), fallback="error")
+    )
+    assert udf.job.spec.input_names == ("category", "numeric")  # the order the model lists them
+    result = (
+        multi_io_frame(spark, 2_000)
+        .select(
+            udf.spark_udf(F.col("category"), F.col("numeric")).alias("in_order"),
+            udf("numeric", "category").alias("struct"),
+        )
+        .toPandas()
+    )
+    in_order = np.array([row["score"] for row in result["in_order"]])
+    as_struct = np.array([row["score"] for row in result["struct"]])
+    np.testing.assert_array_equal(in_order, as_struct)
+
+
+@pytest.mark.parametrize("udf_type", ["pandas", "arrow"])
+def test_a_struct_return_type_naming_no_output_is_refused_in_the_driver_naming_the_outputs(
+    spark: SparkSession, server: ServerProcess, udf_type: Literal["pandas", "arrow"]
+) -> None:
+    """An Arrow UDF would answer null in every row of a field named after no output."""
+    config = ClientConfig(address=server.grpc_target(), fallback="error")
+    with pytest.raises(ValueError, match=r"field\(s\) \['a'\] are not outputs .* \['score', 'embedding'\]"):
+        remote_predict(
+            "multi_io",
+            return_type="struct<a: float, embedding: array<float>>",
+            udf_type=udf_type,
+            config=config,
+        )
+
+
+@pytest.mark.parametrize("udf_type", ["pandas", "arrow"])
+def test_a_struct_return_type_of_some_outputs_in_another_order_is_filled_by_name(
+    spark: SparkSession, server: ServerProcess, udf_type: Literal["pandas", "arrow"]
+) -> None:
+    config = ClientConfig(address=server.grpc_target(), fallback="error")
+    full = remote_predict("multi_io", udf_type=udf_type, config=config)
+    reordered = remote_predict(
+        "multi_io",
+        return_type="struct<embedding: array<float>, score: float>",
+        udf_type=udf_type,
+        config=config,
+    )
+    some = remote_predict("multi_io", return_type="struct<score: float>", udf_type=udf_type, config=config)
+    result = (
+        multi_io_frame(spark, 1_000)
+        .select(
+            full("numeric", "category").alias("full"),
+            reordered("numeric", "category").alias("reordered"),
+            some("numeric", "category").alias("some"),
+        )
+        .select(
+            "full.score",
+            "full.embedding",
+            F.col("reordered.score").alias("r_score"),
+            F.col("reordered.embedding").alias("r_embedding"),
+            F.col("some.score").alias("s_score"),
+        )
+        .toPandas()
+    )
+    np.testing.assert_array_equal(result["r_score"].to_numpy(), result["score"].to_numpy())
+    np.testing.assert_array_equal(stacked(result["r_embedding"]), stacked(result["embedding"]))
+    np.testing.assert_array_equal(result["s_score"].to_numpy(), result["score"].to_numpy())
+
+
+@pytest.mark.parametrize("udf_type", ["pandas", "arrow"])
+def test_several_columns_for_a_single_input_model_are_refused_in_the_driver(
+    spark: SparkSession, server: ServerProcess, udf_type: Literal["pandas", "arrow"]
+) -> None:
+    udf = remote_predict(
+        "tabular_mlp", udf_type=udf_type, config=ClientConfig(address=server.grpc_target(), fallback="error")
+    )
+    with pytest.raises(ValueError, match=r"one input 'features'; expected one column, received 2"):
+        udf("features", "id")
 
 
 def test_an_unknown_udf_type_is_refused_naming_the_kinds_remote_predict_makes() -> None:
