@@ -424,10 +424,14 @@ def _accumulator(spark: Any) -> Any:
 
 
 def _is_struct(return_type: DataType | str) -> bool:
-    if isinstance(return_type, str):
-        return return_type.strip().lower().startswith("struct")
-    from pyspark.sql.types import StructType
+    """A DDL string is parsed by the active session ("score float, embedding array<float>" is a
+    struct too); with none, only the ``struct<...>`` form can be recognised."""
+    from pyspark.sql.types import DataType, StructType
 
+    if isinstance(return_type, str):
+        if _active_session() is None:
+            return return_type.strip().lower().startswith("struct")
+        return isinstance(DataType.fromDDL(return_type), StructType)
     return isinstance(return_type, StructType)
 
 

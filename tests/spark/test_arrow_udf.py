@@ -173,6 +173,7 @@ def test_a_struct_return_type_naming_no_output_is_refused_in_the_driver_naming_t
 def test_a_struct_return_type_of_some_outputs_in_another_order_is_filled_by_name(
     spark: SparkSession, server: ServerProcess, udf_type: Literal["pandas", "arrow"]
 ) -> None:
+    """ "score float" is a struct in Spark's DDL, as "struct<score: float>" is."""
     config = ClientConfig(address=server.grpc_target(), fallback="error")
     full = remote_predict("multi_io", udf_type=udf_type, config=config)
     reordered = remote_predict(
@@ -181,7 +182,7 @@ def test_a_struct_return_type_of_some_outputs_in_another_order_is_filled_by_name
         udf_type=udf_type,
         config=config,
     )
-    some = remote_predict("multi_io", return_type="struct<score: float>", udf_type=udf_type, config=config)
+    some = remote_predict("multi_io", return_type="score float", udf_type=udf_type, config=config)
     result = (
         multi_io_frame(spark, 1_000)
         .select(
