@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import psutil
@@ -192,12 +192,10 @@ def _predicted(spark: Any, frame: Any, job: Job) -> Any:
     if job.contender in ("remote_predict", "remote_predict_arrow"):
         from spark_client import remote_predict
 
-        config = _client_config(job)
-        udf = (
-            remote_predict(job.model, udf_type="arrow", config=config)
-            if job.contender == "remote_predict_arrow"
-            else remote_predict(job.model, config=config)
+        udf_type: Literal["pandas", "arrow"] = (
+            "arrow" if job.contender == "remote_predict_arrow" else "pandas"
         )
+        udf = remote_predict(job.model, udf_type=udf_type, config=_client_config(job))
         return frame.withColumn("prediction", udf(column))
     if job.contender == "predict_arrow":
         from spark_client import predict_arrow

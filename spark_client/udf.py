@@ -79,27 +79,27 @@ def remote_predict(
         raise ValueError(
             f"udf_type {udf_type!r} is not a kind of UDF remote_predict makes; expected one of {UDF_TYPES}"
         )
-    make_udf = _arrow_udf_maker() if udf_type == "arrow" else None
+    make_udf: Any
+    function_of: Any
+    if udf_type == "arrow":
+        from spark_client.arrow_udf import arrow_function as function_of
+
+        make_udf = _arrow_udf_maker()  # refused before any server is asked
+    else:
+        from pyspark.sql.functions import pandas_udf as make_udf
+
+        from spark_client.pandas_udf import pandas_function as function_of
     job = build_job(model, config, config_overrides)
-    resolved_type = return_type if return_type is not None else spark_return_type(job.spec)
+    resolved_type = _parsed(return_type) if return_type is not None else spark_return_type(job.spec)
     as_struct = _is_struct(resolved_type)
     if len(job.spec.outputs) > 1 and not as_struct:
         raise ValueError(
             f"model {model!r} has outputs {list(job.spec.output_names)}; expected a struct return type with "
             f"those fields, received {resolved_type!r}"
         )
-    if make_udf is not None:
-        from spark_client.arrow_udf import arrow_function
-
-        spark_udf = make_udf(arrow_function(job, as_struct), returnType=resolved_type)
-    else:
-        from pyspark.sql.functions import pandas_udf
-
-        from spark_client.pandas_udf import pandas_function
-
-        spark_udf = pandas_udf(pandas_function(job, as_struct), returnType=resolved_type)  # type: ignore[call-overload]
-    if as_struct and (not isinstance(resolved_type, str) or _active_session() is not None):
-        _check_struct_fields(job.spec, spark_udf.returnType)  # a DDL string is parsed by the session
+    if not isinstance(resolved_type, str) and as_struct:
+        _check_struct_fields(job.spec, resolved_type)
+    spark_udf = make_udf(function_of(job, as_struct), returnType=resolved_type)
     udf = RemotePredictUDF(job, spark_udf)
     return udf(*input_columns) if input_columns else udf
 
@@ -118,10 +118,10 @@ def _arrow_udf_maker() -> Any:
     return maker
 
 
-def _check_struct_fields(spec: ModelSpec, return_type: DataType) -> None:
+def _check_struct_fields(spec: ModelSpec, return_type: Any) -> None:
     """A struct's fields are filled by name from the model's outputs: a field named after none of
     them would come back null on every row (an Arrow UDF) or fail every task (a pandas UDF)."""
-    names = [field.name for field in getattr(return_type, "fields", ())]
+    names = [field.name for field in return_type.fields]
     unknown = [name for name in names if name not in spec.output_names]
     if unknown:
         raise ValueError(
@@ -423,15 +423,22 @@ def _accumulator(spark: Any) -> Any:
     return new_accumulator(spark_context)
 
 
-def _is_struct(return_type: DataType | str) -> bool:
-    """A DDL string is parsed by the active session ("score float, embedding array<float>" is a
-    struct too); with none, only the ``struct<...>`` form can be recognised."""
-    from pyspark.sql.types import DataType, StructType
+def _parsed(return_type: DataType | str) -> DataType | str:
+    """A DDL string as the active session parses it ("score float, embedding array<float>" is a
+    struct too); with no session it stays a string, for Spark to parse when the job runs."""
+    if isinstance(return_type, str) and _active_session() is not None:
+        from pyspark.sql.types import DataType
 
+        return DataType.fromDDL(return_type)
+    return return_type
+
+
+def _is_struct(return_type: DataType | str) -> bool:
+    """Only the ``struct<...>`` form of an unparsed DDL string can be recognised."""
     if isinstance(return_type, str):
-        if _active_session() is None:
-            return return_type.strip().lower().startswith("struct")
-        return isinstance(DataType.fromDDL(return_type), StructType)
+        return return_type.strip().lower().startswith("struct")
+    from pyspark.sql.types import StructType
+
     return isinstance(return_type, StructType)
 
 

@@ -41,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -209,11 +209,8 @@ def predicted(frame: Any, model: str, route: Route, job: SparkJob) -> tuple[Any,
     }
     frame = frame.select("id", column)
     if route.api in ("remote_predict", "remote_predict_arrow"):
-        udf = (
-            remote_predict(model, udf_type="arrow", **settings)
-            if route.api == "remote_predict_arrow"
-            else remote_predict(model, **settings)
-        )
+        udf_type: Literal["pandas", "arrow"] = "arrow" if route.api == "remote_predict_arrow" else "pandas"
+        udf = remote_predict(model, udf_type=udf_type, **settings)
         return frame.select("id", udf(column).alias("prediction")), udf
     # What predict_arrow(frame, model, [column], ["prediction"], ...) runs, kept for its counters.
     predictor = arrow_predictor(model, [column], ["prediction"], **settings)
