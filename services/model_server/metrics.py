@@ -256,12 +256,12 @@ class ServerMetrics:
     def on_queue_wait(self, model: str, seconds: float) -> None:
         self.for_model(model).queue_wait.observe(seconds)
 
+    def on_batch(self, model: str, rows: int, requests: int, seconds: float, succeeded: bool) -> None:
+        self.for_model(model).observe_batch(rows, requests, seconds, succeeded)
+
     # AnswerObserver
     def on_request_answered(self, model: str, queue_s: float, compute_s: float) -> None:
         self.for_model(model).statistics.on_answered(queue_s, compute_s)
-
-    def on_batch(self, model: str, rows: int, requests: int, seconds: float, succeeded: bool) -> None:
-        self.for_model(model).observe_batch(rows, requests, seconds, succeeded)
 
     # MemoryObserver
     def on_out_of_memory(self, model: str, rows: int) -> None:
