@@ -27,10 +27,10 @@ from spark_client.convert import answer_to_spark_columns, arrow_to_request, matc
 from spark_client.credentials import auth_metadata
 from spark_client.errors import ModelMetadataError, ServerUnavailable
 from spark_client.job_context import SparkJobContext, application_context
-from spark_client.metadata import ModelSpec, Tensor
 from spark_client.partition import PredictJob, predict_partition
 from spark_client.protocols import DescribedModel, describe_model
 from spark_client.rechunk import Carry, Pieces, Rechunker, planned_request_rows
+from spark_client.return_types import check_return_type, is_struct, parsed, spark_return_type, spark_type
 from spark_client.routing import (
     SPARK_CONF_KEYS,
     NoServerFound,
@@ -69,7 +69,8 @@ def remote_predict(
     without, the UDF itself, to be called with the columns. The columns map to the model's inputs
     in order; a model with several inputs also takes one struct column whose fields are named
     after its inputs. ``return_type`` defaults to what the model declares: a scalar, an array
-    for a vector, a struct of the outputs when there are several. ``udf_type="arrow"`` makes it
+    for a vector, a struct of the outputs when there are several; one given is refused in the driver
+    when it cannot hold the answers unchanged (``return_types``). ``udf_type="arrow"`` makes it
     a PySpark Arrow UDF instead (``arrow_udf``, PySpark 4.1 and later): the same columns in and
     out, with no pandas in the executors' Python workers, which then cost what ``predict_arrow``'s
     do. ``config_overrides`` are ``ClientConfig`` fields (``rows_per_request=8192``,
@@ -90,15 +91,12 @@ def remote_predict(
 
         from spark_client.pandas_udf import pandas_function as function_of
     job = build_job(model, config, config_overrides)
-    resolved_type = _parsed(return_type) if return_type is not None else spark_return_type(job.spec)
-    as_struct = _is_struct(resolved_type)
-    if len(job.spec.outputs) > 1 and not as_struct:
-        raise ValueError(
-            f"model {model!r} has outputs {list(job.spec.output_names)}; expected a struct return type with "
-            f"those fields, received {resolved_type!r}"
-        )
-    if not isinstance(resolved_type, str) and as_struct:
-        _check_struct_fields(job.spec, resolved_type)
+    if return_type is None:
+        resolved_type: DataType | str = spark_return_type(job.spec)
+    else:
+        resolved_type = parsed(return_type, _active_session())
+    as_struct = is_struct(resolved_type)
+    check_return_type(job.spec, resolved_type, as_struct)
     spark_udf = make_udf(function_of(job, as_struct), returnType=resolved_type)
     udf = RemotePredictUDF(job, spark_udf)
     return udf(*input_columns) if input_columns else udf
@@ -116,18 +114,6 @@ def _arrow_udf_maker() -> Any:
             f"{pyspark.__version__}: upgrade it, or use udf_type='pandas'"
         )
     return maker
-
-
-def _check_struct_fields(spec: ModelSpec, return_type: Any) -> None:
-    """A struct's fields are filled by name from the model's outputs: a field named after none of
-    them would come back null on every row (an Arrow UDF) or fail every task (a pandas UDF)."""
-    names = [field.name for field in return_type.fields]
-    unknown = [name for name in names if name not in spec.output_names]
-    if unknown:
-        raise ValueError(
-            f"model {spec.name!r}: the return type's field(s) {unknown} are not outputs of the model; "
-            f"expected struct fields named after its outputs {list(spec.output_names)}"
-        )
 
 
 class RemotePredictUDF:
@@ -421,51 +407,3 @@ def _accumulator(spark: Any) -> Any:
     except Exception:  # Spark Connect sessions have no SparkContext
         return None
     return new_accumulator(spark_context)
-
-
-def _parsed(return_type: DataType | str) -> DataType | str:
-    """A DDL string as the active session parses it ("score float, embedding array<float>" is a
-    struct too); with no session it stays a string, for Spark to parse when the job runs."""
-    if isinstance(return_type, str) and _active_session() is not None:
-        from pyspark.sql.types import DataType
-
-        return DataType.fromDDL(return_type)
-    return return_type
-
-
-def _is_struct(return_type: DataType | str) -> bool:
-    """Only the ``struct<...>`` form of an unparsed DDL string can be recognised."""
-    if isinstance(return_type, str):
-        return return_type.strip().lower().startswith("struct")
-    from pyspark.sql.types import StructType
-
-    return isinstance(return_type, StructType)
-
-
-def spark_return_type(spec: ModelSpec) -> DataType:
-    """What the model declares: a scalar, an array for a vector, a struct of several outputs."""
-    from pyspark.sql.types import StructField, StructType
-
-    if len(spec.outputs) == 1:
-        return spark_type(spec.outputs[0])
-    return StructType([StructField(t.name, spark_type(t), nullable=True) for t in spec.outputs])
-
-
-def spark_type(tensor: Tensor) -> DataType:
-    from pyspark.sql import types
-
-    scalar: DataType = {
-        "float16": types.FloatType,
-        "float32": types.FloatType,
-        "float64": types.DoubleType,
-        "int8": types.ByteType,
-        "int16": types.ShortType,
-        "int32": types.IntegerType,
-        "int64": types.LongType,
-        "uint8": types.ShortType,
-        "bool": types.BooleanType,
-        "string": types.BinaryType,
-    }[tensor.dtype]()
-    for _ in tensor.shape:
-        scalar = types.ArrayType(scalar, containsNull=False)
-    return scalar

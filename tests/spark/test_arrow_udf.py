@@ -170,6 +170,18 @@ def test_a_struct_return_type_naming_no_output_is_refused_in_the_driver_naming_t
 
 
 @pytest.mark.parametrize("udf_type", ["pandas", "arrow"])
+def test_a_return_type_that_would_change_the_answers_is_refused_in_the_driver(
+    spark: SparkSession, server: ServerProcess, udf_type: Literal["pandas", "arrow"]
+) -> None:
+    """Unchecked, a pandas UDF declared array<int> answers 0 for every probability."""
+    config = ClientConfig(address=server.grpc_target(), fallback="error")
+    with pytest.raises(
+        ValueError, match=r"model 'tabular_mlp': the return type is array<int>.*expected array<float>"
+    ):
+        remote_predict("tabular_mlp", return_type="array<int>", udf_type=udf_type, config=config)
+
+
+@pytest.mark.parametrize("udf_type", ["pandas", "arrow"])
 def test_a_struct_return_type_of_some_outputs_in_another_order_is_filled_by_name(
     spark: SparkSession, server: ServerProcess, udf_type: Literal["pandas", "arrow"]
 ) -> None:

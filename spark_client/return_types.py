@@ -1,0 +1,168 @@
+"""The Spark types a model's answers go back as, and the check that a chosen ``return_type`` can
+hold them.
+
+Spark converts what a UDF returns to its declared type without asking: a pandas UDF declared
+``array<int>`` over a float model truncates every probability to 0, ``array<boolean>`` makes them
+all true, and an Arrow UDF turns them into strings. So ``remote_predict`` refuses, in the driver
+and naming the model, a type that would change what the model said: one that has another nesting
+than the output's shape, another kind of value, or a narrower integer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spark_client.metadata import ModelSpec, Tensor
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import DataType
+
+FLOAT_DTYPES = ("float16", "float32", "float64")
+INTEGER_BITS = {"int8": 8, "uint8": 16, "int16": 16, "int32": 32, "int64": 64}
+"""Bits a Spark integer type needs to hold each integer dtype (uint8 takes a signed 16)."""
+
+
+def spark_return_type(spec: ModelSpec) -> DataType:
+    """What the model declares: a scalar, an array for a vector, a struct of several outputs."""
+    from pyspark.sql.types import StructField, StructType
+
+    if len(spec.outputs) == 1:
+        return spark_type(spec.outputs[0])
+    return StructType([StructField(t.name, spark_type(t), nullable=True) for t in spec.outputs])
+
+
+def spark_type(tensor: Tensor) -> DataType:
+    from pyspark.sql import types
+
+    scalar: DataType = {
+        "float16": types.FloatType,
+        "float32": types.FloatType,
+        "float64": types.DoubleType,
+        "int8": types.ByteType,
+        "int16": types.ShortType,
+        "int32": types.IntegerType,
+        "int64": types.LongType,
+        "uint8": types.ShortType,
+        "bool": types.BooleanType,
+        "string": types.BinaryType,
+    }[tensor.dtype]()
+    for _ in tensor.shape:
+        scalar = types.ArrayType(scalar, containsNull=False)
+    return scalar
+
+
+def parsed(return_type: DataType | str, session: Any) -> DataType | str:
+    """A DDL string as ``session`` parses it ("score float, embedding array<float>" is a struct
+    too); with no session it stays a string, for Spark to parse when the job runs."""
+    if isinstance(return_type, str) and session is not None:
+        from pyspark.sql.types import DataType
+
+        return DataType.fromDDL(return_type)
+    return return_type
+
+
+def is_struct(return_type: DataType | str) -> bool:
+    """Only the ``struct<...>`` form of an unparsed DDL string can be recognised."""
+    if isinstance(return_type, str):
+        return return_type.strip().lower().startswith("struct")
+    from pyspark.sql.types import StructType
+
+    return isinstance(return_type, StructType)
+
+
+def check_return_type(spec: ModelSpec, return_type: DataType | str, as_struct: bool) -> None:
+    """Refuse a ``return_type`` that cannot hold the model's answers unchanged.
+
+    An unparsed DDL string (no active session) is left to Spark. A struct's fields are filled by
+    name from the outputs; a single column holds the model's only output.
+    """
+    if len(spec.outputs) > 1 and not as_struct:
+        raise ValueError(
+            f"model {spec.name!r} has outputs {list(spec.output_names)}; expected a struct return type with "
+            f"those fields, received {return_type!r}"
+        )
+    if isinstance(return_type, str):
+        return
+    if not as_struct:
+        _check_output(spec, spec.outputs[0], return_type, where="the return type")
+        return
+    fields = list(return_type.fields)  # type: ignore[attr-defined]
+    unknown = [field.name for field in fields if field.name not in spec.output_names]
+    if unknown:
+        # An Arrow UDF would answer null in such a field on every row; a pandas UDF fails every task.
+        raise ValueError(
+            f"model {spec.name!r}: the return type's field(s) {unknown} are not outputs of the model; "
+            f"expected struct fields named after its outputs {list(spec.output_names)}"
+        )
+    outputs = dict(zip(spec.output_names, spec.outputs, strict=True))
+    for field in fields:
+        _check_output(
+            spec, outputs[field.name], field.dataType, where=f"the return type's field {field.name!r}"
+        )
+
+
+def _check_output(spec: ModelSpec, tensor: Tensor, declared: DataType, where: str) -> None:
+    from pyspark.sql.types import ArrayType
+
+    leaf = declared
+    depth = 0
+    while isinstance(leaf, ArrayType):
+        leaf = leaf.elementType
+        depth += 1
+    if depth != len(tensor.shape) or not _holds(tensor.dtype, leaf):
+        raise ValueError(
+            f"model {spec.name!r}: {where} is {declared.simpleString()}, which cannot hold output "
+            f"{tensor.name!r} ({tensor.dtype}, per-row shape {list(tensor.shape)}) unchanged; expected "
+            f"{_expected(tensor)}"
+        )
+
+
+def _holds(dtype: str, leaf: DataType) -> bool:
+    """Whether every value of ``dtype`` keeps its kind and value as ``leaf`` (floats may narrow)."""
+    from pyspark.sql import types
+
+    if dtype in FLOAT_DTYPES:
+        return isinstance(leaf, types.FloatType | types.DoubleType)
+    if dtype == "bool":
+        return isinstance(leaf, types.BooleanType)
+    if dtype == "string":
+        return isinstance(leaf, types.BinaryType | types.StringType)
+    bits = INTEGER_BITS[dtype]
+    integer_bits: dict[type[DataType], int] = {
+        types.ByteType: 8,
+        types.ShortType: 16,
+        types.IntegerType: 32,
+        types.LongType: 64,
+    }
+    if type(leaf) in integer_bits:
+        return integer_bits[type(leaf)] >= bits
+    # a float holds an integer exactly up to its mantissa: 24 bits for float, 53 for double
+    if isinstance(leaf, types.FloatType):
+        return bits <= 16
+    if isinstance(leaf, types.DoubleType):
+        return bits <= 32
+    return False
+
+
+def _expected(tensor: Tensor) -> str:
+    """The types that would do, as DDL, nested as the output's shape."""
+    if tensor.dtype in FLOAT_DTYPES:
+        leaves = ["float", "double"]
+    elif tensor.dtype == "bool":
+        leaves = ["boolean"]
+    elif tensor.dtype == "string":
+        leaves = ["binary", "string"]
+    else:
+        bits = INTEGER_BITS[tensor.dtype]
+        widths = {"tinyint": 8, "smallint": 16, "int": 32, "bigint": 64}
+        leaves = [name for name, width in widths.items() if width >= bits]
+        leaves += ["float"] if bits <= 16 else []
+        leaves += ["double"] if bits <= 32 else []
+    nested = [_nest(leaf, len(tensor.shape)) for leaf in leaves]
+    return " or ".join(nested)
+
+
+def _nest(leaf: str, depth: int) -> str:
+    for _ in range(depth):
+        leaf = f"array<{leaf}>"
+    return leaf
