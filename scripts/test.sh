@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/venv.sh "dev"
+bash scripts/native.sh  # the native KServe front end, tested beside the python one
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -34,6 +34,7 @@ from services.model_server.grpc_api import InferenceServicer
 from services.model_server.http_api import create_admin_app
 from services.model_server.in_flight import InFlightRequests
 from services.model_server.kserve_api import add_kserve_service
+from services.model_server.kserve_native import NativeKServeFrontend
 from services.model_server.metrics import ServerMetrics
 from services.model_server.models import ModelTable, ServedModel
 from services.model_server.security import TokenInterceptor, grpc_server_credentials
@@ -54,6 +55,8 @@ class BoundAddresses:
     unix_socket: str | None
     tcp_address: str | None
     http_address: str | None
+    kserve_address: str | None = None
+    """The native KServe front end's host:port; None when KServe is served on the main listeners."""
 
 
 class _UvicornWithoutSignals(uvicorn.Server):
@@ -128,9 +131,18 @@ class RunningServer:
         interceptors = [TokenInterceptor(self.auth_token)] if self.auth_token else []
         self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors)
         pb_grpc.add_InferenceServicer_to_server(self.servicer, self.grpc_server)
-        add_kserve_service(
+        self.kserve_servicer = add_kserve_service(
             self.grpc_server, self.models, self.metrics, config.max_message_bytes, self.in_flight
         )
+        self.kserve_native: NativeKServeFrontend | None = None
+        if config.kserve_frontend == "native":
+            self.kserve_native = NativeKServeFrontend(
+                self.kserve_servicer,
+                f"{config.host}:{config.kserve_port}",
+                config.max_message_bytes,
+                self.auth_token,
+                *_tls_pem(config),
+            )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         self.addresses: BoundAddresses | None = None
         self._http_server: _UvicornWithoutSignals | None = None
@@ -158,6 +170,9 @@ class RunningServer:
         await self.grpc_server.start()
         if config.socket is not None:
             os.chmod(config.socket, int(config.socket_mode, 8))
+        kserve_address = None
+        if self.kserve_native is not None:
+            kserve_address = f"{config.host}:{self.kserve_native.start()}"
 
         if config.http_port is not None:
             http_socket = socket.create_server((config.http_host, config.http_port), reuse_port=False)
@@ -187,12 +202,22 @@ class RunningServer:
             unix_socket=unix_socket,
             tcp_address=tcp_address,
             http_address=http_address,
+            kserve_address=kserve_address,
         )
         if config.ready_file is not None:
             _write_json_atomically(config.ready_file, asdict(self.addresses))
         logger.info(
             "listening on %s (device %s, %s event loop)",
-            ", ".join(a for a in (unix_socket, tcp_address, http_address and f"http://{http_address}") if a),
+            ", ".join(
+                a
+                for a in (
+                    unix_socket,
+                    tcp_address,
+                    http_address and f"http://{http_address}",
+                    kserve_address and f"{kserve_address} (KServe, native)",
+                )
+                if a
+            ),
             config.device,
             self.event_loop,
         )
@@ -232,6 +257,8 @@ class RunningServer:
         logger.info("draining: answering accepted requests for up to %.1f s", self.config.grace_period_s)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.in_flight.wait_idle(), timeout=self.config.grace_period_s)
+        if self.kserve_native is not None:
+            await self.kserve_native.stop(max(0.0, deadline - time.monotonic()))
         await self.grpc_server.stop(grace=max(0.0, deadline - time.monotonic()))
         await self.models.stop(max(0.0, deadline - time.monotonic()))
         if self._load_task is not None and not self._load_task.done():
@@ -244,6 +271,15 @@ class RunningServer:
         if self.config.ready_file is not None:
             self.config.ready_file.unlink(missing_ok=True)
         logger.info("stopped")
+
+
+def _tls_pem(config: ServerConfig) -> tuple[bytes, bytes, bytes]:
+    """The TLS key, certificate chain and client CA as PEM (empty when not configured)."""
+
+    def read(path: Path | None) -> bytes:
+        return path.read_bytes() if path is not None else b""
+
+    return read(config.tls_key_file), read(config.tls_cert_file), read(config.tls_client_ca_file)
 
 
 def _write_json_atomically(path: Path, payload: dict[str, object]) -> None:

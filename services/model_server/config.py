@@ -134,6 +134,18 @@ class ServerConfig(BaseSettings):
     port: int | None = Field(
         default=7500, ge=0, le=65535, description="TCP port for gRPC; 0 picks a free one, off disables TCP"
     )
+    kserve_frontend: Literal["python", "native"] = Field(
+        default="python",
+        description="front end of the KServe v2 protocol: python (grpc.aio, on the main gRPC port and "
+        "socket, beside the Arrow service) or native (grpc++, built by `python -m "
+        "services.model_server.native.build`, on --kserve-port of --host; much less CPU per request)",
+    )
+    kserve_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="TCP port of the native KServe front end (--kserve-frontend native); 0 picks a free one",
+    )
     http_host: str = Field(default="127.0.0.1", description="host of the HTTP admin app")
     http_port: int | None = Field(
         default=7501, ge=0, le=65535, description="HTTP admin port; 0 picks a free one, off disables HTTP"
@@ -240,7 +252,7 @@ class ServerConfig(BaseSettings):
             uids.append(int(item))
         return tuple(uids)
 
-    @field_validator("port", "http_port", "shared_memory_dir", mode="before")
+    @field_validator("port", "http_port", "kserve_port", "shared_memory_dir", mode="before")
     @classmethod
     def _port_off(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in {"off", "none", ""}:
@@ -266,6 +278,19 @@ class ServerConfig(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _kserve_listener(self) -> ServerConfig:
+        if self.kserve_frontend == "native" and self.kserve_port is None:
+            raise ValueError(
+                "--kserve-frontend native listens on its own port: give --kserve-port (0 picks one)"
+            )
+        if self.kserve_frontend == "python" and self.kserve_port is not None:
+            raise ValueError(
+                "--kserve-port is the native front end's port; expected --kserve-frontend native with it "
+                "(the python front end serves KServe on --port and --socket)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _safe_listeners(self) -> ServerConfig:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("TLS needs both --tls-cert-file and --tls-key-file")
@@ -277,6 +302,7 @@ class ServerConfig(BaseSettings):
                 for flag, host, port in (
                     ("--host", self.host, self.port),
                     ("--http-host", self.http_host, self.http_port),
+                    ("--host", self.host, self.kserve_port),
                 )
                 if port is not None and not is_loopback(host)
             ]

@@ -33,9 +33,9 @@ import functools
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Protocol, TypeAlias, TypeVar
 
 import grpc
 import numpy as np
@@ -99,6 +99,41 @@ _PROTO_TYPE_OF_DTYPE = {
 class _Failure:
     code: grpc.StatusCode
     message: str
+
+
+class RequestHead(Protocol):
+    """What answering and counting a request read of it: a ``ModelInferRequest`` is one."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def model_version(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class DecodedHead:
+    """The ``RequestHead`` of a request a native front end decoded."""
+
+    id: str
+    model_name: str
+    model_version: str
+
+
+DecodedTensor: TypeAlias = "tuple[str, str, tuple[int, ...], np.ndarray]"
+"""An input a native front end decoded: name, datatype, shape (rows first), and the array of that
+shape over the request's raw contents."""
+
+
+@dataclass(frozen=True)
+class TensorAnswer:
+    """An answer for a native front end to encode: the response's head and its output tensors."""
+
+    model_name: str
+    model_version: str
+    id: str
+    tensors: list[OutputTensor]
 
 
 # -- tensors -------------------------------------------------------------------------------
@@ -199,6 +234,26 @@ def request_to_inputs(
 _LITTLE_ENDIAN = np.little_endian
 
 
+def decoded_to_inputs(
+    tensors: Sequence[DecodedTensor], plan: _Plan
+) -> tuple[dict[str, np.ndarray], int] | None:
+    """``request_to_inputs``'s common case over tensors decoded already: every input once, in the
+    model's own datatype and per-row shape; None for anything else."""
+    if len(tensors) != len(plan.by_name) or not _LITTLE_ENDIAN:
+        return None
+    arrays: dict[str, np.ndarray] = {}
+    rows = -1
+    for name, datatype, shape, array in tensors:
+        item = plan.by_name.get(name)
+        if item is None or datatype != item.datatype or name in arrays or item.datatype == "BYTES":
+            return None
+        if (rows >= 0 and shape[0] != rows) or not _shape_matches(shape[1:], item.spec):
+            return None
+        arrays[name] = array.reshape(shape[0]) if item.scalar else array
+        rows = shape[0]
+    return arrays, rows
+
+
 def _checked_inputs(
     request: kpb.ModelInferRequest, model: str, specs: tuple[TensorSpec, ...], plan: _Plan
 ) -> tuple[dict[str, np.ndarray], int]:
@@ -248,13 +303,16 @@ def _checked_inputs(
     return arrays, next(iter(rows_of.values()), 0)
 
 
-def outputs_to_response(
-    outputs: dict[str, np.ndarray],
-    specs: tuple[TensorSpec, ...],
-    rows: int,
-    response: kpb.ModelInferResponse,
-) -> int:
-    """Fill the response's output tensors in raw form; returns the bytes of raw contents."""
+OutputTensor: TypeAlias = "tuple[str, str, list[int], np.ndarray | bytes]"
+"""An answered output as both front ends send it: name, datatype, shape, and its raw contents (a
+C-contiguous little-endian array, or the encoded bytes of a BYTES tensor)."""
+
+
+def outputs_to_tensors(
+    outputs: dict[str, np.ndarray], specs: tuple[TensorSpec, ...], rows: int
+) -> tuple[list[OutputTensor], int]:
+    """The output tensors to answer, checked against the model's outputs; and their raw bytes."""
+    tensors: list[OutputTensor] = []
     total_bytes = 0
     for spec in specs:
         array = outputs.get(spec.name)
@@ -266,15 +324,38 @@ def outputs_to_response(
                 f"*{list(spec.shape)}]"
             )
         dtype = numpy_dtype(spec.dtype)
+        raw: np.ndarray | bytes
         if array.dtype == dtype and dtype.kind != "O" and _LITTLE_ENDIAN and array.dtype.byteorder in "=|<":
-            raw = array.tobytes()  # C order, whatever the array's strides
+            raw = np.ascontiguousarray(array)
         else:
             raw = codec.tensor_to_raw(np.asarray(array, dtype=dtype))
         shape = [rows, *array.shape[1:]] if spec.shape else [rows, 1]
-        response.outputs.add(name=spec.name, datatype=DATATYPE_OF_DTYPE[spec.dtype], shape=shape)
-        response.raw_output_contents.append(raw)
-        total_bytes += len(raw)
+        tensors.append((spec.name, DATATYPE_OF_DTYPE[spec.dtype], shape, raw))
+        total_bytes += raw.nbytes if isinstance(raw, np.ndarray) else len(raw)
+    return tensors, total_bytes
+
+
+def outputs_to_response(
+    outputs: dict[str, np.ndarray],
+    specs: tuple[TensorSpec, ...],
+    rows: int,
+    response: kpb.ModelInferResponse,
+) -> int:
+    """Fill the response's output tensors in raw form; returns the bytes of raw contents."""
+    tensors, total_bytes = outputs_to_tensors(outputs, specs, rows)
+    for name, datatype, shape, raw in tensors:
+        response.outputs.add(name=name, datatype=datatype, shape=shape)
+        response.raw_output_contents.append(raw.tobytes() if isinstance(raw, np.ndarray) else raw)
     return total_bytes
+
+
+def _outputs_named(names: Sequence[str], specs: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...] | None:
+    """The outputs requested by name only (all of them for none); None if one is not an output."""
+    if not names:
+        return specs
+    by_name = {spec.name: spec for spec in specs}
+    chosen = [by_name.get(name) for name in names]
+    return None if None in chosen else tuple(spec for spec in chosen if spec is not None)
 
 
 def _requested_outputs(
@@ -538,14 +619,60 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
                 request.model_name, _parse_version(request.model_version, request.model_name)
             )
             model = served.model
-            assert model is not None and served.batcher is not None and served.metrics is not None
+            assert model is not None and served.metrics is not None
             model_metrics = served.metrics
             output_specs = _requested_outputs(request, served.name, model.outputs)
             inputs, rows = request_to_inputs(request, served.name, model.inputs, self._plan(model))
+        except Exception as exc:
+            return self._refuse(model_metrics, job, request, exc, started_s)
+        return self._queue(served, job, request, output_specs, inputs, rows, started_s, self._respond)
+
+    def start_decoded(
+        self,
+        head: RequestHead,
+        tensors: Sequence[DecodedTensor],
+        output_names: Sequence[str],
+        job: JobContext,
+    ) -> _Answer | TensorAnswer | Pending[_Answer | TensorAnswer] | None:
+        """``_start`` for a request a native front end decoded already (raw contents of fixed-size
+        datatypes, no parameters): answered as tensors, not as a message. None when the request is
+        not the common one (another datatype than the model's, a wrong shape, an unknown output):
+        the caller then takes ``_start`` with the message, whose checks explain what is wrong."""
+        started_s = time.perf_counter()
+        model_metrics: ModelMetrics | None = None
+        try:
+            served = self._models.ready(head.model_name, _parse_version(head.model_version, head.model_name))
+            model = served.model
+            assert model is not None and served.metrics is not None
+            model_metrics = served.metrics
+            decoded = decoded_to_inputs(tensors, self._plan(model))
+        except Exception as exc:
+            return self._refuse(model_metrics, job, head, exc, started_s)
+        output_specs = _outputs_named(output_names, model.outputs)
+        if decoded is None or output_specs is None:
+            return None
+        inputs, rows = decoded
+        return self._queue(served, job, head, output_specs, inputs, rows, started_s, self._respond_tensors)
+
+    def _queue(
+        self,
+        served: ServedModel,
+        job: JobContext,
+        request: RequestHead,
+        output_specs: tuple[TensorSpec, ...],
+        inputs: dict[str, np.ndarray],
+        rows: int,
+        started_s: float,
+        respond: _Respond[_A],
+    ) -> _A | _Failure | Pending[_A | _Failure]:
+        """Queue checked inputs on the model's batcher (or answer an empty request at once)."""
+        model_metrics = served.metrics
+        assert model_metrics is not None and served.batcher is not None and served.model is not None
+        try:
             at_least = answer_bytes_at_least(output_specs, rows)
             check_answer_size(served.name, rows, at_least, self._max_response_bytes, before_running=True)
             if rows == 0:
-                response = self._respond(served, request, output_specs, _empty_outputs(model.outputs), 0)
+                response = respond(served, request, output_specs, _empty_outputs(served.model.outputs), 0)
                 self._observe(model_metrics, job, request, "OK", started_s, 0)
                 return response
             future = served.batcher.enqueue(inputs)
@@ -554,7 +681,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         self._in_flight.begin()
         model_metrics.in_flight.inc()
         finish = functools.partial(
-            self._finish, served, model_metrics, job, request, output_specs, rows, started_s
+            self._finish, served, model_metrics, job, request, output_specs, rows, started_s, respond
         )
         return Pending(future, finish)
 
@@ -563,12 +690,13 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         served: ServedModel,
         model_metrics: ModelMetrics,
         job: JobContext,
-        request: kpb.ModelInferRequest,
+        request: RequestHead,
         output_specs: tuple[TensorSpec, ...],
         rows: int,
         started_s: float,
+        respond: _Respond[_A],
         outputs: asyncio.Future[dict[str, np.ndarray]],
-    ) -> _Answer:
+    ) -> _A | _Failure:
         """The answer to one request once the batcher answered it (or its client went away first,
         and the answer is not wanted)."""
         self._in_flight.end()
@@ -576,7 +704,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         if outputs.cancelled():
             raise asyncio.CancelledError
         try:
-            response = self._respond(served, request, output_specs, outputs.result(), rows)
+            response = respond(served, request, output_specs, outputs.result(), rows)
         except Exception as exc:
             return self._refuse(model_metrics, job, request, exc, started_s)
         self._observe(model_metrics, job, request, "OK", started_s, rows)
@@ -585,7 +713,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     def _respond(
         self,
         served: ServedModel,
-        request: kpb.ModelInferRequest,
+        request: RequestHead,
         output_specs: tuple[TensorSpec, ...],
         outputs: dict[str, np.ndarray],
         rows: int,
@@ -598,11 +726,24 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         check_answer_size(served.name, rows, size_bytes, self._max_response_bytes)
         return response
 
+    def _respond_tensors(
+        self,
+        served: ServedModel,
+        request: RequestHead,
+        output_specs: tuple[TensorSpec, ...],
+        outputs: dict[str, np.ndarray],
+        rows: int,
+    ) -> TensorAnswer:
+        assert served.source is not None
+        tensors, size_bytes = outputs_to_tensors(outputs, output_specs, rows)
+        check_answer_size(served.name, rows, size_bytes, self._max_response_bytes)
+        return TensorAnswer(served.name, str(served.source.version), request.id, tensors)
+
     def _refuse(
         self,
         model_metrics: ModelMetrics | None,
         job: JobContext,
-        request: kpb.ModelInferRequest,
+        request: RequestHead,
         exc: Exception,
         started_s: float,
     ) -> _Failure:
@@ -619,7 +760,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         self,
         model_metrics: ModelMetrics | None,
         job: JobContext,
-        request: kpb.ModelInferRequest,
+        request: RequestHead,
         code: str,
         started_s: float,
         rows: int,
@@ -635,6 +776,10 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
 
 
 _Answer: TypeAlias = "kpb.ModelInferResponse | _Failure"
+_A = TypeVar("_A", kpb.ModelInferResponse, TensorAnswer)
+_Respond: TypeAlias = Callable[
+    [ServedModel, RequestHead, tuple[TensorSpec, ...], dict[str, np.ndarray], int], _A
+]
 _StreamAnswer: TypeAlias = "tuple[kpb.ModelInferRequest, _Answer]"
 
 

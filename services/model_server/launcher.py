@@ -80,6 +80,20 @@ class ServerProcess:
         value = self.addresses.get("http_address")
         return str(value) if value else None
 
+    @property
+    def kserve_address(self) -> str | None:
+        """The native KServe front end's host:port (``--kserve-frontend native``), else None."""
+        value = self.addresses.get("kserve_address")
+        return str(value) if value else None
+
+    def kserve_target(self) -> str:
+        """Where unary KServe calls go: the native front end's port, else the main TCP address."""
+        if self.kserve_address:
+            return self.kserve_address
+        if self.tcp_address:
+            return self.tcp_address
+        return self.grpc_target()
+
     def grpc_target(self, prefer_unix: bool = True) -> str:
         if self.unix_socket and (prefer_unix or not self.tcp_address):
             return f"unix://{self.unix_socket}"

@@ -1,7 +1,9 @@
 """The KServe v2 / Triton gRPC protocol, spoken by tritonclient to a real udfserve process.
 
-The server serves the Arrow service and the KServe service on one port; the answers of both
-come from the same batcher, so KServe predictions are checked against the Arrow path's.
+Every test runs against both front ends (``--kserve-frontend python`` and ``native``). The
+python one serves the Arrow service and the KServe service on one port; the native one serves
+unary KServe calls on a port of its own, and streams stay on the main port. The answers of both
+protocols come from the same batcher, so KServe predictions are checked against the Arrow path's.
 FP64, INT64 and BOOL reach real model inputs through copies of the example models whose
 config.yaml declares those dtypes (the TensorFlow backend casts inside the graph); BYTES reaches
 the string input of ``text_hashing``, checked against the Keras model in this process.
@@ -39,9 +41,12 @@ from udfserve.kserve_codec import arrow_batch_to_infer_request, infer_response_t
 SMALL_QUEUE_ROWS = 8
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["python", "native"])
 def kserve_server(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    example_repository: Path,
+    socket_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("kserve-repo")
     for name in ("tabular_mlp", "multi_io", "text_hashing"):
@@ -75,8 +80,12 @@ def kserve_server(
     for name, (origin, config) in variants.items():
         shutil.copytree(example_repository / origin, repository / name)
         (repository / name / "config.yaml").write_text(yaml.safe_dump({"name": name, **config}))
+    frontend = ["--kserve-frontend", "native", "--kserve-port", "0"] if request.param == "native" else []
     process = launch_server(
-        repository, socket=socket_dir / "kserve.sock", log_path=repository.parent / "kserve.log"
+        repository,
+        socket=socket_dir / f"kserve-{request.param}.sock",
+        log_path=repository.parent / f"kserve-{request.param}.log",
+        extra_args=frontend,
     )
     yield process
     process.terminate()
@@ -84,8 +93,7 @@ def kserve_server(
 
 @pytest.fixture(scope="module")
 def client(kserve_server: ServerProcess) -> Iterator[triton.InferenceServerClient]:
-    assert kserve_server.tcp_address is not None
-    with triton.InferenceServerClient(kserve_server.tcp_address) as triton_client:
+    with triton.InferenceServerClient(kserve_server.kserve_target()) as triton_client:
         yield triton_client
 
 
@@ -293,7 +301,7 @@ def test_typed_bytes_contents_are_read_like_raw_contents(
     text = texts(3)
     typed = service_pb2.ModelInferRequest(model_name="text_hashing")
     typed.inputs.add(name="text", datatype="BYTES", shape=[3]).contents.bytes_contents.extend(text.tolist())
-    with grpc.insecure_channel(kserve_server.grpc_target()) as channel:
+    with grpc.insecure_channel(kserve_server.kserve_target()) as channel:
         response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(typed, timeout=30)
     raw = client.infer("text_hashing", [tensor("text", text)])
     received = np.frombuffer(response.raw_output_contents[0], dtype=np.float32).reshape(3, 3)
@@ -311,7 +319,7 @@ def test_typed_contents_fields_are_read_like_raw_contents(
     typed.inputs.add(name="category", datatype="INT32", shape=[3]).contents.int_contents.extend(
         category.tolist()
     )
-    with grpc.insecure_channel(kserve_server.grpc_target()) as channel:
+    with grpc.insecure_channel(kserve_server.kserve_target()) as channel:
         response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(typed, timeout=30)
     raw = client.infer("multi_io", [tensor("numeric", numeric), tensor("category", category)])
     embedding = next(i for i, o in enumerate(response.outputs) if o.name == "embedding")
@@ -382,7 +390,7 @@ def test_raw_bytes_cut_inside_an_element_are_refused_naming_the_input(kserve_ser
     cut.inputs.add(name="text", datatype="BYTES", shape=[2])
     cut.raw_input_contents.append(b"\x02\x00\x00\x00ab\x09\x00\x00\x00abc")
     with (
-        grpc.insecure_channel(kserve_server.grpc_target()) as channel,
+        grpc.insecure_channel(kserve_server.kserve_target()) as channel,
         pytest.raises(grpc.RpcError) as raised,
     ):
         service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(cut, timeout=30)
@@ -417,13 +425,14 @@ def test_a_full_queue_answers_triton_s_unavailable_and_the_rest_is_answered(
 ) -> None:
     answers: queue.Queue[tuple[object, InferenceServerException | None]] = queue.Queue()
     lines = np.random.default_rng(0).normal(size=(SMALL_QUEUE_ROWS, 16, 32)).astype(np.float32)
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
-    try:
-        for i in range(120):
-            client.async_stream_infer("small_queue", [tensor("lines", lines)], request_id=str(i))
-        received = [answers.get(timeout=60) for _ in range(120)]
-    finally:
-        client.stop_stream()
+    for i in range(120):  # unary calls in flight together, as perf_analyzer's contexts send them
+        client.async_infer(
+            "small_queue",
+            [tensor("lines", lines)],
+            callback=lambda result, error: answers.put((result, error)),
+            request_id=str(i),
+        )
+    received = [answers.get(timeout=60) for _ in range(120)]
     errors = [error for _, error in received if error is not None]
     assert errors and len(errors) < 120
     assert all(e.message().startswith("Exceeds maximum queue size") for e in errors)
@@ -432,19 +441,27 @@ def test_a_full_queue_answers_triton_s_unavailable_and_the_rest_is_answered(
 
 
 # -- streaming ---------------------------------------------------------------------------------
+@pytest.fixture
+def stream_client(kserve_server: ServerProcess) -> Iterator[triton.InferenceServerClient]:
+    """Streams are served on the main port with either front end."""
+    assert kserve_server.tcp_address is not None
+    with triton.InferenceServerClient(kserve_server.tcp_address) as triton_client:
+        yield triton_client
+
+
 def test_streaming_answers_every_request_by_id_and_a_bad_one_alone(
-    client: triton.InferenceServerClient, kserve_server: ServerProcess
+    stream_client: triton.InferenceServerClient, kserve_server: ServerProcess
 ) -> None:
     answers: queue.Queue[tuple[object, InferenceServerException | None]] = queue.Queue()
     inputs = {str(i): features(i + 1) for i in range(6)}
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    stream_client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
         for request_id, x in inputs.items():
-            client.async_stream_infer("tabular_mlp", [tensor("features", x)], request_id=request_id)
-        client.async_stream_infer("tabular_mlp", [tensor("features", np.zeros((1, 3), np.float32))])
+            stream_client.async_stream_infer("tabular_mlp", [tensor("features", x)], request_id=request_id)
+        stream_client.async_stream_infer("tabular_mlp", [tensor("features", np.zeros((1, 3), np.float32))])
         received = [answers.get(timeout=60) for _ in range(len(inputs) + 1)]
     finally:
-        client.stop_stream()
+        stream_client.stop_stream()
     results = {r.get_response().id: r for r, error in received if error is None}
     errors = [error for _, error in received if error is not None]
     assert sorted(results) == sorted(inputs)
@@ -552,7 +569,7 @@ def test_statistics_of_a_version_that_is_not_a_number_are_refused(
 
 
 def test_statistics_of_a_version_without_a_model_name_are_refused(kserve_server: ServerProcess) -> None:
-    with grpc.insecure_channel(kserve_server.grpc_target()) as channel:
+    with grpc.insecure_channel(kserve_server.kserve_target()) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as raised:
             stub.ModelStatistics(service_pb2.ModelStatisticsRequest(version="1"))
@@ -593,7 +610,7 @@ def test_the_codec_gives_the_same_arrow_batch_as_the_arrow_protocol(
         inputs = {"numeric": numeric.astype(np.float64), "category": category.astype(np.int64)}
     input_specs, output_specs = specs_from_config(client.get_model_config(model).config)
     request_message = arrow_batch_to_infer_request(batch_of(inputs), model, 1, "b7", input_specs=input_specs)
-    with grpc.insecure_channel(kserve_server.grpc_target()) as channel:
+    with grpc.insecure_channel(kserve_server.kserve_target()) as channel:
         response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request_message, timeout=30)
     via_kserve = infer_response_to_arrow(response, output_specs)
     via_arrow = stream_predict(kserve_server.grpc_target(), [request(model, batch_of(inputs))])[0].outputs
@@ -616,7 +633,7 @@ def test_the_codec_sends_a_spark_string_column_as_bytes(
     batch = pa.record_batch({"text": pa.array(text, pa.string())})
     request_message = arrow_batch_to_infer_request(batch, "text_hashing", input_specs=input_specs)
     assert [t.datatype for t in request_message.inputs] == ["BYTES"]
-    with grpc.insecure_channel(kserve_server.grpc_target()) as channel:
+    with grpc.insecure_channel(kserve_server.kserve_target()) as channel:
         response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request_message, timeout=30)
     answer = infer_response_to_arrow(response, output_specs)
     expected = keras_reference(

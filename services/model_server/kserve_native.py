@@ -1,0 +1,247 @@
+"""KServe v2 through the native front end (``--kserve-frontend native``), on its own port.
+
+The compiled module (``native/kserve_frontend.cpp``) receives the calls with grpc++ and decodes
+the common ModelInfer request outside the GIL. This module takes, in one turn of the event loop,
+every call it queued since the last turn (an eventfd says when there are some) and answers them
+with the same ``KServeServicer`` as the Python front end:
+
+- a decoded ModelInfer goes through ``start_decoded`` to the model's dynamic batcher, the same
+  one Arrow requests and the Python front end's requests join, and its outputs go back as arrays
+  that the module encodes without the GIL; what is not the common request (BYTES tensors, typed
+  contents, parameters, a datatype to coerce, a wrong shape) is answered from its message by
+  ``_start``, with the Python front end's checks and messages;
+- every other unary method (health, metadata, config, statistics) calls the servicer's own
+  handler with a small stand-in for gRPC's servicer context;
+- ModelStreamInfer is refused (UNIMPLEMENTED) by the module, naming the main port, where it is
+  served.
+
+Metrics, statistics, in-flight accounting and draining are the servicer's, as for the Python
+front end. With a token configured every call must carry it, as on the main port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import grpc
+from google.protobuf import message_factory
+from tritonclient.grpc import service_pb2 as kpb
+
+from services.model_server.job_context import parse_job_context
+from services.model_server.kserve_api import DecodedHead, KServeServicer, TensorAnswer, _Failure
+from services.model_server.native import load_frontend_module
+from services.model_server.security import AUTHORIZATION_HEADER, token_matches
+from services.model_server.streaming import Pending
+
+logger = logging.getLogger(__name__)
+
+SERVICE = "inference.GRPCInferenceService"
+MODEL_INFER = f"/{SERVICE}/ModelInfer"
+UNAUTHENTICATED_MESSAGE = "missing or wrong token: send metadata 'authorization: Bearer <token>'"
+
+FastCall = tuple[int, str, str, str, list[Any], list[str], list[tuple[str, str]]]
+SlowCall = tuple[int, str, bytes, list[tuple[str, str]]]
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _Context:
+    """What the servicer's unary handlers use of ``grpc.aio.ServicerContext``."""
+
+    def __init__(self, metadata: Sequence[tuple[str, str]]) -> None:
+        self._metadata = tuple(metadata)
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+        raise _Abort(code, details)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+
+def _request_classes() -> dict[str, tuple[str, Callable[[bytes], Any]]]:
+    """Each unary method of the service: its handler's name and its request's parser."""
+    service = kpb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    classes = {}
+    for method in service.methods:
+        if method.client_streaming or method.server_streaming:
+            continue
+        message_class = message_factory.GetMessageClass(method.input_type)
+        classes[f"/{SERVICE}/{method.name}"] = (method.name, message_class.FromString)
+    return classes
+
+
+class NativeKServeFrontend:
+    """The native front end of one server: started on its event loop, stopped when it drains."""
+
+    def __init__(
+        self,
+        servicer: KServeServicer,
+        address: str,
+        max_message_bytes: int,
+        auth_token: str | None = None,
+        tls_key: bytes = b"",
+        tls_cert: bytes = b"",
+        tls_client_ca: bytes = b"",
+    ) -> None:
+        self._servicer = servicer
+        self._address = address
+        self._max_message_bytes = max_message_bytes
+        self._token = auth_token
+        self._tls = (tls_key.decode(), tls_cert.decode(), tls_client_ca.decode())
+        self._methods = _request_classes()
+        self._frontend: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def port(self) -> int:
+        assert self._frontend is not None, "not started"
+        return int(self._frontend.port)
+
+    def start(self) -> int:
+        """Listen (raising ``OSError`` when the address cannot be had); the bound port."""
+        module = load_frontend_module()
+        key, cert, client_ca = self._tls
+        try:
+            self._frontend = module.Frontend(self._address, self._max_message_bytes, key, cert, client_ca)
+        except RuntimeError as exc:
+            raise OSError(f"native KServe front end: {exc}") from exc
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._frontend.wakeup_fd, self._on_calls)
+        return self.port
+
+    async def stop(self, grace_s: float) -> None:
+        """Refuse new calls, give those accepted ``grace_s`` to be answered, then stop listening."""
+        frontend = self._frontend
+        if frontend is None:
+            return
+        frontend.stop_accepting()
+        deadline = time.monotonic() + grace_s
+        while frontend.unanswered() and time.monotonic() < deadline:
+            self._on_calls()  # calls queued before stop_accepting are still answered
+            await asyncio.sleep(0.01)
+        assert self._loop is not None
+        self._loop.remove_reader(frontend.wakeup_fd)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.to_thread(frontend.stop)
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def _on_calls(self) -> None:
+        fast, slow = self._frontend.take()
+        for call in fast:
+            self._answer_decoded(call)
+        for call in slow:
+            self._answer_message(call)
+
+    def _authorized(self, call_id: int, metadata: Sequence[tuple[str, str]]) -> bool:
+        if self._token is None or token_matches(self._token, dict(metadata).get(AUTHORIZATION_HEADER)):
+            return True
+        self._frontend.fail(call_id, grpc.StatusCode.UNAUTHENTICATED.value[0], UNAUTHENTICATED_MESSAGE)
+        return False
+
+    def _answer_decoded(self, call: FastCall) -> None:
+        call_id, model, version, request_id, tensors, output_names, metadata = call
+        if not self._authorized(call_id, metadata):
+            return
+        head = DecodedHead(request_id, model, version)
+        outcome = self._servicer.start_decoded(head, tensors, output_names, parse_job_context(metadata))
+        if outcome is None:  # not the common request: the message's checks say why, or coerce it
+            self._answer_message((call_id, MODEL_INFER, self._frontend.request_bytes(call_id), metadata))
+            return
+        if isinstance(outcome, Pending):
+            outcome.future.add_done_callback(functools.partial(self._finished, call_id, outcome.finish))
+        else:
+            self._send(call_id, outcome)
+
+    def _answer_message(self, call: SlowCall) -> None:
+        call_id, method, payload, metadata = call
+        if not self._authorized(call_id, metadata):
+            return
+        if method == MODEL_INFER:
+            try:
+                request = kpb.ModelInferRequest.FromString(payload)
+            except Exception:
+                self._fail(call_id, grpc.StatusCode.INTERNAL, "cannot parse the ModelInferRequest")
+                return
+            outcome = self._servicer._start(request, parse_job_context(metadata))
+            if isinstance(outcome, Pending):
+                outcome.future.add_done_callback(functools.partial(self._finished, call_id, outcome.finish))
+            else:
+                self._send(call_id, outcome)
+            return
+        handler = self._methods.get(method)
+        if handler is None:
+            self._fail(call_id, grpc.StatusCode.UNIMPLEMENTED, f"method {method} is not served here")
+            return
+        assert self._loop is not None
+        task = self._loop.create_task(self._unary(call_id, handler, payload, metadata))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _unary(
+        self,
+        call_id: int,
+        handler: tuple[str, Callable[[bytes], Any]],
+        payload: bytes,
+        metadata: Sequence[tuple[str, str]],
+    ) -> None:
+        name, parse = handler
+        context = _Context(metadata)
+        try:
+            response = await getattr(self._servicer, name)(parse(payload), context)
+        except _Abort as exc:
+            self._fail(call_id, exc.code, exc.message)
+            return
+        except NotImplementedError:  # the generated base class's handler: set_code, then raise
+            code = context.code or grpc.StatusCode.UNIMPLEMENTED
+            self._fail(call_id, code, context.details or "not served")
+            return
+        except asyncio.CancelledError:
+            self._fail(call_id, grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another")
+            raise
+        except Exception:
+            logger.exception("native KServe front end: %s failed", name)
+            self._fail(call_id, grpc.StatusCode.INTERNAL, f"{name} failed; see the server log")
+            return
+        self._frontend.answer_bytes(call_id, response.SerializeToString())
+
+    def _finished(self, call_id: int, finish: Callable[[Any], Any], future: asyncio.Future[Any]) -> None:
+        try:
+            answer = finish(future)
+        except asyncio.CancelledError:  # the batcher was stopped under the request
+            self._fail(call_id, grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another")
+            return
+        self._send(call_id, answer)
+
+    def _send(self, call_id: int, answer: Any) -> None:
+        if isinstance(answer, _Failure):
+            self._fail(call_id, answer.code, answer.message)
+        elif isinstance(answer, TensorAnswer):
+            self._frontend.answer(call_id, answer.model_name, answer.model_version, answer.id, answer.tensors)
+        else:
+            self._frontend.answer_bytes(call_id, answer.SerializeToString())
+
+    def _fail(self, call_id: int, code: grpc.StatusCode, message: str) -> None:
+        with contextlib.suppress(Exception):
+            self._frontend.fail(call_id, code.value[0], message)
