@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import grpc
 import numpy as np
@@ -58,6 +59,10 @@ DEFAULT_ENV_FILE = (
 )
 MODEL = "tabular_mlp"
 TARGET_RATIO = 1.0
+UDFSERVE_SERVERS = ("udfserve-native", "udfserve")
+"""udfserve with its native KServe front end (judged against the target), and with its python one."""
+FRONTEND_OF = {"udfserve-native": "native", "udfserve": "python"}
+LABEL = {"udfserve-native": "udfserve native", "udfserve": "udfserve python", "triton": "Triton"}
 READY_TIMEOUT_S = 300.0
 
 
@@ -131,18 +136,19 @@ def quiet_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 # -- servers -----------------------------------------------------------------------------------
 @contextmanager
-def udfserve_server(repository: Path, logs: Path) -> Iterator[tuple[str, int]]:
+def udfserve_server(repository: Path, logs: Path, frontend: str) -> Iterator[tuple[str, int]]:
+    """udfserve with its python KServe front end (on the main port) or its native one."""
+    native = ["--kserve-frontend", "native", "--kserve-port", "0"] if frontend == "native" else []
     process = launch_server(
         repository,
         port=0,
         http_port=None,
-        extra_args=["--models", MODEL],
+        extra_args=["--models", MODEL, *native],
         env=quiet_env(),
-        log_path=logs / "udfserve.log",
+        log_path=logs / f"udfserve-{frontend}.log",
     )
     try:
-        assert process.tcp_address is not None
-        yield process.tcp_address, process.pid
+        yield process.kserve_target(), process.pid
     finally:
         process.terminate()
 
@@ -375,49 +381,61 @@ def write_report(
         "why each point is measured interleaved and the spread of the runs is listed below.",
         "",
         (
-            "Same predictions: 256 float64 rows through `udfserve.kserve_codec` to both servers, largest "
+            "Same predictions: 256 float64 rows through `udfserve.kserve_codec` to each udfserve front end "
+            f"({', '.join(LABEL[name] for name in cast(list[str], check['compared_servers']))}) and to "
+            "Triton, largest "
             f"absolute difference {check['max_abs_diff']:.2e} "
             f"({'equal within 1e-5' if check['equal'] else 'NOT equal'})."
             if check["compared"]
             else "Same predictions: not compared (one server measured in this run)."
         ),
         "",
-        f"Target: udfserve at least {TARGET_RATIO:.1f}x Triton's rows/s at every point.",
+        f"Target: udfserve at least {TARGET_RATIO:.1f}x Triton's rows/s at every point, judged on "
+        "udfserve's native KServe front end (`--kserve-frontend native`); its python front end (the "
+        "default, KServe on the main port beside the Arrow service) is measured beside it.",
         "",
         "Server CPU per row: CPU time of the server's processes (Triton's python backend stub "
         "included) during the whole perf_analyzer run, divided by the rows it answered at the "
         "measured rate; perf_analyzer itself runs on the same 2 CPUs, so where the machine is "
         "saturated, the server that spends less CPU per row answers more rows.",
         "",
-        "| batch | concurrency | udfserve rows/s | Triton rows/s | udfserve ÷ Triton | udfserve p50 / p99 ms "
-        "| Triton p50 / p99 ms | server CPU µs per row, udfserve / Triton | verdict |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    measured = [name for name in (*UDFSERVE_SERVERS, "triton") if any(p.server == name for p in points)]
+    ours = [name for name in measured if name != "triton"]
+    header = ["batch", "concurrency", *(f"{LABEL[name]} rows/s" for name in measured)]
+    if "triton" in measured:
+        header += [f"{LABEL[name]} ÷ Triton" for name in ours]
+    header += [
+        f"p50 / p99 ms, {' / '.join(LABEL[name] for name in measured)}",
+        f"server CPU µs per row, {' / '.join(LABEL[name] for name in measured)}",
+        "verdict",
+    ]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---:|" * (len(header) - 1) + "---|"]
     for batch, concurrency in grid:
-        ours, theirs = (
-            by_key.get(("udfserve", batch, concurrency)),
-            by_key.get(("triton", batch, concurrency)),
-        )
-        ratio = (
-            ours.rows_per_s / theirs.rows_per_s
-            if ours and theirs and ours.rows_per_s and theirs.rows_per_s
-            else None
-        )
-        verdict = "n/a" if ratio is None else ("met" if ratio >= TARGET_RATIO else "**missed**")
-        lines.append(
-            f"| {batch} | {concurrency} | {fmt(_of(ours, 'rows_per_s'))} "
-            f"| {fmt(_of(theirs, 'rows_per_s'))} "
-            f"| {fmt(ratio, 2)} | {fmt(_of(ours, 'p50_ms'), 2)} / {fmt(_of(ours, 'p99_ms'), 2)} "
-            f"| {fmt(_of(theirs, 'p50_ms'), 2)} / {fmt(_of(theirs, 'p99_ms'), 2)} "
-            f"| {fmt(_of(ours, 'server_cpu_us_per_row'), 1)} "
-            f"/ {fmt(_of(theirs, 'server_cpu_us_per_row'), 1)} "
-            f"| {verdict} |"
-        )
+        at = {name: by_key.get((name, batch, concurrency)) for name in measured}
+        ratios = {name: _ratio(at[name], at.get("triton")) for name in ours}
+        judged = ratios.get(UDFSERVE_SERVERS[0])
+        verdict = "n/a" if judged is None else ("met" if judged >= TARGET_RATIO else "**missed**")
+        cells = [str(batch), str(concurrency), *(fmt(_of(at[name], "rows_per_s")) for name in measured)]
+        if "triton" in measured:
+            cells += [fmt(ratios[name], 2) for name in ours]
+        cells += [
+            " / ".join(f"{fmt(_of(at[n], 'p50_ms'), 2)}, {fmt(_of(at[n], 'p99_ms'), 2)}" for n in measured),
+            " / ".join(fmt(_of(at[name], "server_cpu_us_per_row"), 1) for name in measured),
+            verdict,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     lines += latency_table(by_key, grid)
     notes = [f"- {p.server} b{p.batch} c{p.concurrency}: {p.note}" for p in points if p.note]
     if notes:
         lines += ["", "Notes:", "", *notes]
     (output / "perf_analyzer.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _ratio(ours: Point | None, theirs: Point | None) -> float | None:
+    if ours is None or theirs is None or not ours.rows_per_s or not theirs.rows_per_s:
+        return None
+    return ours.rows_per_s / theirs.rows_per_s
 
 
 def latency_table(by_key: Mapping[tuple[str, int, int], Point], grid: Sequence[tuple[int, int]]) -> list[str]:
@@ -434,13 +452,15 @@ def latency_table(by_key: Mapping[tuple[str, int, int], Point], grid: Sequence[t
         "(udfserve counts its conversions inside *infer*; Triton's python backend adds its own "
         "transfer to the stub process).",
         "",
-        "| batch | concurrency | udfserve: mean | queue | compute | network + server "
-        "| Triton: mean | queue | compute | network + server |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    measured = [name for name in (*UDFSERVE_SERVERS, "triton") if any(key[0] == name for key in by_key)]
+    header = ["batch", "concurrency"]
+    for name in measured:
+        header += [f"{LABEL[name]}: mean", "queue", "compute", "network + server"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
     for batch, concurrency in grid:
         cells = []
-        for server in ("udfserve", "triton"):
+        for server in measured:
             point = by_key.get((server, batch, concurrency))
             latency = point.latency if point is not None else None
             if latency is None:
@@ -465,7 +485,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--measurement-interval-ms", type=int, default=3000)
     parser.add_argument("--stability-percent", type=int, default=20)
     parser.add_argument("--max-trials", type=int, default=8)
-    parser.add_argument("--servers", default="udfserve,triton", help="which servers to measure")
+    parser.add_argument(
+        "--servers",
+        default=",".join([*UDFSERVE_SERVERS, "triton"]),
+        help="which servers to measure: udfserve-native (--kserve-frontend native), udfserve (the python "
+        "front end), triton",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="runs per server and point, interleaved")
     parser.add_argument("--output", type=Path, default=HERE / "results")
     return parser.parse_args(argv)
@@ -499,10 +524,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             addresses: dict[str, str] = {}
             pids: dict[str, int] = {}
             for server in servers:
-                if server == "udfserve":
-                    context = udfserve_server(repository, work)
-                else:
+                if server in UDFSERVE_SERVERS:
+                    context = udfserve_server(repository, work, FRONTEND_OF[server])
+                elif server == "triton":
                     context = triton_server(triton_repo, env_file, work)
+                else:
+                    raise SystemExit(
+                        f"unknown server {server!r}; expected some of {[*UDFSERVE_SERVERS, 'triton']}"
+                    )
                 addresses[server], pids[server] = stack.enter_context(context)
                 predictions[server] = predict(addresses[server], batch)
             if "triton" in addresses:
@@ -524,15 +553,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         )
                         runs[server].append(point)
                     points.extend(best_of(server_runs) for server_runs in runs.values())
-        diff = (
-            float(np.max(np.abs(predictions["udfserve"] - predictions["triton"])))
-            if len(predictions) == 2
-            else float("nan")
+        compared = (
+            [name for name in UDFSERVE_SERVERS if name in predictions] if "triton" in predictions else []
+        )
+        diff = max(
+            (float(np.max(np.abs(predictions[name] - predictions["triton"]))) for name in compared),
+            default=float("nan"),
         )
         meta["load_average_1m_after"] = round(os.getloadavg()[0], 2)
         check = {
             "rows": batch.num_rows,
-            "compared": len(predictions) == 2,
+            "compared": bool(compared),
+            "compared_servers": compared,
             "max_abs_diff": diff,
             "equal": bool(diff <= 1e-5),
         }
