@@ -1,16 +1,18 @@
 """perf_analyzer against udfserve's KServe endpoint and against a real Triton serving the same model.
 
     bash benchmarks/kserve/setup.sh          # once: Triton's own environment, perf_analyzer
-    python -m benchmarks.kserve.run          # about 10 minutes on 2 cores
+    python -m benchmarks.kserve.run          # about 11 minutes on 2 cores
 
-Both servers serve ``tabular_mlp`` (64 -> 256 -> 256 -> 8, the example model) from the same
+udfserve runs twice, with its native KServe front end (``udfserve-native``: the target is judged
+on it; ``bash scripts/native.sh`` builds it) and with its python one (``udfserve``). The servers
+serve ``tabular_mlp`` (64 -> 256 -> 256 -> 8, the example model) from the same
 ``model.keras``, with ``max_batch_size`` 1024 and a 2 ms dynamic-batching delay; Triton runs it
 in its python backend through one ``tf.function``, as udfserve's backend does. First the same
 rows go through both, over KServe gRPC with ``udfserve.kserve_codec``, and their predictions are
 compared; then perf_analyzer (gRPC, synchronous requests, random FP32 data) measures each point
-of the grid batch x concurrency. Both servers stay up, the one not measured idle, and each point
-is measured A B B A with the best run of each kept: on a shared machine, load from outside then
-falls on both alike. ``Inferences/Second`` of perf_analyzer counts rows (requests x batch).
+of the grid batch x concurrency. All servers stay up, those not measured idle, and each point
+is measured A B C C B A with the best run of each kept: on a shared machine, load from outside
+then falls on all alike. ``Inferences/Second`` of perf_analyzer counts rows (requests x batch).
 
 Writes ``benchmarks/kserve/results/perf_analyzer.{json,md}``.
 """
@@ -312,8 +314,8 @@ def perf_analyzer(
 
 
 def interleaved(servers: Sequence[str], repeats: int) -> list[str]:
-    """A B B A ...: each server measured as often, as early and as late as the other, so that
-    load from outside the benchmark falls on both alike."""
+    """A B C C B A ...: each server measured as often, as early and as late as the others, so that
+    load from outside the benchmark falls on all alike."""
     order: list[str] = []
     for repeat in range(repeats):
         order.extend(servers if repeat % 2 == 0 else list(reversed(servers)))
@@ -365,11 +367,11 @@ def write_report(
         "# KServe v2: udfserve against a real Triton, measured with perf_analyzer",
         "",
         f"`{MODEL}` (64→256→256→8) from the same `model.keras`, max_batch_size 1024, dynamic batching "
-        "with a 2 ms delay, on both servers; Triton "
+        "with a 2 ms delay, on every server; Triton "
         f"{meta.get('triton_version', '')} runs it in its python backend through one `tf.function`, "
-        "as udfserve's TensorFlow backend does. Both servers up on one machine "
-        f"({meta['cpus']} CPUs), the one not measured idle; each point measured "
-        f"{meta['repeats']} times per server, interleaved (A B B A), the best run kept; "
+        "as udfserve's TensorFlow backend does. All servers up on one machine "
+        f"({meta['cpus']} CPUs), those not measured idle; each point measured "
+        f"{meta['repeats']} times per server, interleaved (A B C C B A), the best run kept; "
         f"perf_analyzer {meta['perf_analyzer_version']} over gRPC, synchronous "
         "requests, "
         f"random FP32 data, {meta['measurement_interval_ms']} ms windows, stable within "
