@@ -154,7 +154,7 @@ class ServerConfig(BaseSettings):
         default=None, description="write the bound addresses here as JSON once listening"
     )
     max_message_bytes: int = Field(
-        default=64 << 20, ge=1 << 16, description="largest gRPC message, both ways"
+        default=64 << 20, ge=1 << 16, le=(1 << 31) - 1, description="largest gRPC message, both ways"
     )
     shared_memory_dir: Path | None = Field(
         default=Path(DEFAULT_SHARED_MEMORY_DIRECTORY),

@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import message_factory
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as kpb
 
 from services.model_server.job_context import parse_job_context
@@ -44,9 +45,13 @@ logger = logging.getLogger(__name__)
 SERVICE = "inference.GRPCInferenceService"
 MODEL_INFER = f"/{SERVICE}/ModelInfer"
 UNAUTHENTICATED_MESSAGE = "missing or wrong token: send metadata 'authorization: Bearer <token>'"
+UNREADABLE = "the request cannot be parsed as an inference.{}; expected a serialized message of that type"
 
 FastCall = tuple[int, str, str, str, list[Any], list[str], list[tuple[str, str]]]
+"""A decoded ModelInfer: call id, model, version, request id, inputs as (name, datatype, shape,
+array), requested output names, metadata."""
 SlowCall = tuple[int, str, bytes, list[tuple[str, str]]]
+"""Any other call: call id, method, the serialized request, metadata."""
 
 
 class _Abort(Exception):
@@ -111,6 +116,10 @@ class NativeKServeFrontend:
         self._frontend: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        """Calls whose answer waits for the batcher (or a handler task), by call id."""
+        self._cancelled: set[int] = set()
+        """Of them, those whose client went away: answered CANCELLED once their work is dropped."""
 
     @property
     def port(self) -> int:
@@ -148,11 +157,24 @@ class NativeKServeFrontend:
     # -- calls -----------------------------------------------------------------------------------
 
     def _on_calls(self) -> None:
-        fast, slow = self._frontend.take()
+        fast, slow, cancelled = self._frontend.take()
         for call in fast:
-            self._answer_decoded(call)
+            self._guarded(self._answer_decoded, call)
         for call in slow:
-            self._answer_message(call)
+            self._guarded(self._answer_message, call)
+        for call_id in cancelled:
+            work = self._pending.get(call_id)
+            if work is not None:  # else answered already, or answered at once
+                self._cancelled.add(call_id)
+                work.cancel()
+
+    def _guarded(self, answer: Callable[[Any], None], call: Any) -> None:
+        """Answer one call; a failure of this code fails that call alone, never the others."""
+        try:
+            answer(call)
+        except Exception:
+            logger.exception("native KServe front end: answering call %s failed", call[0])
+            self._fail(call[0], grpc.StatusCode.INTERNAL, "the server failed to answer; see its log")
 
     def _authorized(self, call_id: int, metadata: Sequence[tuple[str, str]]) -> bool:
         if self._token is None or token_matches(self._token, dict(metadata).get(AUTHORIZATION_HEADER)):
@@ -169,7 +191,11 @@ class NativeKServeFrontend:
         if outcome is None:  # not the common request: the message's checks say why, or coerce it
             self._answer_message((call_id, MODEL_INFER, self._frontend.request_bytes(call_id), metadata))
             return
+        self._answer_outcome(call_id, outcome)
+
+    def _answer_outcome(self, call_id: int, outcome: Any) -> None:
         if isinstance(outcome, Pending):
+            self._pending[call_id] = outcome.future
             outcome.future.add_done_callback(functools.partial(self._finished, call_id, outcome.finish))
         else:
             self._send(call_id, outcome)
@@ -181,14 +207,10 @@ class NativeKServeFrontend:
         if method == MODEL_INFER:
             try:
                 request = kpb.ModelInferRequest.FromString(payload)
-            except Exception:
-                self._fail(call_id, grpc.StatusCode.INTERNAL, "cannot parse the ModelInferRequest")
+            except DecodeError:
+                self._fail(call_id, grpc.StatusCode.INVALID_ARGUMENT, UNREADABLE.format("ModelInferRequest"))
                 return
-            outcome = self._servicer._start(request, parse_job_context(metadata))
-            if isinstance(outcome, Pending):
-                outcome.future.add_done_callback(functools.partial(self._finished, call_id, outcome.finish))
-            else:
-                self._send(call_id, outcome)
+            self._answer_outcome(call_id, self._servicer._start(request, parse_job_context(metadata)))
             return
         handler = self._methods.get(method)
         if handler is None:
@@ -197,7 +219,13 @@ class NativeKServeFrontend:
         assert self._loop is not None
         task = self._loop.create_task(self._unary(call_id, handler, payload, metadata))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._pending[call_id] = task
+        task.add_done_callback(functools.partial(self._task_done, call_id))
+
+    def _task_done(self, call_id: int, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._pending.pop(call_id, None)
+        self._cancelled.discard(call_id)
 
     async def _unary(
         self,
@@ -209,7 +237,12 @@ class NativeKServeFrontend:
         name, parse = handler
         context = _Context(metadata)
         try:
-            response = await getattr(self._servicer, name)(parse(payload), context)
+            message = parse(payload)
+        except DecodeError:
+            self._fail(call_id, grpc.StatusCode.INVALID_ARGUMENT, UNREADABLE.format(f"{name} request"))
+            return
+        try:
+            response = await getattr(self._servicer, name)(message, context)
         except _Abort as exc:
             self._fail(call_id, exc.code, exc.message)
             return
@@ -218,7 +251,7 @@ class NativeKServeFrontend:
             self._fail(call_id, code, context.details or "not served")
             return
         except asyncio.CancelledError:
-            self._fail(call_id, grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another")
+            self._fail(call_id, *self._cancellation(call_id))
             raise
         except Exception:
             logger.exception("native KServe front end: %s failed", name)
@@ -226,21 +259,35 @@ class NativeKServeFrontend:
             return
         self._frontend.answer_bytes(call_id, response.SerializeToString())
 
+    def _cancellation(self, call_id: int) -> tuple[grpc.StatusCode, str]:
+        """How to answer a call whose work was cancelled: its client left, or the server stops."""
+        if call_id in self._cancelled:
+            return grpc.StatusCode.CANCELLED, "cancelled by the client"
+        return grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another"
+
     def _finished(self, call_id: int, finish: Callable[[Any], Any], future: asyncio.Future[Any]) -> None:
+        self._pending.pop(call_id, None)
         try:
             answer = finish(future)
-        except asyncio.CancelledError:  # the batcher was stopped under the request
-            self._fail(call_id, grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another")
+        except asyncio.CancelledError:  # its client left (the batcher dropped it), or the server stops
+            self._fail(call_id, *self._cancellation(call_id))
+            self._cancelled.discard(call_id)
             return
+        self._cancelled.discard(call_id)
         self._send(call_id, answer)
 
     def _send(self, call_id: int, answer: Any) -> None:
-        if isinstance(answer, _Failure):
-            self._fail(call_id, answer.code, answer.message)
-        elif isinstance(answer, TensorAnswer):
-            self._frontend.answer(call_id, answer.model_name, answer.model_version, answer.id, answer.tensors)
-        else:
-            self._frontend.answer_bytes(call_id, answer.SerializeToString())
+        try:
+            if isinstance(answer, _Failure):
+                self._fail(call_id, answer.code, answer.message)
+            elif isinstance(answer, TensorAnswer):
+                tensors = answer.tensors
+                self._frontend.answer(call_id, answer.model_name, answer.model_version, answer.id, tensors)
+            else:
+                self._frontend.answer_bytes(call_id, answer.SerializeToString())
+        except Exception:
+            logger.exception("native KServe front end: sending the answer of call %s failed", call_id)
+            self._fail(call_id, grpc.StatusCode.INTERNAL, "the server failed to send its answer; see its log")
 
     def _fail(self, call_id: int, code: grpc.StatusCode, message: str) -> None:
         with contextlib.suppress(Exception):

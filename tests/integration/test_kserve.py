@@ -351,6 +351,29 @@ def test_a_wrong_shape_names_the_input_the_expected_and_the_received_shape(
     assert "'features'" in error.message() and "[-1, 64]" in error.message() and "[2, 63]" in error.message()
 
 
+@pytest.mark.parametrize(
+    ("datatype", "shape"),
+    [("INT8", [3, 6148914691236517206]), ("FP32", [0, 1 << 62]), ("FP32", [1] * 70)],
+    ids=["element-count-overflows", "too-big-for-numpy", "70-dimensions"],
+)
+def test_a_shape_no_array_can_have_is_refused_and_calls_beside_it_are_answered(
+    kserve_server: ServerProcess, client: triton.InferenceServerClient, datatype: str, shape: list[int]
+) -> None:
+    bad = service_pb2.ModelInferRequest(model_name="tabular_mlp")
+    bad.inputs.add(name="features", datatype=datatype, shape=shape)
+    bad.raw_input_contents.append(b"\0\0")
+    with grpc.insecure_channel(kserve_server.kserve_target()) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.ModelInfer(bad, timeout=30)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'features'" in (raised.value.details() or "")
+    assert client.infer("tabular_mlp", [tensor("features", features(2))]).as_numpy("probabilities").shape == (
+        2,
+        8,
+    )
+
+
 def test_bool_for_a_float_input_is_refused_naming_both_datatypes(
     client: triton.InferenceServerClient,
 ) -> None:

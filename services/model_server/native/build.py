@@ -86,6 +86,32 @@ def _run(command: Sequence[str], cwd: Path) -> None:
         raise BuildError(f"{' '.join(command[:2])}... failed:\n{result.stderr.strip()[-4000:]}")
 
 
+def _toolchain_versions(gxx: str, protoc: str) -> str:
+    """What the module was built with: a system upgrade of any of them means a rebuild."""
+    import pybind11
+
+    versions = [
+        sys.version,
+        pybind11.__version__,
+        *_pkg_config("--modversion"),
+        *(
+            subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip()
+            for command in ([gxx, "-dumpfullversion"], [protoc, "--version"])
+        ),
+    ]
+    return "\n".join(versions)
+
+
+def _imports() -> bool:
+    """Whether the built module loads, in a fresh interpreter (a library it links may be gone)."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "from services.model_server.native import load_frontend_module as l; l()"],
+        capture_output=True,
+        check=False,
+    )
+    return probe.returncode == 0
+
+
 def build(work: Path, force: bool = False) -> Path:
     """Compile the module into this package's folder (unless up to date); its path."""
     descriptors = descriptor_set()
@@ -94,19 +120,20 @@ def build(work: Path, force: bool = False) -> Path:
         *_pkg_config("--cflags"),
     ]
     libs = _pkg_config("--libs")
+    gxx = _tool("g++")
+    protoc = _tool("protoc")
     digest = hashlib.sha256()
     for part in (SOURCE.read_bytes(), descriptors, " ".join([*CXX_FLAGS, *include, *libs]).encode()):
         digest.update(part)
-    digest.update(sys.version.encode())
+    digest.update(_toolchain_versions(gxx, protoc).encode())
     stamp = digest.hexdigest()
     target = module_path()
     stamp_file = target.with_suffix(".stamp")
-    if not force and target.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+    up_to_date = target.exists() and stamp_file.exists() and stamp_file.read_text() == stamp
+    if not force and up_to_date and _imports():
         logger.info("%s is up to date", target.name)
         return target
 
-    gxx = _tool("g++")
-    protoc = _tool("protoc")
     generated = work / "generated"
     generated.mkdir(parents=True, exist_ok=True)
     (work / "kserve.pb").write_bytes(descriptors)

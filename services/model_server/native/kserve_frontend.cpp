@@ -77,6 +77,7 @@ class Call final : public grpc::ServerGenericBidiReactor {
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool) override {}
+  void OnCancel() override;  // the client went away or its deadline passed
   void OnDone() override;
 
   // Decode the request as the common ModelInfer request; false when it is anything else.
@@ -151,7 +152,12 @@ class Frontend {
     call->id = ++last_id_;
     calls_.emplace(call->id, call);
     (fast ? fast_ : slow_).push_back(call);
-    if (fast_.size() + slow_.size() == 1) {
+    WakeLocked();
+  }
+
+  // Wake Python when the queues turn non-empty (it reads the eventfd before taking them).
+  void WakeLocked() {
+    if (fast_.size() + slow_.size() + cancelled_.size() == 1) {
       uint64_t one = 1;
       ssize_t written = write(wakeup_fd_, &one, sizeof(one));
       (void)written;  // the counter only saturates with a wakeup already pending
@@ -163,25 +169,43 @@ class Frontend {
     if (call->id != 0) calls_.erase(call->id);
   }
 
-  // Everything queued since the last take: (fast calls, slow calls).
+  // A call not answered yet was cancelled: Python drops its work and answers it CANCELLED.
+  void Cancelled(Call* call) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (call->id == 0 || calls_.count(call->id) == 0) return;  // not accepted yet, or answered
+    cancelled_.push_back(call->id);
+    WakeLocked();
+  }
+
+  // Everything queued since the last take: (fast calls, slow calls, ids of cancelled calls).
+  // Never raises for one call: a fast call whose arrays numpy refuses goes to the slow path,
+  // where the Python servicer's checks name what is wrong.
   py::tuple Take() {
     uint64_t count;
     ssize_t got = read(wakeup_fd_, &count, sizeof(count));
     (void)got;  // EAGAIN: nothing was pending
     std::vector<Call*> fast, slow;
+    std::vector<uint64_t> cancelled;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       fast.swap(fast_);
       slow.swap(slow_);
+      cancelled.swap(cancelled_);
     }
-    py::list fast_list(fast.size());
-    for (size_t i = 0; i < fast.size(); ++i) fast_list[i] = FastCall(fast[i]);
-    py::list slow_list(slow.size());
-    for (size_t i = 0; i < slow.size(); ++i) {
-      Call* call = slow[i];
-      slow_list[i] = py::make_tuple(call->id, call->method, RequestBytes(call), Metadata(call));
+    py::list fast_list;
+    for (Call* call : fast) {
+      try {
+        fast_list.append(FastCall(call));
+      } catch (const std::exception&) {
+        PyErr_Clear();
+        slow.push_back(call);
+      }
     }
-    return py::make_tuple(fast_list, slow_list);
+    py::list slow_list;
+    for (Call* call : slow) {
+      slow_list.append(py::make_tuple(call->id, call->method, RequestBytes(call), Metadata(call)));
+    }
+    return py::make_tuple(fast_list, slow_list, py::cast(cancelled));
   }
 
   // The serialized request of a call not answered yet, for Python to read as a message.
@@ -199,9 +223,7 @@ class Frontend {
   // Answer a fast call: outputs as (name, datatype, shape, array) in the order to send them.
   void Answer(uint64_t id, const std::string& model_name, const std::string& model_version,
               const std::string& request_id, const py::list& outputs) {
-    Call* call = Find(id);
-    if (call == nullptr) return;
-    inference::ModelInferResponse response;
+    inference::ModelInferResponse response;  // built before the call is taken: this may raise
     response.set_model_name(model_name);
     response.set_model_version(model_version);
     response.set_id(request_id);
@@ -215,6 +237,8 @@ class Frontend {
       if (info.ndim > 0 && !IsCContiguous(info)) throw std::invalid_argument("output arrays must be C-contiguous");
       response.add_raw_output_contents()->assign(static_cast<const char*>(info.ptr), info.size * info.itemsize);
     }
+    Call* call = Find(id);
+    if (call == nullptr) return;
     py::gil_scoped_release release;  // encoding and sending need no Python
     grpc::ByteBuffer buffer;
     bool own;
@@ -252,6 +276,7 @@ class Frontend {
       calls_.clear();
       fast_.clear();
       slow_.clear();
+      cancelled_.clear();
     }
     py::gil_scoped_release release;
     for (Call* call : unanswered) {
@@ -322,9 +347,16 @@ class Frontend {
     return py::bytes(bytes);
   }
 
+  // Keys are ASCII (HTTP/2 lower-case names); a value that is not UTF-8 is decoded with
+  // replacement characters rather than refused (the Python front end drops such a value).
   static py::list Metadata(Call* call) {
     py::list metadata;
-    for (const auto& entry : call->metadata) metadata.append(py::make_tuple(entry.first, entry.second));
+    for (const auto& entry : call->metadata) {
+      PyObject* value = PyUnicode_DecodeUTF8(entry.second.data(), static_cast<Py_ssize_t>(entry.second.size()),
+                                             "replace");
+      if (value == nullptr) throw py::error_already_set();
+      metadata.append(py::make_tuple(entry.first, py::reinterpret_steal<py::str>(value)));
+    }
     return metadata;
   }
 
@@ -362,6 +394,7 @@ class Frontend {
   std::unordered_map<uint64_t, Call*> calls_;
   std::vector<Call*> fast_;
   std::vector<Call*> slow_;
+  std::vector<uint64_t> cancelled_;
 
   friend class Call;
 };
@@ -379,6 +412,8 @@ void Call::OnReadDone(bool ok) {
   }
   frontend_->Accept(this);
 }
+
+void Call::OnCancel() { frontend_->Cancelled(this); }
 
 void Call::OnDone() {
   frontend_->Forget(this);
@@ -400,10 +435,19 @@ bool Call::Decode() {
     if (datatype == nullptr || tensor.parameters_size() != 0 || tensor.has_contents() || tensor.shape_size() == 0) {
       return false;
     }
-    uint64_t count = 1;
+    // numpy's limits: at most 32 dimensions, and a size (zero dimensions aside) that fits a
+    // signed 64-bit count of bytes. Anything beyond goes to the Python checks, which refuse it.
+    if (tensor.shape_size() > 32) return false;
+    uint64_t count = 1, nonzero = datatype->itemsize;
+    constexpr uint64_t kLimit = static_cast<uint64_t>(INT64_MAX);
     for (int64_t dim : tensor.shape()) {
       if (dim < 0) return false;
-      count *= static_cast<uint64_t>(dim);
+      const uint64_t size = static_cast<uint64_t>(dim);
+      if (size != 0) {
+        if (nonzero > kLimit / size) return false;
+        nonzero *= size;
+      }
+      count = size == 0 ? 0 : count * size;  // bounded by nonzero, which did not overflow
     }
     if (count * datatype->itemsize != request.raw_input_contents(i).size()) return false;
     if (datatype->itemsize > 1 &&
