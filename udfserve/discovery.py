@@ -46,6 +46,10 @@ class ServerEntry(BaseModel):
     unix_socket: str | None = Field(default=None, description="path of the gRPC unix socket")
     tcp_address: str | None = Field(default=None, description="host:port of the gRPC TCP listener")
     http_address: str | None = Field(default=None, description="host:port of the HTTP admin app")
+    kserve_address: str | None = Field(
+        default=None,
+        description="host:port of the native KServe front end (servers run with --kserve-frontend native)",
+    )
     pid: int | None = None
     models: list[str] = Field(default_factory=list)
     state: ServerState = "ready"

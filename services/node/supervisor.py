@@ -67,6 +67,7 @@ class ServerSlot:
             unix_socket=str(self.socket_path),
             tcp_address=self.process.tcp_address if ready and self.process else None,
             http_address=self.process.http_address if ready and self.process else None,
+            kserve_address=self.process.kserve_address if ready and self.process else None,
             pid=self.process.pid if self.process is not None else None,
             models=list(self.models) if ready else [],
             state=self.state,

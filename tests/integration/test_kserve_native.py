@@ -116,6 +116,31 @@ def test_calls_whose_deadline_passed_are_dropped_not_run(native_server: ServerPr
     assert after - before <= answered + 10
 
 
+def test_bytes_that_are_no_request_are_refused_and_the_port_keeps_serving(
+    native_server: ServerProcess,
+) -> None:
+    """Random bytes and cut messages, on the decoded path's method and on another: each answered
+    with an error status, none left waiting, then a good call is answered."""
+    assert native_server.kserve_address is not None
+    good = service_pb2.ModelInferRequest(model_name="tabular_mlp")
+    good.inputs.add(name="features", datatype="FP32", shape=[2, 64])
+    good.raw_input_contents.append(features(2, seed=3).tobytes())
+    serialized = good.SerializeToString()
+    rng = np.random.default_rng(11)
+    payloads = [rng.bytes(int(size)) for size in rng.integers(1, 600, size=20)]
+    payloads += [serialized[:cut] for cut in (3, 17, len(serialized) // 2, len(serialized) - 1)]
+    with grpc.insecure_channel(native_server.kserve_address) as channel:
+        for method in ("ModelInfer", "ModelMetadata"):
+            call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+            for payload in payloads:
+                try:
+                    call(payload, timeout=30)
+                except grpc.RpcError as error:
+                    assert error.code() != grpc.StatusCode.DEADLINE_EXCEEDED, (method, payload)
+        answer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(good, timeout=30)
+    assert list(answer.outputs[0].shape) == [2, 8]
+
+
 def test_a_stream_on_the_native_port_is_refused_naming_the_main_port(native_server: ServerProcess) -> None:
     assert native_server.kserve_address is not None
     with grpc.insecure_channel(native_server.kserve_address) as channel:

@@ -37,8 +37,10 @@ MODELS = {
 
 
 def kserve_config(server: ServerProcess, **settings: object) -> ClientConfig:
+    """KServe to the server's native front end when it runs one, else to its main address."""
+    address = server.kserve_address or server.grpc_target()
     return ClientConfig.model_validate(
-        {"address": server.grpc_target(), "protocol": "kserve", "fallback": "error", **settings}
+        {"address": address, "protocol": "kserve", "fallback": "error", **settings}
     )
 
 
@@ -200,13 +202,74 @@ def test_exceeds_maximum_queue_size_is_waited_out_not_taken_for_a_failure(
     np.testing.assert_allclose(predicted, 2.0 * feature_values(ids, (4,)).sum(axis=1), atol=1e-5)
 
 
-@pytest.fixture
-def own_server(example_repository: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+NATIVE_FRONTEND = ["--kserve-frontend", "native", "--kserve-port", "0"]
+
+
+@pytest.fixture(scope="module")
+def native_server(
+    example_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """udfserve with its native KServe front end (on a port of its own)."""
+    folder = tmp_path_factory.mktemp("native")
+    process = launch_server(
+        example_repository,
+        socket=folder / "grpc.sock",
+        http_port=None,
+        extra_args=["--models", "tabular_mlp,multi_io", *NATIVE_FRONTEND],
+        log_path=folder / "server.log",
+    )
+    yield process
+    process.terminate()
+
+
+def test_remote_predict_over_the_native_kserve_front_end_equals_the_arrow_protocol(
+    spark: SparkSession, native_server: ServerProcess, example_repository: Path
+) -> None:
+    assert native_server.kserve_address is not None
+    arrow = remote_predict(
+        "tabular_mlp", config=ClientConfig(address=native_server.grpc_target(), fallback="error")
+    )
+    kserve = remote_predict("tabular_mlp", config=kserve_config(native_server))
+    result = (
+        spark.range(ROWS, numPartitions=2)
+        .withColumn("features", feature_column((64,)))
+        .select("id", arrow("features").alias("arrow"), kserve("features").alias("kserve"))
+        .toPandas()
+        .sort_values("id")
+    )
+    assert np.array_equal(result["id"].to_numpy(), np.arange(ROWS))
+    np.testing.assert_allclose(stacked(result["kserve"]), stacked(result["arrow"]), atol=1e-6)
+    assert (kserve.stats().rows_by_server, kserve.stats().rows_by_fallback) == (ROWS, 0)
+
+
+def test_predict_arrow_over_the_native_front_end_carries_several_inputs_and_outputs(
+    spark: SparkSession, native_server: ServerProcess
+) -> None:
+    frame = (
+        spark.range(2_000, numPartitions=2)
+        .withColumn("numeric", feature_column((8,)))
+        .withColumn("category", (F.col("id") % 16).cast("int"))
+    )
+    arrow = predict_arrow(
+        frame, "multi_io", config=ClientConfig(address=native_server.grpc_target(), fallback="error")
+    )
+    kserve = predict_arrow(frame, "multi_io", config=kserve_config(native_server))
+    left = arrow.drop("numeric", "category").toPandas().sort_values("id").reset_index(drop=True)
+    right = kserve.drop("numeric", "category").toPandas().sort_values("id").reset_index(drop=True)
+    for name in left.columns:
+        np.testing.assert_allclose(as_array(right[name]), as_array(left[name]), atol=1e-6, err_msg=name)
+
+
+@pytest.fixture(params=["python", "native"])
+def own_server(
+    request: pytest.FixtureRequest, example_repository: Path, tmp_path: Path
+) -> Iterator[ServerProcess]:
     process = launch_server(
         example_repository,
         socket=tmp_path / "grpc.sock",
         port=None,
         http_port=0,
+        extra_args=NATIVE_FRONTEND if request.param == "native" else [],
         log_path=tmp_path / "server.log",
     )
     yield process

@@ -28,6 +28,9 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 
 #include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <thread>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -131,6 +134,7 @@ class Frontend {
       close(wakeup_fd_);
       throw std::runtime_error("cannot listen on " + address + ": the address is taken or not allowed");
     }
+    sender_ = std::thread([this] { SendLoop(); });
   }
 
   ~Frontend() {
@@ -223,31 +227,56 @@ class Frontend {
   // Answer a fast call: outputs as (name, datatype, shape, array) in the order to send them.
   void Answer(uint64_t id, const std::string& model_name, const std::string& model_version,
               const std::string& request_id, const py::list& outputs) {
-    inference::ModelInferResponse response;  // built before the call is taken: this may raise
-    response.set_model_name(model_name);
-    response.set_model_version(model_version);
-    response.set_id(request_id);
+    // Built before the call is taken, since this may raise.
+    auto response = std::make_unique<inference::ModelInferResponse>();
+    response->set_model_name(model_name);
+    response->set_model_version(model_version);
+    response->set_id(request_id);
     for (const auto& item : outputs) {
       auto output = item.cast<py::tuple>();
-      auto* tensor = response.add_outputs();
+      auto* tensor = response->add_outputs();
       tensor->set_name(output[0].cast<std::string>());
       tensor->set_datatype(output[1].cast<std::string>());
       for (const auto& dim : output[2]) tensor->add_shape(dim.cast<int64_t>());
       py::buffer_info info = output[3].cast<py::buffer>().request();
       if (info.ndim > 0 && !IsCContiguous(info)) throw std::invalid_argument("output arrays must be C-contiguous");
-      response.add_raw_output_contents()->assign(static_cast<const char*>(info.ptr), info.size * info.itemsize);
+      response->add_raw_output_contents()->assign(static_cast<const char*>(info.ptr), info.size * info.itemsize);
     }
     Call* call = Find(id);
     if (call == nullptr) return;
-    py::gil_scoped_release release;  // encoding and sending need no Python
-    grpc::ByteBuffer buffer;
-    bool own;
-    grpc::Status status = grpc::SerializationTraits<inference::ModelInferResponse>::Serialize(response, &buffer, &own);
-    if (!status.ok()) {
-      call->Fail(status);
-      return;
+    // Encoding and sending happen on the sender thread: the event loop keeps the GIL, instead
+    // of handing it to the inference thread and waiting to take it back once per answer.
+    {
+      std::lock_guard<std::mutex> lock(send_mutex_);
+      outgoing_.push_back(Outgoing{call, std::move(response)});
     }
-    call->Answer(std::move(buffer));
+    send_cv_.notify_one();
+  }
+
+  // The sender thread: encodes the answers Python handed over and sends them, until stopped
+  // (what was handed over before is still sent).
+  void SendLoop() {
+    std::deque<Outgoing> batch;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(send_mutex_);
+        send_cv_.wait(lock, [this] { return sender_stop_ || !outgoing_.empty(); });
+        if (outgoing_.empty()) return;  // stopping, nothing left
+        batch.swap(outgoing_);
+      }
+      for (auto& item : batch) {
+        grpc::ByteBuffer buffer;
+        bool own;
+        grpc::Status status =
+            grpc::SerializationTraits<inference::ModelInferResponse>::Serialize(*item.response, &buffer, &own);
+        if (status.ok()) {
+          item.call->Answer(std::move(buffer));
+        } else {
+          item.call->Fail(status);
+        }
+      }
+      batch.clear();
+    }
   }
 
   // Answer a call with a response Python serialized.
@@ -283,6 +312,12 @@ class Frontend {
       call->id = 0;
       call->Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down; retry on another"));
     }
+    {
+      std::lock_guard<std::mutex> lock(send_mutex_);
+      sender_stop_ = true;
+    }
+    send_cv_.notify_one();
+    if (sender_.joinable()) sender_.join();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
     server_->Wait();
   }
@@ -395,6 +430,16 @@ class Frontend {
   std::vector<Call*> fast_;
   std::vector<Call*> slow_;
   std::vector<uint64_t> cancelled_;
+
+  struct Outgoing {
+    Call* call;
+    std::unique_ptr<inference::ModelInferResponse> response;
+  };
+  std::mutex send_mutex_;
+  std::condition_variable send_cv_;
+  std::deque<Outgoing> outgoing_;
+  bool sender_stop_ = false;
+  std::thread sender_;
 
   friend class Call;
 };
