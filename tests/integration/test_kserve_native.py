@@ -17,8 +17,8 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
+from certificates import make_pki
 from server_harness import batch_of, column_to_numpy, request, stream_predict
-from test_server_security import make_certificate
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -196,11 +196,7 @@ def test_with_the_token_native_calls_are_served(token_server: ServerProcess) -> 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("native-pki")
-    ca = make_certificate(folder, "ca", None)
-    make_certificate(folder, "server", ca)
-    make_certificate(folder, "client", ca)
-    return folder
+    return make_pki(tmp_path_factory.mktemp("native-pki"))
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import stat
 import subprocess
 import sys
@@ -13,10 +11,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from certificates import make_pki
 from server_harness import batch_of, request
 
 from services.model_server.launcher import ServerProcess, launch_server
@@ -26,47 +21,9 @@ from udfserve.protocol import inference_pb2_grpc as pb_grpc
 TOKEN = "s3cret-token"
 
 
-def make_certificate(
-    folder: Path, name: str, issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None
-):
-    """A PEM certificate and key for 127.0.0.1/localhost; self-signed (a CA) when no issuer is given."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    issuer_cert, issuer_key = issuer if issuer else (None, key)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer_cert.subject if issuer_cert else subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-    )
-    cert = builder.sign(issuer_key, hashes.SHA256())
-    (folder / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / f"{name}.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return cert, key
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("pki")
-    ca = make_certificate(folder, "ca", None)
-    make_certificate(folder, "server", ca)
-    make_certificate(folder, "client", ca)
-    return folder
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def predict_one(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...] = ()) -> pb.PredictResponse:
