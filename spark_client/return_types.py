@@ -145,21 +145,15 @@ def _holds(dtype: str, leaf: DataType) -> bool:
 
 
 def _expected(tensor: Tensor) -> str:
-    """The types that would do, as DDL, nested as the output's shape."""
-    if tensor.dtype in FLOAT_DTYPES:
-        leaves = ["float", "double"]
-    elif tensor.dtype == "bool":
-        leaves = ["boolean"]
-    elif tensor.dtype == "string":
-        leaves = ["binary", "string"]
-    else:
-        bits = INTEGER_BITS[tensor.dtype]
-        widths = {"tinyint": 8, "smallint": 16, "int": 32, "bigint": 64}
-        leaves = [name for name, width in widths.items() if width >= bits]
-        leaves += ["float"] if bits <= 16 else []
-        leaves += ["double"] if bits <= 32 else []
-    nested = [_nest(leaf, len(tensor.shape)) for leaf in leaves]
-    return " or ".join(nested)
+    """The types ``_holds`` accepts for the output, as DDL, nested as the output's shape."""
+    from pyspark.sql import types
+
+    candidates = (
+        types.ByteType, types.ShortType, types.IntegerType, types.LongType, types.FloatType,
+        types.DoubleType, types.BooleanType, types.BinaryType, types.StringType,
+    )  # fmt: skip
+    leaves = [leaf().simpleString() for leaf in candidates if _holds(tensor.dtype, leaf())]
+    return " or ".join(_nest(leaf, len(tensor.shape)) for leaf in leaves)
 
 
 def _nest(leaf: str, depth: int) -> str:

@@ -335,20 +335,6 @@ def outputs_to_tensors(
     return tensors, total_bytes
 
 
-def outputs_to_response(
-    outputs: dict[str, np.ndarray],
-    specs: tuple[TensorSpec, ...],
-    rows: int,
-    response: kpb.ModelInferResponse,
-) -> int:
-    """Fill the response's output tensors in raw form; returns the bytes of raw contents."""
-    tensors, total_bytes = outputs_to_tensors(outputs, specs, rows)
-    for name, datatype, shape, raw in tensors:
-        response.outputs.add(name=name, datatype=datatype, shape=shape)
-        response.raw_output_contents.append(raw.tobytes() if isinstance(raw, np.ndarray) else raw)
-    return total_bytes
-
-
 def _outputs_named(names: Sequence[str], specs: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...] | None:
     """The outputs requested by name only (all of them for none); None if one is not an output."""
     if not names:
@@ -718,12 +704,14 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         outputs: dict[str, np.ndarray],
         rows: int,
     ) -> kpb.ModelInferResponse:
-        assert served.source is not None
+        """The python front end's answer: ``_respond_tensors``'s, as a message."""
+        answer = self._respond_tensors(served, request, output_specs, outputs, rows)
         response = kpb.ModelInferResponse(
-            model_name=served.name, model_version=str(served.source.version), id=request.id
+            model_name=answer.model_name, model_version=answer.model_version, id=answer.id
         )
-        size_bytes = outputs_to_response(outputs, output_specs, rows, response)
-        check_answer_size(served.name, rows, size_bytes, self._max_response_bytes)
+        for name, datatype, shape, raw in answer.tensors:
+            response.outputs.add(name=name, datatype=datatype, shape=shape)
+            response.raw_output_contents.append(raw.tobytes() if isinstance(raw, np.ndarray) else raw)
         return response
 
     def _respond_tensors(

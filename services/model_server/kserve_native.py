@@ -246,7 +246,9 @@ class NativeKServeFrontend:
         except _Abort as exc:
             self._fail(call_id, exc.code, exc.message)
             return
-        except NotImplementedError:  # the generated base class's handler: set_code, then raise
+        except NotImplementedError:
+            # a method udfserve does not serve (repository, shared memory, trace, log settings):
+            # the generated base class's handler sets UNIMPLEMENTED on the context, then raises
             code = context.code or grpc.StatusCode.UNIMPLEMENTED
             self._fail(call_id, code, context.details or "not served")
             return

@@ -374,6 +374,14 @@ def test_a_shape_no_array_can_have_is_refused_and_calls_beside_it_are_answered(
     )
 
 
+def test_a_method_udfserve_does_not_serve_answers_unimplemented(kserve_server: ServerProcess) -> None:
+    with grpc.insecure_channel(kserve_server.kserve_target()) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(), timeout=30)
+    assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
 def test_bool_for_a_float_input_is_refused_naming_both_datatypes(
     client: triton.InferenceServerClient,
 ) -> None:
