@@ -27,7 +27,7 @@ from benchmarks import plots
 from benchmarks.cli import main_for, results_dir
 from benchmarks.processes import LOGS_DIR, PeakRssSampler, Workspace
 from benchmarks.report import ComparisonResult, Table, TargetCheck
-from benchmarks.spark_job import MODELS, Job, JobResult, run_in_child, write_dataset
+from benchmarks.spark_job import MODEL_LESS, MODELS, Job, JobResult, run_in_child, write_dataset
 from services.model_server.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ LABELS = {
     "cached_pandas_udf": "1c pandas UDF, model cached per worker",
     "load_per_batch": "1d pandas UDF, model loaded per batch (small run)",
     "passthrough": "pandas UDF without a model (ceiling)",
+    "passthrough_arrow": "mapInArrow without a model (ceiling)",
 }
 REMOTE_CONTENDERS = ("remote_predict", "remote_predict_arrow", "predict_arrow")
 TARGET_NAMES = {
@@ -48,7 +49,7 @@ TARGET_NAMES = {
     "remote_predict_arrow": "remote_predict(udf_type='arrow')",
     "predict_arrow": "predict_arrow",
 }
-MAIN_CONTENDERS = (*REMOTE_CONTENDERS, "predict_batch_udf", "cached_pandas_udf", "passthrough")
+MAIN_CONTENDERS = (*REMOTE_CONTENDERS, "predict_batch_udf", "cached_pandas_udf", *MODEL_LESS)
 TARGET_SPEED_RATIO = 1.0
 TARGET_MEMORY_FRACTION = 0.25
 
@@ -92,8 +93,8 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = False) -> Com
             write_dataset(data, model, settings.rows[model], settings.files)
             small = workspace.path(f"small-{model}")
             write_dataset(small, model, settings.small_rows, 1)
-            # The quick run only checks the scripts: the model-less ceiling is left out.
-            entries = [c for c in MAIN_CONTENDERS if not (settings.quick and c == "passthrough")]
+            # The quick run only checks the scripts: the model-less ceilings are left out.
+            entries = [c for c in MAIN_CONTENDERS if not (settings.quick and c in MODEL_LESS)]
             rounds: dict[str, list[JobResult]] = {entry: [] for entry in entries}
             job_of = functools.partial(_job, workspace, server, repository, model)
             # A neighbour's burst lands on whichever contender runs at the time: each round runs
@@ -202,7 +203,7 @@ def _model_table(model: str, results: dict[str, JobResult], settings: Settings) 
                 "peak RSS, one worker MiB": result.peak_worker_rss_single_mib,
                 "peak PSS, all Python workers MiB": result.peak_worker_pss_total_mib,
                 "model loads in workers": result.model_loads_in_workers,
-                "max |Δ| vs 1c": None if contender == "passthrough" else _max_difference(result, reference),
+                "max |Δ| vs 1c": None if contender in MODEL_LESS else _max_difference(result, reference),
             }
         )
     return table
@@ -277,6 +278,23 @@ def _targets(results: dict[str, dict[str, JobResult]]) -> list[TargetCheck]:
     return targets
 
 
+def _floor_notes(results: dict[str, dict[str, JobResult]]) -> list[str]:
+    """What the Python workers of a UDF without a model hold, next to the memory target."""
+    notes = []
+    for model, by_contender in results.items():
+        if not all(c in by_contender for c in MODEL_LESS):
+            continue
+        reference_mib = by_contender["predict_batch_udf"].peak_worker_rss_total_mib
+        pandas_mib, arrow_mib = (by_contender[c].peak_worker_rss_total_mib for c in MODEL_LESS)
+        notes.append(
+            f"{model}: with no model and no client at all, the Python workers of a pandas UDF peak at "
+            f"{pandas_mib / reference_mib:.2f} of 1b's resident memory ({pandas_mib:,.0f} MiB) and those "
+            f"of a `mapInArrow` function at {arrow_mib / reference_mib:.2f} ({arrow_mib:,.0f} MiB): the "
+            f"floor of each kind of UDF here, against the target's {TARGET_MEMORY_FRACTION:.2f}."
+        )
+    return notes
+
+
 def _result(
     results: dict[str, dict[str, JobResult]], server_peak_mib: float, settings: Settings, duration_s: float
 ) -> ComparisonResult:
@@ -328,6 +346,7 @@ def _result(
         f"The model server that 1a calls peaked at {server_peak_mib:,.0f} MiB resident: it holds TensorFlow "
         "and the models once for the node, where each in-worker Python worker holds its own copy.",
         "Everything shares two cores: the JVM, the Python workers and, for 1a, the model server.",
+        *_floor_notes(results),
     ]
     return ComparisonResult(
         name=NAME,

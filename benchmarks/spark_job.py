@@ -8,8 +8,9 @@ its own. The parent passes a JSON job on the command line and reads one JSON lin
 
 Contenders: ``remote_predict`` and ``predict_arrow`` (through a model server), ``predict_batch_udf``
 (Spark's own, model in the worker), ``cached_pandas_udf`` (model cached once per worker),
-``load_per_batch`` (the model loaded for every batch), and ``passthrough`` (a pandas UDF that
-returns its input's first values without a model: the ceiling of any pandas UDF here).
+``load_per_batch`` (the model loaded for every batch), ``passthrough`` (a pandas UDF that
+returns its input's first values without a model: the ceiling of any pandas UDF here) and
+``passthrough_arrow`` (the same through ``mapInArrow``: the ceiling of any Arrow UDF here).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ MODELS = {
 
 REMOTE = ("remote_predict", "remote_predict_arrow", "predict_arrow")
 IN_WORKER = ("predict_batch_udf", "cached_pandas_udf", "load_per_batch")
-CONTENDERS = (*REMOTE, *IN_WORKER, "passthrough")
+MODEL_LESS = ("passthrough", "passthrough_arrow")
+CONTENDERS = (*REMOTE, *IN_WORKER, *MODEL_LESS)
 
 
 @dataclass
@@ -207,6 +209,14 @@ def _predicted(spark: Any, frame: Any, job: Job) -> Any:
             ["prediction"],
             config=_client_config(job),
         )
+    if job.contender == "passthrough_arrow":
+        from pyspark.sql.types import StructField, StructType
+
+        from benchmarks.arrow_passthrough import first_values_batches
+
+        # A new StructType: ``add`` would change the frame's own cached schema in place.
+        schema = StructType([*frame.schema.fields, StructField("prediction", result_type)])
+        return frame.mapInArrow(first_values_batches(column, output_width), schema)
     from benchmarks import inworker
 
     if job.contender == "predict_batch_udf":
