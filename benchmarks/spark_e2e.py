@@ -261,7 +261,7 @@ def _targets(results: dict[str, dict[str, JobResult]]) -> list[TargetCheck]:
                 TargetCheck(
                     f"{model}: Python workers of {TARGET_NAMES[contender]} at most 1/4 of the resident "
                     "memory of 1b's",
-                    f"{fraction:.2f} of it ({by_contender[contender].peak_worker_rss_total_mib:,.0f} vs "
+                    f"{fraction:.3f} of it ({by_contender[contender].peak_worker_rss_total_mib:,.0f} vs "
                     f"{reference_mib:,.0f} MiB, all workers at their peak)",
                     fraction <= TARGET_MEMORY_FRACTION,
                 )
@@ -270,7 +270,7 @@ def _targets(results: dict[str, dict[str, JobResult]]) -> list[TargetCheck]:
             targets.append(
                 TargetCheck(
                     f"{model}: the same, with shared pages counted once (proportional set size)",
-                    f"{pss_fraction:.2f} of it ({by_contender[contender].peak_worker_pss_total_mib:,.0f} vs "
+                    f"{pss_fraction:.3f} of it ({by_contender[contender].peak_worker_pss_total_mib:,.0f} vs "
                     f"{reference_pss_mib:,.0f} MiB, all workers at their peak)",
                     pss_fraction <= TARGET_MEMORY_FRACTION,
                 )
@@ -288,8 +288,8 @@ def _floor_notes(results: dict[str, dict[str, JobResult]]) -> list[str]:
         pandas_mib, arrow_mib = (by_contender[c].peak_worker_rss_total_mib for c in MODEL_LESS)
         notes.append(
             f"{model}: with no model and no client at all, the Python workers of a pandas UDF peak at "
-            f"{pandas_mib / reference_mib:.2f} of 1b's resident memory ({pandas_mib:,.0f} MiB) and those "
-            f"of a `mapInArrow` function at {arrow_mib / reference_mib:.2f} ({arrow_mib:,.0f} MiB): the "
+            f"{pandas_mib / reference_mib:.3f} of 1b's resident memory ({pandas_mib:,.0f} MiB) and those "
+            f"of a `mapInArrow` function at {arrow_mib / reference_mib:.3f} ({arrow_mib:,.0f} MiB): the "
             f"floor of each kind of UDF here, against the target's {TARGET_MEMORY_FRACTION:.2f}."
         )
     return notes
