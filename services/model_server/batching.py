@@ -82,6 +82,7 @@ from services.model_server.config import DEFAULT_QUEUE_BATCHES, BatchingConfig
 from services.model_server.errors import (
     BackendFault,
     DeviceOutOfMemory,
+    InvalidInput,
     ModelUnavailable,
     QueueFull,
     ServingError,
@@ -186,16 +187,14 @@ def _unfittable(piece: _Piece) -> bool:
     return isinstance(piece.error, DeviceOutOfMemory) and piece.stop - piece.start == 1
 
 
-def _rows_of_pieces(pieces: list[_Piece], start: int, stop: int) -> Arrays:
-    """The outputs of rows ``start:stop`` of a batch, from the successful pieces covering them."""
+def _parts_of_pieces(pieces: list[_Piece], start: int, stop: int) -> list[Arrays]:
+    """The outputs of rows ``start:stop`` of a batch, one part per successful piece covering them."""
     parts = []
     for piece in pieces:
         assert piece.outputs is not None
         lo, hi = max(start, piece.start) - piece.start, min(stop, piece.stop) - piece.start
         parts.append({name: array[lo:hi] for name, array in piece.outputs.items()})
-    if len(parts) == 1:
-        return parts[0]
-    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+    return parts
 
 
 def _signature(inputs: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
@@ -452,8 +451,12 @@ class DynamicBatcher:
                 return
             pending[0] -= 1
             if pending[0] == 0:
-                results = [chunk.future.result() for chunk in chunks]
-                whole.set_result({name: np.concatenate([r[name] for r in results]) for name in results[0]})
+                try:
+                    joined = self._joined([chunk.future.result() for chunk in chunks], chunks[0].request_rows)
+                except InvalidInput as refusal:
+                    whole.set_exception(refusal)
+                    return
+                whole.set_result(joined)
                 self._report_answered(chunks)
 
         def on_whole_done(_whole: asyncio.Future[Arrays]) -> None:
@@ -683,7 +686,12 @@ class DynamicBatcher:
             covering = [piece for piece in pieces if piece.start < stop and piece.stop > start]
             failed = next((piece for piece in covering if piece.error is not None), None)
             if failed is None:
-                self._resolve(chunk, _rows_of_pieces(covering, start, stop), sum(p.seconds for p in covering))
+                try:
+                    outputs = self._joined(_parts_of_pieces(covering, start, stop), chunk.request_rows)
+                except InvalidInput as error:
+                    _set_exception(chunk.future, error)
+                else:
+                    self._resolve(chunk, outputs, sum(p.seconds for p in covering))
             elif len(chunks) > 1 and (failed.start < start or failed.stop > stop):
                 isolate.append(chunk)
             else:
@@ -691,6 +699,30 @@ class DynamicBatcher:
                 _set_exception(chunk.future, self._chunk_error(chunk, failed, start))
             start = stop
         return isolate
+
+    def _joined(self, parts: list[Arrays], request_rows: int) -> Arrays:
+        """One request's outputs from the calls its rows ran in, in row order.
+
+        A model whose output shape depends on the rows it is given (text padded to its longest
+        row, say) can answer two calls with rows of different shapes; those cannot be one answer.
+        """
+        if len(parts) == 1:
+            return parts[0]
+        joined = {}
+        for name in parts[0]:
+            arrays = [part[name] for part in parts]
+            shapes = sorted({array.shape[1:] for array in arrays})
+            if len(shapes) > 1:
+                raise InvalidInput(
+                    f"model '{self.model_name}': output {name!r} came back with rows of shape "
+                    f"{' and '.join(map(str, shapes))} from the calls this request's {request_rows} rows "
+                    f"ran in (the model runs at most {self._batch_limit} rows at once, and a call that "
+                    "runs out of memory is split); an output whose shape depends on the rows it is "
+                    f"computed with cannot be joined: send at most {self._batch_limit} rows per request, "
+                    "or give the output a fixed shape"
+                )
+            joined[name] = np.concatenate(arrays)
+        return joined
 
     def _chunk_error(self, chunk: _Chunk, failed: _Piece, chunk_start: int) -> ServingError:
         error = failed.error

@@ -124,7 +124,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         batcher's future and what makes the answer from it. Never raises: failures become the
         response's error."""
         started_s = time.perf_counter()
-        model_metrics: ModelMetrics | None = None
+        model_metrics = self._models.metrics_of(request.model)
         try:
             served = self._models.ready(request.model, request.version)
             assert served.model is not None and served.batcher is not None and served.metrics is not None

@@ -599,14 +599,13 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         the answer from it. Never raises: failures are answered with their status. ``job`` is the
         Spark job the request came from, when its metadata says (as the Arrow protocol's)."""
         started_s = time.perf_counter()
-        model_metrics: ModelMetrics | None = None
+        model_metrics = self._models.metrics_of(request.model_name)
         try:
             served = self._models.ready(
                 request.model_name, _parse_version(request.model_version, request.model_name)
             )
             model = served.model
             assert model is not None and served.metrics is not None
-            model_metrics = served.metrics
             output_specs = _requested_outputs(request, served.name, model.outputs)
             inputs, rows = request_to_inputs(request, served.name, model.inputs, self._plan(model))
         except Exception as exc:
@@ -625,12 +624,11 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         not the common one (another datatype than the model's, a wrong shape, an unknown output):
         the caller then takes ``_start`` with the message, whose checks explain what is wrong."""
         started_s = time.perf_counter()
-        model_metrics: ModelMetrics | None = None
+        model_metrics = self._models.metrics_of(head.model_name)
         try:
             served = self._models.ready(head.model_name, _parse_version(head.model_version, head.model_name))
             model = served.model
             assert model is not None and served.metrics is not None
-            model_metrics = served.metrics
             decoded = decoded_to_inputs(tensors, self._plan(model))
         except Exception as exc:
             return self._refuse(model_metrics, job, head, exc, started_s)

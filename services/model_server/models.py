@@ -60,7 +60,8 @@ class ServedModel:
     batcher: DynamicBatcher | None = None
     executor: ThreadPoolExecutor | None = field(default=None, repr=False)
     metrics: ModelMetrics | None = field(default=None, repr=False)
-    """The model's labelled series, resolved once at load for the request path."""
+    """The model's labelled series, resolved once when the repository is scanned: requests
+    refused while it loads, after it failed or for a version it does not serve count for it."""
 
 
 def cpu_parts(config: ServerConfig) -> int:
@@ -94,10 +95,14 @@ class ModelTable:
         """Read the repository layout; models that cannot be served are marked failed now."""
         scan = scan_repository(self._config.model_repository, self._config.models)
         for source in scan.sources:
-            self._models[source.name] = ServedModel(name=source.name, source=source)
+            self._models[source.name] = ServedModel(
+                name=source.name, source=source, metrics=self._metrics.for_model(source.name)
+            )
         for name, message in scan.failures.items():
             logger.error("model %r cannot be served: %s", name, message)
-            self._models[name] = ServedModel(name=name, source=None, state="failed", error=message)
+            self._models[name] = ServedModel(
+                name=name, source=None, state="failed", error=message, metrics=self._metrics.for_model(name)
+            )
         for served in self._models.values():
             self._metrics.model_ready.labels(model=served.name, version=str(self._version(served))).set(0)
 
@@ -151,7 +156,6 @@ class ModelTable:
                 max_concurrent_batches=self._config.inference_threads,
             )
             batcher.start()
-            served.metrics = self._metrics.for_model(source.name)
             served.batcher = batcher
             self._metrics.track_queue(source.name, lambda: batcher.queued_rows)
             served.state = "ready"
@@ -181,6 +185,11 @@ class ModelTable:
 
     def all(self) -> list[ServedModel]:
         return [self._models[name] for name in self.names()]
+
+    def metrics_of(self, name: str) -> ModelMetrics | None:
+        """The series a request naming ``name`` counts in; None for a name of no model here."""
+        served = self._models.get(name)
+        return served.metrics if served is not None else None
 
     def get(self, name: str) -> ServedModel:
         """The model called ``name`` in any state; INVALID_ARGUMENT or NOT_FOUND otherwise."""

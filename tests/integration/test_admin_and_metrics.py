@@ -50,6 +50,28 @@ def test_metrics_are_exposed_in_prometheus_text_and_move_with_requests(server: S
     assert metric_value(after, "udfserve_requests_in_flight", model="tabular_mlp") == 0
 
 
+def test_a_refused_request_counts_for_the_model_it_names_and_only_other_names_as_unknown(
+    server: ServerProcess,
+) -> None:
+    before = scrape(server.http_address or "")
+    batch = batch_of({"features": np.ones((2, 64), np.float32)})
+    answers = stream_predict(
+        server.grpc_target(),
+        [request("tabular_mlp", batch, 0, version=9), request("no_such_model", batch, 1)],
+    )
+    assert [answers[0].code, answers[1].code] == [grpc.StatusCode.NOT_FOUND] * 2
+    after = scrape(server.http_address or "")
+
+    def moved(model: str) -> float:
+        labels = {"model": model, "code": "NOT_FOUND"}
+        return metric_value(after, "udfserve_requests_total", **labels) - metric_value(
+            before, "udfserve_requests_total", **labels
+        )
+
+    assert moved("tabular_mlp") == 1
+    assert moved("<unknown>") == 1
+
+
 def test_liveness_answers_with_the_device(server: ServerProcess) -> None:
     status, body = http_json(server.http_address or "", "/health/live")
     assert status == 200
@@ -119,6 +141,15 @@ def test_a_model_that_fails_to_load_leaves_the_others_serving(server_with_a_brok
     assert answers[0].code == grpc.StatusCode.OK
     assert answers[1].code == grpc.StatusCode.UNAVAILABLE
     assert "broken" in answers[1].message and "model.keras" in answers[1].message
+
+
+def test_requests_to_a_model_that_failed_to_load_count_for_it(server_with_a_broken_model) -> None:
+    address = server_with_a_broken_model.http_address or ""
+    before = metric_value(scrape(address), "udfserve_requests_total", model="broken", code="UNAVAILABLE")
+    batch = batch_of({"features": np.ones((2, 64), np.float32)})
+    stream_predict(server_with_a_broken_model.grpc_target(), [request("broken", batch, 0)])
+    after = metric_value(scrape(address), "udfserve_requests_total", model="broken", code="UNAVAILABLE")
+    assert after - before == 1
 
 
 def test_readiness_and_metadata_say_which_model_failed_and_why(server_with_a_broken_model) -> None:

@@ -566,6 +566,16 @@ def test_statistics_count_requests_rows_failures_and_backend_calls(
     assert after.last_inference >= before.last_inference and after.last_inference > 0
 
 
+def test_a_request_for_a_version_not_served_counts_as_a_failure_of_its_model(
+    client: triton.InferenceServerClient,
+) -> None:
+    before = statistics_of(client, "tabular_mlp")
+    with pytest.raises(InferenceServerException, match="version 9 is not served"):
+        client.infer("tabular_mlp", [tensor("features", features(1))], model_version="9")
+    after = statistics_of(client, "tabular_mlp")
+    assert after.inference_stats.fail.count - before.inference_stats.fail.count == 1
+
+
 def test_statistics_count_arrow_protocol_requests_too(
     client: triton.InferenceServerClient, kserve_server: ServerProcess
 ) -> None:

@@ -650,6 +650,47 @@ def test_an_output_with_the_wrong_row_count_is_a_backend_fault(executor: concurr
     run(body)
 
 
+def padded_to_longest_row(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A tokenizer's shape: each row ``x`` ones, padded to the longest row of the call."""
+    lengths = inputs["x"].astype(int)
+    tokens = np.zeros((len(lengths), int(lengths.max())), dtype=np.int64)
+    for row, length in enumerate(lengths):
+        tokens[row, :length] = 1
+    return {"tokens": tokens}
+
+
+def test_a_request_cut_into_calls_whose_outputs_differ_in_shape_gets_an_error_naming_them(
+    executor: concurrent.futures.Executor,
+) -> None:
+    async def body() -> None:
+        b = batcher(padded_to_longest_row, executor, max_batch_size=4)
+        with pytest.raises(InvalidInput) as caught:
+            await b.submit(rows(1, 2, 3, 5, 1, 2))  # calls of 4 rows (width 5) and 2 rows (width 2)
+        assert str(caught.value) == (
+            "model 'm': output 'tokens' came back with rows of shape (2,) and (5,) from the calls this "
+            "request's 6 rows ran in (the model runs at most 4 rows at once, and a call that runs out of "
+            "memory is split); an output whose shape depends on the rows it is computed with cannot be "
+            "joined: send at most 4 rows per request, or give the output a fixed shape"
+        )
+        alone = await b.submit(rows(1, 2))  # the batcher goes on serving
+        assert alone["tokens"].tolist() == [[1, 0], [1, 1]]
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+
+
+def test_a_request_cut_into_calls_whose_outputs_agree_in_shape_is_answered_joined(
+    executor: concurrent.futures.Executor,
+) -> None:
+    async def body() -> None:
+        b = batcher(padded_to_longest_row, executor, max_batch_size=2)
+        answer = await b.submit(rows(3, 1, 2, 3))  # both calls pad to 3
+        assert answer["tokens"].tolist() == [[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]]
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
+
+
 # -- shutdown ------------------------------------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from services.model_server.batching import LIMIT_RECOVERY_CALLS, DynamicBatcher
 from services.model_server.config import BatchingConfig
-from services.model_server.errors import BackendFault, DeviceOutOfMemory
+from services.model_server.errors import BackendFault, DeviceOutOfMemory, InvalidInput
 
 T = TypeVar("T")
 LONG_DELAY_S = 10.0  # a batch fills up rather than waiting for the delay
@@ -303,3 +303,29 @@ def test_every_row_is_answered_exactly_once_in_order_whatever_fits(
         else:
             assert isinstance(answer, dict), answer
             assert y(answer) == [2 * v for v in values]
+
+
+def test_a_request_split_into_outputs_of_different_shapes_fails_alone_and_its_partner_is_answered(
+    executor: concurrent.futures.ThreadPoolExecutor,
+) -> None:
+    """Out of memory above two rows, each row's output padded to the longest of its call: the
+    3-row request ends up in two calls of different widths, the 1-row request beside it in one."""
+
+    def predict(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        lengths = inputs["x"].astype(int)
+        if len(lengths) > 2:
+            raise DeviceOutOfMemory(f"model 'm': out of memory running {len(lengths)} rows")
+        return {"tokens": np.ones((len(lengths), int(lengths.max())), dtype=np.int64)}
+
+    async def body() -> None:
+        b = batcher(predict, executor, max_batch_size=4)
+        spanning, partner = await asyncio.gather(
+            b.submit(rows(1, 2, 5)), b.submit(rows(1)), return_exceptions=True
+        )
+        assert isinstance(spanning, InvalidInput)
+        assert "output 'tokens' came back with rows of shape (2,) and (5,)" in str(spanning)
+        assert "send at most 2 rows per request" in str(spanning)
+        assert isinstance(partner, dict) and partner["tokens"].shape == (1, 5)
+        await b.stop(grace_period_s=SAFETY_TIMEOUT_S)
+
+    run(body)
