@@ -8,7 +8,8 @@ to this server's user, or to one of the users the server was told to trust
 for their group, the server's, to read and write). Once mapped, its name is unlinked: the
 mappings of both sides keep the memory alive, and nothing is left in the folder when either side
 dies. Mappings are dropped with the stream; batches still reading from one keep it alive until
-they are gone.
+they are gone. The file's descriptor stays open with its mapping (at most ``MAX_FILES_PER_STREAM``
+per stream), so that every use checks the file still holds the range it names.
 
 A file the server cannot use is refused with ``SharedMemoryRefused`` before any row is computed,
 so the client resends the same batch inline and nothing is lost or answered twice.
@@ -61,26 +62,40 @@ class StreamRegions:
         self._directory = directory
         self._refusal = refusal
         self._other_uids = other_uids
-        self._maps: dict[str, memoryview] = {}
+        self._maps: dict[str, tuple[int, memoryview]] = {}
+        """By the client's path: the file's descriptor, kept to see its size, and its mapping."""
 
     def close(self) -> None:
+        for descriptor, _ in self._maps.values():
+            os.close(descriptor)
         self._maps.clear()
 
     def bytes_of(self, region: Region, field: str) -> pa.Buffer:
         """The bytes of ``region``, zero-copy and writable: they are the client's file. ``field``
         names the request's field in errors."""
-        mapped = self._maps.get(region.path)
-        if mapped is None:
-            mapped = self._map(region.path, field)
+        entry = self._maps.get(region.path)
+        if entry is None:
+            entry = self._map(region.path, field)
+        descriptor, mapped = entry
         end = region.offset + region.size
         if end > len(mapped):
             raise InvalidInput(
                 f"{field} names bytes {region.offset}..{end} of {region.path}, a file of {len(mapped)} "
                 "bytes; expected a range inside the file"
             )
+        # A page of the mapping past the file's end faults (SIGBUS) and would kill the server: a
+        # file its client shrank since it was mapped is refused. (One shrunk while the server
+        # reads it still faults; see docs/deployment.md.)
+        size = os.fstat(descriptor).st_size
+        if end > size:
+            raise InvalidInput(
+                f"{field} names bytes {region.offset}..{end} of {region.path}, which shrank to {size} "
+                f"bytes after this stream mapped its {len(mapped)}; expected the file to keep its size "
+                "while the stream uses it"
+            )
         return pa.py_buffer(mapped[region.offset : end])  # a view's slice stays writable, a Buffer's not
 
-    def _map(self, path_text: str, field: str) -> memoryview:
+    def _map(self, path_text: str, field: str) -> tuple[int, memoryview]:
         if self._directory is None:
             raise SharedMemoryRefused(f"{field}: {self._refusal}; send the batch in arrow_ipc")
         path = Path(path_text)
@@ -126,14 +141,15 @@ class StreamRegions:
             if info.st_size == 0:
                 raise InvalidInput(f"{field}: {path} is empty; expected the client's written file")
             mapped = mmap.mmap(descriptor, info.st_size)
-        finally:
+        except BaseException:
             os.close(descriptor)
+            raise
         # Both mappings keep the memory; the name must not outlive the stream. The client may have
         # closed the file already: our mapping still holds the bytes. A sticky folder that is not
         # ours keeps another user's file from us: its client removes the name when it is done.
         with contextlib.suppress(FileNotFoundError, PermissionError):
             os.unlink(path)
-        view = memoryview(mapped)
-        self._maps[path_text] = view
+        entry = descriptor, memoryview(mapped)
+        self._maps[path_text] = entry
         logger.debug("mapped shared-memory file %s (%d bytes)", path, info.st_size)
-        return view
+        return entry

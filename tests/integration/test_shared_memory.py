@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import queue
 import secrets
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -206,6 +207,31 @@ def test_a_region_past_the_end_of_its_file_is_invalid_argument_naming_the_range(
     assert response.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert not response.shared_memory_refused
     assert f"a file of {payload_file.size} bytes" in response.error.message
+
+
+def test_a_file_shrunk_after_the_server_mapped_it_is_refused_and_the_server_serves_on(
+    server: ServerProcess, payload_file: PayloadFile
+) -> None:
+    descriptor = os.open(payload_file.path, os.O_RDWR)  # the client's handle, kept past the unlink
+    outbox: queue.Queue[pb.PredictRequest | None] = queue.Queue()
+    try:
+        with grpc.insecure_channel(unix(server)) as channel:
+            responses = pb_grpc.InferenceStub(channel).Predict(iter(outbox.get, None), timeout=60)
+            outbox.put(in_shared_memory(payload_file, batch_id=1))
+            first = next(responses)
+            os.ftruncate(descriptor, 4096)
+            outbox.put(in_shared_memory(payload_file, batch_id=2))
+            second = next(responses)
+            outbox.put(None)
+            assert list(responses) == []
+    finally:
+        os.close(descriptor)
+    assert not first.HasField("error")
+    assert second.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "shrank to 4096 bytes" in second.error.message
+    assert "expected the file to keep its size while the stream uses it" in second.error.message
+    batch = batch_of({"features": features(3)})
+    assert stream_predict(server.grpc_target(), [request(MODEL, batch)])[0].code == grpc.StatusCode.OK
 
 
 def test_a_request_with_both_inline_bytes_and_a_region_is_invalid_argument(
