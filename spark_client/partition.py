@@ -27,7 +27,7 @@ from spark_client.errors import RemotePredictError, ServerUnavailable
 from spark_client.job_context import SparkJobContext
 from spark_client.metadata import ModelSpec
 from spark_client.protocols import open_stream
-from spark_client.routing import NoServerFound, TaskPlacement, fallback_repository, resolve_route
+from spark_client.routing import NoServerFound, Route, TaskPlacement, fallback_repository, resolve_route
 from spark_client.stats import ClientStats
 from spark_client.transport import ConnectFailed, HeldBatch, PredictStream, StreamFailed, forget_channel
 
@@ -105,6 +105,7 @@ class _PartitionRunner:
         self._failure = _Failure()
         self._quiet_until_s = float("-inf")
         self._failed_since_last_batch: set[str] = set()  # a target is probed once per batch at most
+        self._route: Route | None = None
         self._on_cpu = False
         self._cpu_batches = 0
         self._repository: tuple[Path, str] | None = None
@@ -127,11 +128,13 @@ class _PartitionRunner:
                     yield _conform_one(result, self._job.spec)
             except StreamFailed as exc:
                 forget_channel(target, self._config)
+                # The server answered and then failed: its other address leads to the same process.
                 self._server_failed(
                     target,
                     exc.kind,
                     f"the server failed mid-partition after {stream.counters.answered} answered batches: "
                     f"{exc.reason}",
+                    whole_server=True,
                 )
                 items = itertools.chain(exc.held, items)
                 continue
@@ -161,6 +164,7 @@ class _PartitionRunner:
             self._failure.cause, self._failure.kind = str(exc), "no_server"
             return None
         self._failure.origin = route.origin
+        self._route = route
         candidates = route.targets + route.alternates
         for target in candidates:
             if target not in self._failed_since_last_batch and self._breakers.allows(target, reset_s):
@@ -196,9 +200,13 @@ class _PartitionRunner:
             self._on_cpu = False
         return stream
 
-    def _server_failed(self, target: str, kind: str, cause: str) -> None:
-        self._failed_since_last_batch.add(target)
-        self._breakers.failed(target, kind)
+    def _server_failed(self, target: str, kind: str, cause: str, whole_server: bool = False) -> None:
+        """``whole_server``: every address of the target's server fails with it (a connection
+        that could not be made fails only its own address: the server's TCP port may still work)."""
+        addresses = self._route.addresses_of(target) if whole_server and self._route else (target,)
+        for address in addresses:
+            self._failed_since_last_batch.add(address)
+            self._breakers.failed(address, kind)
         self._stats.add_server_failure(kind)
         self._failure.cause, self._failure.kind = cause, kind
 

@@ -5,7 +5,8 @@ driver when the UDF is built, see ``apply_spark_conf``); the executor's ``UDFSER
 variable (read at task time); the node's discovery file. From the discovery file, a task to
 which Spark assigned GPUs takes the server of its first GPU; any other task takes the ready
 servers in device order, round-robin by partition id. The unix socket is dialled before the
-TCP port. The node's other ready servers follow as alternates, for when the chosen one fails.
+TCP port (the TCP port is dialled when the socket cannot be connected to). The node's other ready
+servers follow as alternates, for when the chosen one fails.
 
 Everything here is a pure function of the config, the environment mapping and the task's
 placement, so it is tested without Spark and nothing leaks from one task into the next.
@@ -80,12 +81,26 @@ class TaskPlacement:
 class Route:
     """The gRPC targets of one server, in the order to dial them, and how they were found.
 
-    ``alternates`` are the targets of the node's other ready servers, to try when this one fails.
+    ``alternate_servers`` are the targets of the node's other ready servers, one tuple per
+    server, to try when this one fails.
     """
 
     targets: tuple[str, ...]
     origin: str
-    alternates: tuple[str, ...] = ()
+    alternate_servers: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def alternates(self) -> tuple[str, ...]:
+        """The other servers' targets, in the order to dial them."""
+        return tuple(target for server in self.alternate_servers for target in server)
+
+    def addresses_of(self, target: str) -> tuple[str, ...]:
+        """Every target of the server ``target`` belongs to: a server that failed on one of its
+        addresses is not tried again through another."""
+        for server in (self.targets, *self.alternate_servers):
+            if target in server:
+                return server
+        return (target,)
 
 
 def apply_spark_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientConfig:
@@ -152,13 +167,13 @@ def resolve_route(config: ClientConfig, environ: Mapping[str, str], placement: T
         )
     ready = sorted(discovery.ready_servers(), key=_device_order)
     after = ready.index(server) + 1
-    alternates = tuple(
-        target
-        for other in ready[after:] + ready[: after - 1]
-        for target in ordered_targets(other, config.prefer_unix_socket)
+    alternate_servers = tuple(
+        ordered_targets(other, config.prefer_unix_socket) for other in ready[after:] + ready[: after - 1]
     )
     return Route(
-        targets=targets, origin=f"discovery file {path}, server {server.device}", alternates=alternates
+        targets=targets,
+        origin=f"discovery file {path}, server {server.device}",
+        alternate_servers=tuple(server for server in alternate_servers if server),
     )
 
 

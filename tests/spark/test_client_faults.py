@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
@@ -28,6 +29,11 @@ from spark_data import feature_column, feature_values, reference_outputs, stacke
 
 from services.model_server.launcher import ServerProcess, launch_server
 from spark_client import ClientConfig, arrow_predictor, remote_predict
+from spark_client.circuit import CircuitBreakers
+from spark_client.partition import PredictJob, predict_partition
+from spark_client.routing import TaskPlacement
+from spark_client.stats import ClientStats
+from spark_client.transport import connect
 from spark_client.udf import ArrowPredictor
 from udfserve.discovery import NodeDiscovery, ServerEntry, read_discovery, write_discovery
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
@@ -330,3 +336,52 @@ def test_a_server_slower_than_the_deadline_leaves_the_batch_and_the_rest_to_the_
     assert stats.server_failures == {"deadline_exceeded": 1}
     assert (stats.rows_by_server, stats.rows_by_fallback) == (0, rows)
     assert stats.fallback_reasons == {"deadline_exceeded": rows // rows_per_request}
+
+
+@pytest.fixture(scope="module")
+def node_of_a_slow_and_a_fast_server(
+    slow_and_fast_repositories: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """A discovery file: sim:0 the slow model (unix socket and TCP port), sim:1 the fast one."""
+    folder = tmp_path_factory.mktemp("slow-and-fast")
+    servers = [
+        launch_server(repository, socket=folder / f"{name}.sock", port=0, http_port=None,
+                      log_path=folder / f"{name}.log")
+        for name, repository in zip(("slow", "fast"), slow_and_fast_repositories, strict=True)
+    ]  # fmt: skip
+    entries = [
+        ServerEntry(device=f"sim:{i}", device_index=i, unix_socket=s.unix_socket, tcp_address=s.tcp_address)
+        for i, s in enumerate(servers)
+    ]
+    write_discovery(folder / "discovery.json", NodeDiscovery(servers=entries))
+    yield folder / "discovery.json"
+    for server in servers:
+        server.terminate()
+
+
+def test_a_server_that_missed_the_deadline_is_not_tried_again_through_its_tcp_port(
+    node_of_a_slow_and_a_fast_server: Path,
+) -> None:
+    config = ClientConfig(
+        discovery_file=str(node_of_a_slow_and_a_fast_server),
+        fallback="error",
+        rows_per_request=1_000,
+        request_timeout_s=0.2,
+    )
+    fast = read_discovery(node_of_a_slow_and_a_fast_server).servers[1]
+    _, spec = connect(f"unix://{fast.unix_socket}", config, "slow_sum")
+    values = feature_values(np.arange(4_000), (4,))
+    batch = pa.RecordBatch.from_arrays(
+        [pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), 4)], names=["features"]
+    )
+    stats = ClientStats()
+    answers = list(
+        predict_partition(
+            PredictJob("slow_sum", spec, config), iter([batch]), {}, TaskPlacement(partition_id=0),
+            stats=stats, breakers=CircuitBreakers(),
+        )
+    )  # fmt: skip
+    answered = pa.concat_batches(answers).column(0).to_numpy()
+    np.testing.assert_allclose(answered, 2.0 * values.sum(axis=1), atol=1e-5)
+    assert stats.server_failures == {"deadline_exceeded": 1}  # the unix socket only, not the TCP port too
+    assert (stats.rows_by_server, stats.rows_by_fallback) == (4_000, 0)

@@ -244,3 +244,11 @@ def test_the_fallback_without_a_repository_says_how_to_give_one(tmp_path: Path) 
 def test_the_placement_takes_gpu_addresses_from_the_task_resources() -> None:
     placement = placement_from_resources(7, {"gpu": ["3"], "fpga": ["0"]})
     assert placement == TaskPlacement(partition_id=7, gpu_addresses=("3",))
+
+
+def test_every_address_of_a_server_is_known_as_that_server_s(node_file: Path) -> None:
+    route = resolve_route(ClientConfig(discovery_file=str(node_file)), {}, TaskPlacement(partition_id=1))
+    for server in (route.targets, *route.alternate_servers):
+        for target in server:
+            assert route.addresses_of(target) == server
+    assert route.addresses_of("127.0.0.1:1") == ("127.0.0.1:1",)  # no server of the route
