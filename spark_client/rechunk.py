@@ -65,6 +65,8 @@ class Rechunker(Generic[Carry]):
         self._waiting: deque[_Waiting[Carry]] = deque()
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = self._pending_limit = 0
+        self._pending_shapes: RowShapes = ()
+        """The shapes of the last pending row's list values (``_row_shapes``)."""
 
     def requests(self, batches: Iterable[tuple[Carry, pa.RecordBatch | Pieces]]) -> Iterator[pa.RecordBatch]:
         """Requests of ``rows_per_request`` rows at most (fewer when too many bytes), never empty.
@@ -92,7 +94,11 @@ class Rechunker(Generic[Carry]):
             if batch.num_rows == 0:
                 continue
             limit = self._row_limit(batch)
-            if self._pending and (self._pending[0].schema != batch.schema or limit != self._pending_limit):
+            if self._pending and (
+                self._pending[0].schema != batch.schema
+                or limit != self._pending_limit
+                or _row_shapes(batch, 0) != self._pending_shapes
+            ):
                 yield _join(self._pending)
                 self._pending, self._pending_rows = [], 0
             self._pending_limit = limit
@@ -105,6 +111,8 @@ class Rechunker(Generic[Carry]):
                 if self._pending_rows == limit:
                     yield _join(self._pending)
                     self._pending, self._pending_rows = [], 0
+            if self._pending:  # the batch's tail waits for the next one
+                self._pending_shapes = _row_shapes(batch, batch.num_rows - 1)
         if seen != rows:
             raise ValueError(f"a Spark batch announced {rows} rows but its pieces hold {seen}")
 
@@ -138,6 +146,44 @@ class Rechunker(Generic[Carry]):
         # Half the message limit leaves room for the IPC framing and for slices whose buffers
         # are larger than their rows.
         return max(1, min(self._rows_per_request, (self._max_request_bytes // 2) // bytes_per_row))
+
+
+RowShapes = tuple[tuple[int, ...], ...]
+
+
+def _row_shapes(batch: pa.RecordBatch, row: int) -> RowShapes:
+    """The lengths of ``row``'s list values, per column and nesting level (its first element at
+    each level), for the columns whose lengths vary.
+
+    A server takes a free dimension of one length in all the rows of a request: Spark batches
+    that each hold rows of one length (text padded to each batch's longest) are joined only where
+    their lengths agree, and the rows of each stay valid together.
+    """
+    shapes = []
+    for column in batch.columns:
+        if not _varies(column.type):
+            continue
+        lengths = []
+        value = column.slice(row, 1)
+        while _is_list(value.type) and len(value) and value.null_count == 0:
+            length = len(value.flatten())
+            lengths.append(length)
+            value = value.flatten().slice(0, 1)
+        shapes.append(tuple(lengths))
+    return tuple(shapes)
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+
+def _varies(kind: pa.DataType) -> bool:
+    """A list type with a variable length at some level."""
+    while _is_list(kind):
+        if not pa.types.is_fixed_size_list(kind):
+            return True
+        kind = kind.value_type
+    return False
 
 
 def _join(batches: list[pa.RecordBatch]) -> pa.RecordBatch:

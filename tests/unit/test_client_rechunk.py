@@ -113,3 +113,38 @@ def test_rows_of_no_bytes_are_not_cut() -> None:
 def test_the_servers_max_batch_size_caps_the_rows_per_request() -> None:
     assert planned_request_rows(4096, 2 << 20, bytes_per_row=256, max_batch_size=1000) == 1000
     assert planned_request_rows(4096, 2 << 20, bytes_per_row=2048, max_batch_size=3000) == 1024
+
+
+def padded(lengths: list[int], rows: int) -> pa.RecordBatch:
+    """``rows`` rows of a ``list<float>`` column, row ``i`` of length ``lengths[i % len(lengths)]``."""
+    values = [[1.0] * lengths[i % len(lengths)] for i in range(rows)]
+    return pa.RecordBatch.from_arrays([pa.array(values, pa.list_(pa.float32()))], names=["x"])
+
+
+def request_lengths(rechunker: Rechunker[int], batches: list[pa.RecordBatch]) -> list[list[int]]:
+    requests = rechunker.requests(enumerate(batches))
+    return [r.column(0).value_lengths().to_pylist() for r in requests]
+
+
+def test_batches_whose_rows_differ_in_length_are_not_joined_into_one_request() -> None:
+    # text padded to each Spark batch's longest row: a free dimension of one length per batch
+    lengths = request_lengths(
+        Rechunker(100, 1 << 20, EMPTY), [padded([3], 4), padded([5], 2), padded([5], 3)]
+    )
+    assert lengths == [[3] * 4, [5] * 5]
+
+
+def test_batches_of_nested_lists_are_joined_only_where_every_level_agrees() -> None:
+    def nested(inner: int, rows: int) -> pa.RecordBatch:
+        values = [[[1.0] * inner] * 2 for _ in range(rows)]
+        return pa.RecordBatch.from_arrays([pa.array(values, pa.list_(pa.list_(pa.float32())))], names=["x"])
+
+    requests = list(
+        Rechunker(100, 1 << 20, EMPTY).requests(enumerate([nested(2, 3), nested(2, 1), nested(4, 2)]))
+    )
+    assert [r.num_rows for r in requests] == [4, 2]
+
+
+def test_a_batch_cut_into_requests_still_joins_its_tail_with_a_next_batch_of_the_same_length() -> None:
+    lengths = request_lengths(Rechunker(4, 1 << 20, EMPTY), [padded([3], 6), padded([3], 2)])
+    assert lengths == [[3] * 4, [3] * 4]
