@@ -83,7 +83,7 @@ class Rechunker(Generic[Carry]):
                 self._waiting.append(_Waiting(carry, item.num_rows))
                 yield from self._cut((item,), item.num_rows)
         if self._pending:
-            yield _join(self._pending)
+            yield from self._fitting(_join(self._pending))
             self._pending, self._pending_rows = [], 0
 
     def _cut(self, pieces: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
@@ -99,7 +99,7 @@ class Rechunker(Generic[Carry]):
                 or limit != self._pending_limit
                 or _row_shapes(batch, 0) != self._pending_shapes
             ):
-                yield _join(self._pending)
+                yield from self._fitting(_join(self._pending))
                 self._pending, self._pending_rows = [], 0
             self._pending_limit = limit
             start = 0
@@ -109,7 +109,7 @@ class Rechunker(Generic[Carry]):
                 self._pending_rows += take
                 start += take
                 if self._pending_rows == limit:
-                    yield _join(self._pending)
+                    yield from self._fitting(_join(self._pending))
                     self._pending, self._pending_rows = [], 0
             if self._pending:  # the batch's tail waits for the next one
                 self._pending_shapes = _row_shapes(batch, batch.num_rows - 1)
@@ -140,6 +140,19 @@ class Rechunker(Generic[Carry]):
                 f"answers and requests disagree: {buffered_rows} answered rows left over, "
                 f"{sum(w.rows for w in self._waiting)} requested rows unanswered"
             )
+
+    def _fitting(self, request: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        """``request`` in halves until each holds under half the message limit, or one row.
+
+        ``_row_limit`` goes by a batch's average row: a few rows far larger than the rest can
+        gather in one request past the limit, which gRPC refuses to send at all.
+        """
+        if request.num_rows <= 1 or request.nbytes <= self._max_request_bytes // 2:
+            yield request
+            return
+        half = request.num_rows // 2
+        yield from self._fitting(request.slice(0, half))
+        yield from self._fitting(request.slice(half))
 
     def _row_limit(self, batch: pa.RecordBatch) -> int:
         bytes_per_row = max(1, batch.nbytes // max(batch.num_rows, 1))

@@ -228,6 +228,10 @@ class StreamBroken(Exception):
         self.details = details
 
 
+CLIENT_TOO_LARGE_TEXT = "Sent message larger than max"
+"""How gRPC words its refusal to send a message over ``grpc.max_send_message_length``."""
+
+
 class Wire(Protocol):
     """How one protocol carries a partition's batches; ``PredictStream`` does the rest.
 
@@ -393,6 +397,8 @@ class PredictStream:
                 f"{self._target} closed the stream with batches unanswered", "stream_closed", slots, head
             )
         if isinstance(event, StreamBroken):
+            first = slots.get(head)
+            self._refuse_if_too_large(event.code, event.details, first.held.batch.num_rows if first else None)
             if event.code in AUTH_ERROR_CODES:
                 raise AuthenticationFailed(
                     f"server {self._target} refused the call for model {self._model!r} with "
@@ -436,6 +442,21 @@ class PredictStream:
         self.counters.answered += 1
         self.counters.rows += rows
 
+    def _refuse_if_too_large(self, code: grpc.StatusCode, details: str, rows: int | None) -> None:
+        """gRPC's own refusal to send a message over the limit is RESOURCE_EXHAUSTED too, which
+        would read as a busy or failed server where the batch is at fault. The rechunker cuts
+        requests to half the limit, so only a row this large alone gets here."""
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED and CLIENT_TOO_LARGE_TEXT in details:
+            which = f" (the first unanswered holds {rows} rows)" if rows is not None else ""
+            raise RequestRejected(
+                f"a request for model {self._model!r}{which} was too large to send: {details}; "
+                "expected rows that fit one message of max_message_bytes "
+                f"({self._config.max_message_bytes:,}): raise ClientConfig.max_message_bytes and the "
+                "servers' --max-message-bytes together, or send through the node's unix socket, whose "
+                "payloads go in shared memory",
+                code.name,
+            )
+
     def _handle_error(
         self,
         code: grpc.StatusCode,
@@ -446,6 +467,7 @@ class PredictStream:
         resends: list[tuple[float, int]],
         head: int,
     ) -> None:
+        self._refuse_if_too_large(code, message, slot.held.batch.num_rows)
         if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
             now = time.monotonic()
             if slot.retry_since_s is None:

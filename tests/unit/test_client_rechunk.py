@@ -148,3 +148,15 @@ def test_batches_of_nested_lists_are_joined_only_where_every_level_agrees() -> N
 def test_a_batch_cut_into_requests_still_joins_its_tail_with_a_next_batch_of_the_same_length() -> None:
     lengths = request_lengths(Rechunker(4, 1 << 20, EMPTY), [padded([3], 6), padded([3], 2)])
     assert lengths == [[3] * 4, [3] * 4]
+
+
+def test_a_request_holding_a_few_long_rows_is_halved_until_each_part_is_under_half_the_limit() -> None:
+    lengths = [10] * 64
+    lengths[5] = lengths[40] = 3_000  # far above the batch's average row
+    text = pa.array(["x" * n for n in lengths], pa.string())
+    requests = list(
+        Rechunker(64, 8_000, EMPTY).requests([(0, pa.RecordBatch.from_arrays([text], names=["s"]))])
+    )
+    assert sum(r.num_rows for r in requests) == 64 and len(requests) > 1
+    assert all(r.nbytes <= 4_000 or r.num_rows == 1 for r in requests)
+    assert pa.concat_batches(requests).column(0).equals(text)  # every row once, in order
