@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -57,6 +58,9 @@ class BoundAddresses:
     http_address: str | None
     kserve_address: str | None = None
     """The native KServe front end's host:port; None when KServe is served on the main listeners."""
+    models: tuple[str, ...] = ()
+    """The models that loaded: the file is written again, with them, once loading has finished
+    and before health reports SERVING, so a supervisor needs no call (nor the token) to know."""
 
 
 class _UvicornWithoutSignals(uvicorn.Server):
@@ -242,7 +246,11 @@ class RunningServer:
 
     async def _load_models(self) -> None:
         await self.models.load_all()
-        if any(m.state == "ready" for m in self.models.all()):
+        loaded = tuple(m.name for m in self.models.all() if m.state == "ready")
+        if self.addresses is not None and self.config.ready_file is not None:
+            self.addresses = dataclasses.replace(self.addresses, models=loaded)
+            _write_json_atomically(self.config.ready_file, asdict(self.addresses))
+        if loaded:
             await self.health.set("", SERVING)
 
     def _publish_model_health(self, served: ServedModel) -> None:

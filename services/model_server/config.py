@@ -151,7 +151,9 @@ class ServerConfig(BaseSettings):
         default=7501, ge=0, le=65535, description="HTTP admin port; 0 picks a free one, off disables HTTP"
     )
     ready_file: Path | None = Field(
-        default=None, description="write the bound addresses here as JSON once listening"
+        default=None,
+        description="write the bound addresses here as JSON once listening, and again with the "
+        "loaded models once loading has finished",
     )
     max_message_bytes: int = Field(
         default=64 << 20, ge=1 << 16, le=(1 << 31) - 1, description="largest gRPC message, both ways"

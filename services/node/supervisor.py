@@ -26,20 +26,23 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from services.model_server.launcher import ServerProcess, ServerStartError, launch_server, wait_until_serving
+from services.model_server.launcher import (
+    ServerProcess,
+    ServerStartError,
+    launch_server,
+    loaded_models,
+    wait_until_serving,
+)
 from services.node.admin import AdminServer, SupervisorMetrics
 from services.node.config import NodeConfig
 from services.node.devices import DeviceSlot, GpuDetection
 from services.node.lock import NodeLock
 from services.node.targets import server_target, supervisor_target, write_targets
 from udfserve.discovery import NodeDiscovery, ServerEntry, ServerState, write_discovery
-from udfserve.protocol import inference_pb2 as pb
-from udfserve.protocol import inference_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
 KILL_MARGIN_S = 5.0  # past a server's own grace period, before SIGKILL
-LIST_MODELS_TIMEOUT_S = 10.0
 
 
 class ServerSlot:
@@ -72,13 +75,6 @@ class ServerSlot:
             models=list(self.models) if ready else [],
             state=self.state,
         )
-
-
-def ready_models(target: str, timeout_s: float = LIST_MODELS_TIMEOUT_S) -> list[str]:
-    """Names of the models a server has loaded, asked over its gRPC ListModels."""
-    with grpc.insecure_channel(target) as channel:
-        response = pb_grpc.InferenceStub(channel).ListModels(pb.ListModelsRequest(), timeout=timeout_s)
-    return sorted(m.name for m in response.models if m.state == pb.MODEL_STATE_READY)
 
 
 class Supervisor:
@@ -247,8 +243,8 @@ class Supervisor:
         assert process is not None
         try:
             await asyncio.to_thread(wait_until_serving, process, self.config.start_timeout_s)
-            models = await asyncio.to_thread(ready_models, process.grpc_target())
-        except (ServerStartError, grpc.RpcError) as exc:
+            models = loaded_models(process)
+        except (ServerStartError, grpc.RpcError, OSError, ValueError) as exc:
             if not self._stopping.is_set():
                 logger.warning("model server on %s did not become ready: %s", slot.device.device, exc)
             await asyncio.to_thread(process.kill)

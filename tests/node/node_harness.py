@@ -147,14 +147,17 @@ def pid_exists(pid: int) -> bool:
     return True
 
 
-def predict_tabular(unix_socket: str, rows: int = 5) -> pa.RecordBatch:
+def predict_tabular(unix_socket: str, rows: int = 5, token: str | None = None) -> pb.PredictResponse:
     """One Predict on the example tabular model through the server's unix socket."""
     features = pa.FixedSizeListArray.from_arrays(pa.array(np.ones(rows * 64, np.float32)), 64)
     payload = encode_batch(pa.record_batch({"features": features}))
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
     with grpc.insecure_channel(f"unix://{unix_socket}") as channel:
         responses = list(
             pb_grpc.InferenceStub(channel).Predict(
-                iter([pb.PredictRequest(model="tabular_mlp", batch_id=1, arrow_ipc=payload)]), timeout=60
+                iter([pb.PredictRequest(model="tabular_mlp", batch_id=1, arrow_ipc=payload)]),
+                timeout=60,
+                metadata=metadata,
             )
         )
     assert len(responses) == 1 and not responses[0].HasField("error"), responses
