@@ -6,7 +6,7 @@ workers (``mapInArrow``) never do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Tuple, Union  # noqa: UP035 (pyspark reads these hints)
 
 import pandas as pd
@@ -16,8 +16,13 @@ from spark_client.partition import PredictJob
 from spark_client.udf import answer_partition
 
 
-def pandas_function(job: PredictJob, as_struct: bool) -> Any:
-    """The function to wrap in ``pandas_udf``: batches of the input columns in, predictions out."""
+def pandas_function(job: PredictJob, as_struct: bool, fields: Sequence[str] | None = None) -> Any:
+    """The function to wrap in ``pandas_udf``: batches of the input columns in, predictions out.
+
+    ``fields``: the struct return type's field names, in its order, when they are known in the
+    driver (Spark takes a struct's columns by position, then checks their names); None: every
+    output, in the model's order.
+    """
 
     # Spark infers the iterator form from these hints; it passes a tuple for several columns
     # and the bare Series (or DataFrame, for a struct) for one.
@@ -25,7 +30,8 @@ def pandas_function(job: PredictJob, as_struct: bool) -> Any:
         yield from predict_pandas(job, batches, as_struct)
 
     def predict_struct(batches: Iterator[PandasArgs]) -> Iterator[pd.DataFrame]:
-        yield from predict_pandas(job, batches, as_struct)
+        for frame in predict_pandas(job, batches, as_struct):
+            yield frame[list(fields)] if fields is not None else frame
 
     return predict_struct if as_struct else predict
 

@@ -97,7 +97,12 @@ def remote_predict(
         resolved_type = parsed(return_type, _active_session())
     as_struct = is_struct(resolved_type)
     check_return_type(job.spec, resolved_type, as_struct)
-    spark_udf = make_udf(function_of(job, as_struct), returnType=resolved_type)
+    if udf_type == "pandas" and as_struct and not isinstance(resolved_type, str):
+        fields = [field.name for field in resolved_type.fields]  # type: ignore[attr-defined]
+        function = function_of(job, as_struct, fields)
+    else:
+        function = function_of(job, as_struct)
+    spark_udf = make_udf(function, returnType=resolved_type)
     udf = RemotePredictUDF(job, spark_udf)
     return udf(*input_columns) if input_columns else udf
 

@@ -195,12 +195,15 @@ def test_a_struct_return_type_of_some_outputs_in_another_order_is_filled_by_name
         config=config,
     )
     some = remote_predict("multi_io", return_type="score float", udf_type=udf_type, config=config)
+    # not the first output: a pandas UDF's struct is taken by position before its names are checked
+    later = remote_predict("multi_io", return_type="embedding array<float>", udf_type=udf_type, config=config)
     result = (
         multi_io_frame(spark, 1_000)
         .select(
             full("numeric", "category").alias("full"),
             reordered("numeric", "category").alias("reordered"),
             some("numeric", "category").alias("some"),
+            later("numeric", "category").alias("later"),
         )
         .select(
             "full.score",
@@ -208,9 +211,11 @@ def test_a_struct_return_type_of_some_outputs_in_another_order_is_filled_by_name
             F.col("reordered.score").alias("r_score"),
             F.col("reordered.embedding").alias("r_embedding"),
             F.col("some.score").alias("s_score"),
+            F.col("later.embedding").alias("l_embedding"),
         )
         .toPandas()
     )
+    np.testing.assert_array_equal(stacked(result["l_embedding"]), stacked(result["embedding"]))
     np.testing.assert_array_equal(result["r_score"].to_numpy(), result["score"].to_numpy())
     np.testing.assert_array_equal(stacked(result["r_embedding"]), stacked(result["embedding"]))
     np.testing.assert_array_equal(result["s_score"].to_numpy(), result["score"].to_numpy())
