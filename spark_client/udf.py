@@ -183,10 +183,22 @@ def predict_arrow(
     missing = [c for c in predictor.input_columns if c not in df.columns]
     if missing:
         raise ValueError(f"input column(s) {missing} are not in the DataFrame; its columns are {df.columns}")
-    clash = [c for c in predictor.output_columns if c in df.columns]
+    outputs = list(predictor.output_columns)
+    case_sensitive = str(df.sparkSession.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
+
+    def key(name: str) -> str:
+        return name if case_sensitive else name.lower()
+
+    repeated = sorted({c for c in outputs if [key(o) for o in outputs].count(key(c)) > 1})
+    if repeated:
+        raise ValueError(f"output column(s) {repeated} are named twice; expected one name per output")
+    existing = {key(c) for c in df.columns}
+    clash = [c for c in outputs if key(c) in existing]
     if clash:
         raise ValueError(
-            f"output column(s) {clash} already exist in the DataFrame; name them output_columns=..."
+            f"output column(s) {clash} already exist in the DataFrame (its columns are {df.columns}; Spark "
+            f"compares names {'with' if case_sensitive else 'without'} case, spark.sql.caseSensitive); "
+            "name them output_columns=..."
         )
     from pyspark.sql.types import StructType
 

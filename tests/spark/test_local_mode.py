@@ -149,6 +149,23 @@ def test_predict_arrow_names_outputs_and_takes_a_struct_input(
     np.testing.assert_allclose(stacked(pdf["e"]), reference["embedding"], atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("outputs", "refusal"),
+    [
+        (["ID", "e"], r"output column\(s\) \['ID'\] already exist in the DataFrame .*without case"),
+        (["p", "p"], r"output column\(s\) \['p'\] are named twice"),
+        (["p", "P"], r"output column\(s\) \['P', 'p'\] are named twice"),
+    ],
+)
+def test_predict_arrow_refuses_output_names_spark_could_not_tell_apart(
+    spark: SparkSession, server: ServerProcess, outputs: list[str], refusal: str
+) -> None:
+    frame = multi_io_frame(spark, 10)
+    config = ClientConfig(address=server.grpc_target(), fallback="error")
+    with pytest.raises(ValueError, match=refusal):
+        predict_arrow(frame, "multi_io", output_columns=outputs, config=config)
+
+
 def test_the_server_is_found_through_the_discovery_file(
     spark: SparkSession, server: ServerProcess, example_repository: Path, tmp_path: Path
 ) -> None:
