@@ -87,22 +87,23 @@ def cpu_model_spec(repository: Path, model: str, version: int = 0) -> ModelSpec:
 
 
 def predict_on_cpu(repository: Path, model: str, version: int, batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Answer one request batch as a server would, in chunks of the model's ``max_batch_size``."""
+    """Answer one request batch as a server would: checked whole (so an error names the row as
+    the server's would), run in chunks of the model's ``max_batch_size``."""
     from services.model_server.errors import InvalidInput
     from services.model_server.schema import batch_to_inputs, outputs_to_batch
     from spark_client.errors import RequestRejected
 
     loaded, max_batch_size = load_cpu_model(repository, model, version)
+    try:
+        inputs = batch_to_inputs(batch, loaded.name, loaded.inputs)
+    except InvalidInput as exc:
+        raise RequestRejected(
+            f"CPU fallback refused a batch of {batch.num_rows} rows: {exc.message}", "INVALID_ARGUMENT"
+        ) from None
     pieces = []
     for start in range(0, batch.num_rows, max_batch_size):
-        chunk = batch.slice(start, max_batch_size)
-        try:
-            inputs = batch_to_inputs(chunk, loaded.name, loaded.inputs)
-        except InvalidInput as exc:
-            raise RequestRejected(
-                f"CPU fallback refused a batch: {exc.message}", "INVALID_ARGUMENT"
-            ) from None
-        pieces.append(outputs_to_batch(loaded.predict(inputs), loaded.outputs))
+        chunk = {name: array[start : start + max_batch_size] for name, array in inputs.items()}
+        pieces.append(outputs_to_batch(loaded.predict(chunk), loaded.outputs))
     if len(pieces) == 1:
         return pieces[0]
     return pa.concat_batches(pieces)

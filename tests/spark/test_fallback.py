@@ -162,3 +162,20 @@ def test_fallback_results_carry_the_model_outputs_of_every_type(
     )
     np.testing.assert_allclose(pdf["score"].to_numpy(), reference["score"].reshape(-1), atol=1e-5)
     np.testing.assert_allclose(stacked(pdf["embedding"]), reference["embedding"], atol=1e-5)
+
+
+def test_a_batch_the_cpu_fallback_refuses_names_the_row_the_server_would(
+    spark: SparkSession, example_repository: Path, tmp_path: Path
+) -> None:
+    """One request of 1,000 rows, more than multi_io's max_batch_size (512): the row is counted
+    from the request's start, not from the start of the chunk the model ran on."""
+    config = ClientConfig(
+        address=f"unix://{tmp_path / 'none.sock'}", model_repository=str(example_repository)
+    )
+    frame = (
+        spark.range(1_000, numPartitions=1)
+        .withColumn("numeric", feature_column((8,)))
+        .withColumn("category", F.when(F.col("id") == 700, None).otherwise(F.col("id") % 16).cast("int"))
+    )
+    with pytest.raises(Exception, match=r"CPU fallback refused a batch of 1000 rows: .*null row 700\b"):
+        predict_arrow(frame, "multi_io", ["numeric", "category"], config=config).collect()
