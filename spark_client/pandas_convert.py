@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from spark_client.convert import match_inputs
-from spark_client.metadata import ModelSpec
+from spark_client.metadata import ModelSpec, Tensor
 from spark_client.rechunk import Pieces
 
 PandasInput: TypeAlias = pd.Series | pd.DataFrame
@@ -44,7 +44,30 @@ def pandas_to_request(columns: PandasInput | tuple[PandasInput, ...], spec: Mode
                     f"with fields {list(column.columns)}; expected a numeric or array column"
                 )
             arrays.append(series_to_arrow(column))
+    for array, tensor in zip(arrays, spec.inputs, strict=True):
+        _refuse_nan_for_integers(array, tensor, spec.name)
     return pa.RecordBatch.from_arrays(arrays, names=list(spec.input_names))
+
+
+def _refuse_nan_for_integers(array: pa.Array, tensor: Tensor, model: str) -> None:
+    """Spark hands a pandas UDF an integer column holding nulls as floats with NaN in their
+    place; the server would only see floats where it expects integers, and say that."""
+    if tensor.dtype == "string" or not np.issubdtype(np.dtype(tensor.dtype), np.integer):
+        return
+    values = array
+    while isinstance(values, (pa.ListArray, pa.LargeListArray, pa.FixedSizeListArray)):
+        values = values.flatten()
+    if not pa.types.is_floating(values.type):
+        return
+    nan = np.flatnonzero(np.isnan(values.to_numpy(zero_copy_only=False)))
+    if len(nan):
+        where = f"row {int(nan[0])} of the request" if values is array else "a row of the request"
+        raise ValueError(
+            f"model {model!r}: input {tensor.name!r} takes {tensor.dtype} values and its column holds a null "
+            f"({where}): Spark hands a pandas UDF an integer column with nulls as floats with NaN in "
+            "their place; expected no nulls (fill or filter them, or use udf_type='arrow', which refuses "
+            "them by row too)"
+        )
 
 
 def pandas_pieces(item: PandasInput | tuple[PandasInput, ...], spec: ModelSpec, rows: int) -> Pieces:

@@ -72,6 +72,23 @@ def test_unnamed_columns_feed_the_inputs_in_the_models_order() -> None:
     assert request.column("category").to_pylist() == [3, 4]
 
 
+def test_an_integer_column_with_a_null_reaching_a_pandas_udf_as_nan_is_refused_naming_the_null() -> None:
+    category = pd.Series([3.0, np.nan, 4.0])  # Spark's int column [3, null, 4] in a pandas UDF
+    with pytest.raises(ValueError) as refused:
+        pandas_to_request((category, array_series(np.ones((3, 8), np.float32))), MULTI)
+    assert str(refused.value).startswith(
+        "model 'multi_io': input 'category' takes int32 values and its column holds a null "
+        "(row 1 of the request)"
+    )
+    assert "expected no nulls" in str(refused.value)
+
+
+def test_a_float_column_with_nan_for_a_float_input_is_sent_as_it_is() -> None:
+    numeric = array_series(np.full((2, 8), np.nan, np.float32))
+    request = pandas_to_request((pd.Series([3, 4]), numeric), MULTI)
+    assert np.isnan(request.column("numeric").flatten().to_numpy()).all()
+
+
 def test_the_wrong_number_of_columns_is_refused_naming_the_inputs() -> None:
     with pytest.raises(ValueError, match=r"input\(s\) \['category', 'numeric'\].*received \['column 0'\]"):
         pandas_to_request((pd.Series([1]),), MULTI)
