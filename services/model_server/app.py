@@ -63,6 +63,17 @@ class BoundAddresses:
     and before health reports SERVING, so a supervisor needs no call (nor the token) to know."""
 
 
+def _socket_answers(path: Path) -> bool:
+    """Whether a process accepts connections on the unix socket ``path`` (a stale one refuses)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 class _UvicornWithoutSignals(uvicorn.Server):
     """uvicorn installs its own SIGINT/SIGTERM handlers; this process drains through ours."""
 
@@ -165,6 +176,11 @@ class RunningServer:
         if config.socket is not None:
             config.socket.parent.mkdir(parents=True, exist_ok=True)
             if config.socket.is_socket():
+                if _socket_answers(config.socket):
+                    raise OSError(
+                        f"cannot listen on unix socket {config.socket}: another process is listening on it "
+                        "(a server still running); stop it, or give this server another --socket"
+                    )
                 config.socket.unlink()  # a stale socket of a previous run of this server
             self._bind(f"unix:{config.socket}")  # local only: the socket's file mode protects it
             unix_socket = str(config.socket)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,6 +61,8 @@ class ServerProcess:
     ready_file: Path
     log_path: Path | None
     addresses: dict[str, object] = field(default_factory=dict)
+    scratch_dir: Path | None = None
+    """The folder made for the ready file when none was given; removed once the child has exited."""
 
     @property
     def pid(self) -> int:
@@ -111,15 +114,20 @@ class ServerProcess:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                return self.process.wait(timeout=timeout_s)
+                return self._exited(self.process.wait(timeout=timeout_s))
             except subprocess.TimeoutExpired:
                 self.process.kill()
-        return self.process.wait()
+        return self._exited(self.process.wait())
 
     def kill(self) -> int:
         if self.process.poll() is None:
             self.process.kill()
-        return self.process.wait()
+        return self._exited(self.process.wait())
+
+    def _exited(self, code: int) -> int:
+        if self.scratch_dir is not None:
+            shutil.rmtree(self.scratch_dir, ignore_errors=True)
+        return code
 
 
 def server_command(
@@ -180,8 +188,10 @@ def launch_server(
     ``ready_file`` (default: a new temporary folder) is removed first: a child killed earlier
     leaves its file behind, and its addresses must not be taken for the new child's.
     """
+    scratch_dir = None
     if ready_file is None:
-        ready_file = Path(tempfile.mkdtemp(prefix="udfserve-ready-")) / "ready.json"
+        scratch_dir = Path(tempfile.mkdtemp(prefix="udfserve-ready-"))
+        ready_file = scratch_dir / "ready.json"
     else:
         ready_file.unlink(missing_ok=True)
     command = server_command(
@@ -202,7 +212,7 @@ def launch_server(
     finally:
         if not isinstance(log, int):
             log.close()
-    server = ServerProcess(process=process, ready_file=ready_file, log_path=log_path)
+    server = ServerProcess(process=process, ready_file=ready_file, log_path=log_path, scratch_dir=scratch_dir)
     if wait:
         wait_until_serving(server, ready_timeout_s, health_credentials)
     return server

@@ -44,12 +44,23 @@ class SupervisorMetrics:
 Health = Callable[[], tuple[bool, dict[str, object]]]
 
 
+class AdminAddressUnavailable(OSError):
+    """The supervisor's HTTP address cannot be bound; the message names the setting."""
+
+
 class AdminServer:
     """Serves the supervisor's metrics and health on ``host:port`` from a daemon thread."""
 
     def __init__(self, host: str, port: int, metrics: SupervisorMetrics, health: Health) -> None:
         handler = _handler_class(metrics.registry, health)
-        self._server = ThreadingHTTPServer((host, port), handler)
+        try:
+            self._server = ThreadingHTTPServer((host, port), handler)
+        except OSError as exc:
+            raise AdminAddressUnavailable(
+                f"cannot serve the supervisor's metrics and health on {host}:{port} ({exc.strerror}); "
+                "expected a free address: set --supervisor-http-port (UDFSERVE_SUPERVISOR_HTTP_PORT) to "
+                "another port, or 0 for any free one"
+            ) from None
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="supervisor-http", daemon=True

@@ -8,6 +8,7 @@ import logging
 
 import prometheus_client
 
+from services.node.admin import AdminAddressUnavailable
 from services.node.config import NodeConfig
 from services.node.devices import DeviceError, detect_gpus, plan_devices
 from services.node.lock import NodeLockHeld
@@ -38,3 +39,6 @@ def run_node(args: argparse.Namespace) -> int:
     except NodeLockHeld as exc:
         logger.error("refusing to start: %s", exc)
         return EXIT_LOCK_HELD
+    except AdminAddressUnavailable as exc:
+        logger.error("refusing to start: %s", exc)
+        return EXIT_CONFIG_ERROR

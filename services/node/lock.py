@@ -36,7 +36,8 @@ class NodeLock:
             os.close(fd)
             raise NodeLockHeld(
                 f"another udfserve node supervisor (pid {holder}) holds the lock {self.path}; "
-                "stop it first, or give this one another --runtime-dir"
+                "stop it first, or give this one another --runtime-dir (and another "
+                "--supervisor-http-port)"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -101,3 +102,20 @@ def test_a_second_supervisor_on_the_same_runtime_dir_refuses_to_start(
     assert f"pid {two_device_node.pid}" in second.stderr and str(lock) in second.stderr, second.stderr
     after = two_device_node.wait_all_ready(2)
     assert [s.pid for s in after.servers] == [s.pid for s in before.servers]
+
+
+def test_a_supervisor_whose_http_port_is_taken_refuses_to_start_naming_the_setting(
+    example_repository: Path, tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = node_command(tmp_path / "rt", example_repository, "sim:0")
+        command[command.index("--supervisor-http-port") + 1] = str(port)
+        refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    assert f"127.0.0.1:{port}" in refused.stderr and "--supervisor-http-port" in refused.stderr, (
+        refused.stderr
+    )
+    assert "Traceback" not in refused.stderr
