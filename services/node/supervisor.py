@@ -265,7 +265,10 @@ class Supervisor:
     async def _stop_servers(self, tasks: list[asyncio.Task[None]]) -> None:
         for slot in self.slots:
             slot.state = "stopping"
-        self._publish()
+        try:
+            self._publish()
+        except OSError:  # a full or read-only disk: the servers must stop all the same
+            logger.exception("could not publish the servers as stopping in %s", self.config.discovery_path)
         for slot in self.slots:
             if slot.process is not None:
                 slot.process.process.send_signal(signal.SIGTERM)

@@ -55,3 +55,27 @@ def test_a_dead_server_is_out_of_the_targets_and_not_ready_until_its_back_off_en
         assert not node.discovery_path.exists()
     finally:
         stop_node(node)
+
+
+def test_a_discovery_file_that_cannot_be_written_stops_the_node_and_every_server(
+    example_repository: Path, short_dir: Path
+) -> None:
+    """A full or read-only disk, played by a folder where the file must go: the supervisor stops
+    its servers and exits 1 instead of hanging on a server it never signalled."""
+    node = NodeProcess(short_dir / "rt", example_repository, "sim:0,sim:1")
+    server_pids = [s.pid for s in node.wait_all_ready(2).servers]
+    try:
+        node.discovery_path.unlink()
+        node.discovery_path.mkdir()
+        first = server_pids[0]
+        assert first is not None
+        os.kill(first, signal.SIGKILL)  # its restart must be published, and cannot be
+        assert node.process.wait(timeout=120) == 1, node.log()
+        assert [pid for pid in server_pids if pid is not None and pid_exists(pid)] == [], node.log()
+        assert "could not publish the servers as stopping" in node.log()
+    finally:
+        if node.process.poll() is None:
+            node.process.kill()
+        for pid in server_pids:
+            if pid is not None and pid_exists(pid):
+                os.kill(pid, signal.SIGKILL)
