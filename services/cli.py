@@ -36,6 +36,13 @@ def run_serve(args: argparse.Namespace) -> int:
     if not config.model_repository.is_dir():
         logger.error("model repository %s is not a folder", config.model_repository)
         return 2
+    from services.model_server.security import check_credentials
+
+    try:
+        check_credentials(config)
+    except ValueError as exc:
+        logger.error("refusing to start: %s", exc)
+        return 2
     try:
         loop = event_loop.resolve(config.event_loop)
     except event_loop.EventLoopUnavailable as exc:

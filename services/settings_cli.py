@@ -8,9 +8,10 @@ environment still applies to them. Errors name the flag and the variable.
 from __future__ import annotations
 
 import argparse
+import typing
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from pydantic_settings import BaseSettings
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)
@@ -41,6 +42,12 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[B
     parser.set_defaults(**dict.fromkeys(settings_cls.model_fields))
 
 
+def _is_secret(settings_cls: type[BaseSettings], name: str) -> bool:
+    """A field whose value must never be echoed (a ``SecretStr``, alone or optional)."""
+    annotation = settings_cls.model_fields[name].annotation
+    return annotation is SecretStr or SecretStr in typing.get_args(annotation)
+
+
 def settings_from_args(settings_cls: type[SettingsT], args: argparse.Namespace) -> SettingsT:
     given: dict[str, Any] = {
         name: value for name in settings_cls.model_fields if (value := getattr(args, name, None)) is not None
@@ -51,7 +58,10 @@ def settings_from_args(settings_cls: type[SettingsT], args: argparse.Namespace) 
         problems = []
         for error in exc.errors():
             field = str(error["loc"][0]) if error["loc"] else ""
-            where = f"{flag_name(field)} / {env_name(settings_cls, field)}" if field else "settings"
-            received = error.get("input")
-            problems.append(f"{where}: {error['msg']} (received {received!r})")
+            if not field:  # a check across fields: its input is every setting, secrets included
+                problems.append(f"settings: {error['msg']}")
+                continue
+            where = f"{flag_name(field)} / {env_name(settings_cls, field)}"
+            received = "(hidden)" if _is_secret(settings_cls, field) else repr(error.get("input"))
+            problems.append(f"{where}: {error['msg']} (received {received})")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(problems)) from None

@@ -195,7 +195,13 @@ class RunningServer:
             kserve_address = f"{config.host}:{self.kserve_native.start()}"
 
         if config.http_port is not None:
-            http_socket = socket.create_server((config.http_host, config.http_port), reuse_port=False)
+            try:
+                http_socket = socket.create_server((config.http_host, config.http_port), reuse_port=False)
+            except OSError as exc:
+                raise OSError(
+                    f"cannot listen on --http-host {config.http_host} --http-port {config.http_port}: "
+                    f"{exc.strerror or exc}"
+                ) from None
             http_address = f"{config.http_host}:{http_socket.getsockname()[1]}"
             app = create_admin_app(self.models, self.metrics, config.device, self.auth_token)
             tls: dict[str, object] = {}
@@ -273,6 +279,13 @@ class RunningServer:
         status = SERVING if served.state == "ready" else NOT_SERVING
         asyncio.get_running_loop().create_task(self.health.set(served.name, status))
 
+    async def close_listeners(self) -> None:
+        """After a start that failed: let go of what was bound. Nothing was accepted yet."""
+        if self.kserve_native is not None:
+            with contextlib.suppress(Exception):
+                await self.kserve_native.stop(0.0)
+        await self.grpc_server.stop(None)
+
     async def drain_and_stop(self) -> None:
         """Refuse new work, answer what was accepted within the grace period, close listeners."""
         deadline = time.monotonic() + self.config.grace_period_s
@@ -324,7 +337,12 @@ async def serve(config: ServerConfig) -> int:
         stop.set()
 
     with stop_on_signals(on_signal):
-        await server.start()
+        try:
+            await server.start()
+        except OSError as exc:  # an address or socket this server cannot take: the message says which
+            logger.error("refusing to start: %s", exc)
+            await server.close_listeners()
+            return 2
         await stop.wait()
         await server.drain_and_stop()
     return 0

@@ -215,6 +215,16 @@ class ServerConfig(BaseSettings):
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
+    @field_validator("auth_token")
+    @classmethod
+    def _non_empty_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError(
+                "expected a non-empty token: an empty one would turn the token check off (leave "
+                "--auth-token out to run without one)"
+            )
+        return value
+
     @field_validator("cpu_parallel_min_rows")
     @classmethod
     def _cpu_parallel_min_rows(cls, value: int) -> int:

@@ -9,6 +9,8 @@ and ``/metrics`` stay open so probes and scrapers work without secrets.
 from __future__ import annotations
 
 import hmac
+import os
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,6 +40,36 @@ def grpc_server_credentials(config: ServerConfig) -> grpc.ServerCredentials | No
         root_certificates=client_ca,
         require_client_auth=client_ca is not None,
     )
+
+
+def check_credentials(config: ServerConfig) -> None:
+    """Read the token file and the TLS files now, as the server will: a ``ValueError`` naming the
+    flag and what was expected, instead of a traceback (or a "cannot listen" for a bad PEM) later."""
+    config.resolve_auth_token()
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        return
+    files = [("--tls-cert-file", config.tls_cert_file), ("--tls-key-file", config.tls_key_file)]
+    if config.tls_client_ca_file is not None:
+        files.append(("--tls-client-ca-file", config.tls_client_ca_file))
+    for flag, path in files:
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ValueError(f"{flag} {path}: expected a readable PEM file")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+    except ssl.SSLError as exc:
+        raise ValueError(
+            f"--tls-cert-file {config.tls_cert_file} and --tls-key-file {config.tls_key_file}: expected a "
+            f"PEM certificate (chain) and its private key ({exc.reason or exc})"
+        ) from None
+    if config.tls_client_ca_file is not None:
+        try:
+            context.load_verify_locations(cafile=config.tls_client_ca_file)
+        except ssl.SSLError as exc:
+            raise ValueError(
+                f"--tls-client-ca-file {config.tls_client_ca_file}: expected PEM CA certificates "
+                f"({exc.reason or exc})"
+            ) from None
 
 
 def _refusing_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:

@@ -3,6 +3,9 @@ and the launcher leaves no scratch folder behind."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -63,3 +66,35 @@ def test_the_launchers_scratch_folder_goes_with_the_server(
     assert scratch.is_dir()
     server.terminate()
     assert not scratch.exists()
+
+
+def serve(example_repository: Path, socket_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable, "-m", "services", "serve", "--model-repository", str(example_repository),
+        "--socket", str(socket_dir / "refused.sock"), "--port", "off", "--http-port", "off", *ARGS, *flags,
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UDFSERVE_")}
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_a_token_file_that_cannot_be_read_stops_the_start_naming_the_flag(
+    example_repository: Path, socket_dir: Path, tmp_path: Path
+) -> None:
+    refused = serve(example_repository, socket_dir, "--auth-token-file", str(tmp_path / "none"))
+    assert refused.returncode == 2, refused.stderr
+    assert f"refusing to start: cannot read --auth-token-file {tmp_path / 'none'}" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_an_http_host_that_does_not_resolve_stops_the_start_naming_the_flag(
+    example_repository: Path, socket_dir: Path
+) -> None:
+    refused = serve(
+        example_repository, socket_dir,
+        "--http-host", "no-such-host.invalid", "--http-port", "0", "--allow-insecure-remote",
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert (
+        "refusing to start: cannot listen on --http-host no-such-host.invalid --http-port 0" in refused.stderr
+    )
+    assert "Traceback" not in refused.stderr
