@@ -16,7 +16,11 @@ ids=""
 if [[ -n "${UDFSERVE_GPU_ADDRESSES:-}" ]]; then
   ids="${UDFSERVE_GPU_ADDRESSES//,/ }"
 elif command -v nvidia-smi >/dev/null 2>&1; then
-  ids="$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr -d ' ' | tr '\n' ' ' || true)"
+  # nvidia-smi may fail with its reason on stdout ("No devices were found"): that is no GPU, not
+  # an id. Only its lines that are indices count, and only when it succeeded.
+  if listed="$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null)"; then
+    ids="$(printf '%s\n' "${listed}" | tr -d ' ' | grep -E '^[0-9]+$' | tr '\n' ' ' || true)"
+  fi
 fi
 
 json=""
