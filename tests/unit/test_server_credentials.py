@@ -64,27 +64,27 @@ def test_a_file_that_is_not_a_certificate_is_named_as_such_not_as_a_port(tmp_pat
         check_credentials(config)
 
 
+def mutual_tls(pki: Path, client_ca: Path, **settings: object) -> ServerConfig:
+    """A server of ``pki``'s certificate and key, requiring clients signed by ``client_ca``."""
+    return ServerConfig.model_validate(
+        {
+            "model_repository": "/m",
+            "tls_cert_file": pki / "server.pem",
+            "tls_key_file": pki / "server.key",
+            "tls_client_ca_file": client_ca,
+            **settings,
+        }
+    )
+
+
 def test_a_client_ca_that_is_not_a_certificate_is_named(tmp_path: Path) -> None:
     pki = make_pki(tmp_path)
     (tmp_path / "ca-bad.pem").write_text("not a CA\n")
-    config = ServerConfig(
-        model_repository=Path("/m"),
-        tls_cert_file=pki / "server.pem",
-        tls_key_file=pki / "server.key",
-        tls_client_ca_file=tmp_path / "ca-bad.pem",
-    )
     with pytest.raises(ValueError, match=r"--tls-client-ca-file .*expected PEM CA certificates"):
-        check_credentials(config)
+        check_credentials(mutual_tls(pki, tmp_path / "ca-bad.pem"))
 
 
 def test_valid_tls_files_and_token_file_pass(tmp_path: Path) -> None:
     pki = make_pki(tmp_path)
     (tmp_path / "token").write_text("t0ken\n")
-    config = ServerConfig(
-        model_repository=Path("/m"),
-        tls_cert_file=pki / "server.pem",
-        tls_key_file=pki / "server.key",
-        tls_client_ca_file=pki / "ca.pem",
-        auth_token_file=tmp_path / "token",
-    )
-    check_credentials(config)
+    check_credentials(mutual_tls(pki, pki / "ca.pem", auth_token_file=tmp_path / "token"))
