@@ -179,9 +179,9 @@ def _row_shapes(batch: pa.RecordBatch, row: int) -> RowShapes:
         lengths = []
         value = column.slice(row, 1)
         while _is_list(value.type) and len(value) and value.null_count == 0:
-            length = len(value.flatten())
-            lengths.append(length)
-            value = value.flatten().slice(0, 1)
+            values = value.flatten()
+            lengths.append(len(values))
+            value = values.slice(0, 1)
         shapes.append(tuple(lengths))
     return tuple(shapes)
 

@@ -610,7 +610,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             inputs, rows = request_to_inputs(request, served.name, model.inputs, self._plan(model))
         except Exception as exc:
             return self._refuse(model_metrics, job, request, exc, started_s)
-        return self._queue(served, job, request, output_specs, inputs, rows, started_s, self._respond)
+        return self._queue(served, job, request, output_specs, inputs, rows, started_s, _as_message)
 
     def start_decoded(
         self,
@@ -636,7 +636,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         if decoded is None or output_specs is None:
             return None
         inputs, rows = decoded
-        return self._queue(served, job, head, output_specs, inputs, rows, started_s, self._respond_tensors)
+        return self._queue(served, job, head, output_specs, inputs, rows, started_s, _as_tensors)
 
     def _queue(
         self,
@@ -647,7 +647,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         inputs: dict[str, np.ndarray],
         rows: int,
         started_s: float,
-        respond: _Respond[_A],
+        deliver: _Deliver[_A],
     ) -> _A | _Failure | Pending[_A | _Failure]:
         """Queue checked inputs on the model's batcher (or answer an empty request at once)."""
         model_metrics = served.metrics
@@ -656,7 +656,9 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             at_least = answer_bytes_at_least(output_specs, rows)
             check_answer_size(served.name, rows, at_least, self._max_response_bytes, before_running=True)
             if rows == 0:
-                response = respond(served, request, output_specs, _empty_outputs(served.model.outputs), 0)
+                response = deliver(
+                    self._answer(served, request, output_specs, _empty_outputs(served.model.outputs), 0)
+                )
                 self._observe(model_metrics, job, request, "OK", started_s, 0)
                 return response
             future = served.batcher.enqueue(inputs)
@@ -665,7 +667,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         self._in_flight.begin()
         model_metrics.in_flight.inc()
         finish = functools.partial(
-            self._finish, served, model_metrics, job, request, output_specs, rows, started_s, respond
+            self._finish, served, model_metrics, job, request, output_specs, rows, started_s, deliver
         )
         return Pending(future, finish)
 
@@ -678,7 +680,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         output_specs: tuple[TensorSpec, ...],
         rows: int,
         started_s: float,
-        respond: _Respond[_A],
+        deliver: _Deliver[_A],
         outputs: asyncio.Future[dict[str, np.ndarray]],
     ) -> _A | _Failure:
         """The answer to one request once the batcher answered it (or its client went away first,
@@ -688,31 +690,13 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         if outputs.cancelled():
             raise asyncio.CancelledError
         try:
-            response = respond(served, request, output_specs, outputs.result(), rows)
+            response = deliver(self._answer(served, request, output_specs, outputs.result(), rows))
         except Exception as exc:
             return self._refuse(model_metrics, job, request, exc, started_s)
         self._observe(model_metrics, job, request, "OK", started_s, rows)
         return response
 
-    def _respond(
-        self,
-        served: ServedModel,
-        request: RequestHead,
-        output_specs: tuple[TensorSpec, ...],
-        outputs: dict[str, np.ndarray],
-        rows: int,
-    ) -> kpb.ModelInferResponse:
-        """The python front end's answer: ``_respond_tensors``'s, as a message."""
-        answer = self._respond_tensors(served, request, output_specs, outputs, rows)
-        response = kpb.ModelInferResponse(
-            model_name=answer.model_name, model_version=answer.model_version, id=answer.id
-        )
-        for name, datatype, shape, raw in answer.tensors:
-            response.outputs.add(name=name, datatype=datatype, shape=shape)
-            response.raw_output_contents.append(raw.tobytes() if isinstance(raw, np.ndarray) else raw)
-        return response
-
-    def _respond_tensors(
+    def _answer(
         self,
         served: ServedModel,
         request: RequestHead,
@@ -720,6 +704,8 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         outputs: dict[str, np.ndarray],
         rows: int,
     ) -> TensorAnswer:
+        """One request's answer as tensors, checked against the message limit; both front ends
+        send it, the python one as a message (``_as_message``)."""
         assert served.source is not None
         tensors, size_bytes = outputs_to_tensors(outputs, output_specs, rows)
         check_answer_size(served.name, rows, size_bytes, self._max_response_bytes)
@@ -763,9 +749,24 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
 
 _Answer: TypeAlias = "kpb.ModelInferResponse | _Failure"
 _A = TypeVar("_A", kpb.ModelInferResponse, TensorAnswer)
-_Respond: TypeAlias = Callable[
-    [ServedModel, RequestHead, tuple[TensorSpec, ...], dict[str, np.ndarray], int], _A
-]
+_Deliver: TypeAlias = Callable[[TensorAnswer], _A]
+"""How a front end sends an answer: as a message (the python one), as tensors (the native one)."""
+
+
+def _as_message(answer: TensorAnswer) -> kpb.ModelInferResponse:
+    response = kpb.ModelInferResponse(
+        model_name=answer.model_name, model_version=answer.model_version, id=answer.id
+    )
+    for name, datatype, shape, raw in answer.tensors:
+        response.outputs.add(name=name, datatype=datatype, shape=shape)
+        response.raw_output_contents.append(raw.tobytes() if isinstance(raw, np.ndarray) else raw)
+    return response
+
+
+def _as_tensors(answer: TensorAnswer) -> TensorAnswer:
+    return answer
+
+
 _StreamAnswer: TypeAlias = "tuple[kpb.ModelInferRequest, _Answer]"
 
 
