@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -150,6 +151,19 @@ def metric_value(text: str, name: str, **labels: str) -> float:
         if wanted <= set(label_text.rstrip("}").split(",")) - {""}:
             total += float(value)
     return total
+
+
+def wait_until_idle(http_address: str, timeout_s: float = 120.0) -> None:
+    """Until the server holds no request: none in flight, no row queued in any batcher. A request
+    its client abandoned leaves both at once, a batch already running may still finish after."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = scrape(http_address)
+        held = metric_value(text, "udfserve_requests_in_flight") + metric_value(text, "udfserve_queued_rows")
+        if held == 0:
+            return
+        time.sleep(0.05)  # a short look between scrapes of another process's state
+    raise AssertionError(f"the server at {http_address} still held requests after {timeout_s:g} s")
 
 
 _KERAS_MODELS: dict[Path, Any] = {}

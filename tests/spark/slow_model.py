@@ -3,13 +3,17 @@
 ``doubled_sum = 2 * sum(features, axis=1)``, computed after a ``tf.while_loop`` of
 ``iterations`` dense 256x256 ``tanh`` layers over every row: the time grows with rows times
 iterations, and the loop cannot be folded away (its result decides a term that is always 0).
-There is no sleep operation in a serialisable graph; this is real work. The same model written
-with one iteration is fast and computes the same numbers, so a test can serve the slow one and
-let the CPU fallback load the fast one.
+This is real work, so its time grows with the machine's load, as a real model's does. The same
+model written with one iteration is fast and computes the same numbers, so a test can serve the
+slow one and let the CPU fallback load the fast one.
+
+With ``sleep_s`` the model instead sleeps that long in every call (a ``SleepDataset`` in the
+graph: no CPU spent), before the same numbers: a server that cannot answer within any deadline a
+test sets, however loaded the machine is, without slowing the other tests down.
 
 Run it as a script, so the test process never imports TensorFlow:
 
-    python slow_model.py <repository> <iterations>
+    python slow_model.py <repository> <iterations> [<sleep_s>]
 
 writes ``<repository>/slow_sum/{config.yaml,1/saved_model.pb,...}`` with warm-up off (a warm-up
 at ``max_batch_size`` rows would take as long as the slowness it is there to show).
@@ -26,11 +30,12 @@ FEATURES = 4
 WIDTH = 256
 
 
-def write_slow_model(repository: Path, iterations: int) -> Path:
+def write_slow_model(repository: Path, iterations: int, sleep_s: float = 0.0) -> Path:
     """Export the model and its config.yaml; returns the model folder."""
     import numpy as np
     import tensorflow as tf
     import yaml
+    from tensorflow.python.data.experimental.ops import testing as dataset_testing
 
     weights = tf.constant(np.random.default_rng(0).normal(0, 0.05, (WIDTH, WIDTH)).astype(np.float32))
 
@@ -44,6 +49,11 @@ def write_slow_model(repository: Path, iterations: int) -> Path:
 
             _, hidden = tf.while_loop(lambda i, _h: i < iterations, step, [tf.constant(0), hidden])
             never = tf.cast(tf.reduce_max(tf.abs(hidden)) > 2.0, tf.float32)  # tanh stays within 1
+            if sleep_s > 0:  # the answer waits for a dataset that sleeps before yielding it
+                slept = tf.data.Dataset.from_tensors(features).apply(
+                    dataset_testing.sleep(int(sleep_s * 1_000_000))
+                )
+                features = slept.reduce(tf.zeros_like(features), lambda total, element: total + element)
             return {"doubled_sum": 2.0 * tf.reduce_sum(features, axis=1) + never}
 
     model_dir = repository / MODEL_NAME
@@ -56,5 +66,5 @@ def write_slow_model(repository: Path, iterations: int) -> Path:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
-    repository_arg, iterations_arg = sys.argv[1:3]
-    write_slow_model(Path(repository_arg), int(iterations_arg))
+    repository_arg, iterations_arg, *sleep_arg = sys.argv[1:4]
+    write_slow_model(Path(repository_arg), int(iterations_arg), float(sleep_arg[0]) if sleep_arg else 0.0)

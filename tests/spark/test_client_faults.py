@@ -283,13 +283,21 @@ def test_a_server_restarted_by_the_node_supervisor_takes_the_partition_back_from
 # -- a server slower than the client's deadline --------------------------------------------------
 
 
+SLOW_CALL_S = 600.0
+"""How long the slow model sleeps in every call: longer than any deadline here, however loaded
+the machine. Its servers are killed at the end of the module, asleep."""
+DEADLINE_S = 10.0
+"""The client's deadline where a fast server must meet it: 1,000 rows of the fast model take
+milliseconds idle and well under a second at several times the idle load."""
+
+
 @pytest.fixture(scope="module")
 def slow_and_fast_repositories(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The same model twice: slow (600 loop iterations, about a second per 1,000 rows) and fast."""
+    """The same numbers twice: a model that sleeps ``SLOW_CALL_S`` per call, and a fast one."""
     root = tmp_path_factory.mktemp("slow-model")
-    for name, iterations in (("slow", 600), ("fast", 1)):
+    for name, sleep_s in (("slow", SLOW_CALL_S), ("fast", 0.0)):
         subprocess.run(
-            [sys.executable, str(SLOW_MODEL), str(root / name), str(iterations)],
+            [sys.executable, str(SLOW_MODEL), str(root / name), "1", str(sleep_s)],
             check=True,
             capture_output=True,
             timeout=300,
@@ -305,7 +313,7 @@ def slow_server(slow_and_fast_repositories: tuple[Path, Path], tmp_path_factory:
         log_path=folder / "server.log",
     )  # fmt: skip
     yield process
-    process.terminate()
+    process.kill()  # a graceful drain would wait for the sleeping call
 
 
 def test_a_server_slower_than_the_deadline_leaves_the_batch_and_the_rest_to_the_fallback(
@@ -317,7 +325,7 @@ def test_a_server_slower_than_the_deadline_leaves_the_batch_and_the_rest_to_the_
         model_repository=str(slow_and_fast_repositories[1]),
         rows_per_request=rows_per_request,
         max_in_flight=1,
-        request_timeout_s=0.2,
+        request_timeout_s=2.0,  # missed whatever the load: the model sleeps SLOW_CALL_S
         circuit_reset_s=600,
     )
     predict = remote_predict("slow_sum", config=config)
@@ -356,7 +364,7 @@ def node_of_a_slow_and_a_fast_server(
     write_discovery(folder / "discovery.json", NodeDiscovery(servers=entries))
     yield folder / "discovery.json"
     for server in servers:
-        server.terminate()
+        server.kill()  # the slow one is asleep in a call; neither has state worth a drain
 
 
 def test_a_server_that_missed_the_deadline_is_not_tried_again_through_its_tcp_port(
@@ -366,7 +374,7 @@ def test_a_server_that_missed_the_deadline_is_not_tried_again_through_its_tcp_po
         discovery_file=str(node_of_a_slow_and_a_fast_server),
         fallback="error",
         rows_per_request=1_000,
-        request_timeout_s=0.2,
+        request_timeout_s=DEADLINE_S,
     )
     fast = read_discovery(node_of_a_slow_and_a_fast_server).servers[1]
     _, spec = connect(f"unix://{fast.unix_socket}", config, "slow_sum")
