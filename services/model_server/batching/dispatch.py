@@ -31,6 +31,8 @@ from services.model_server.config import BatchingConfig
 
 
 class Cancellable(Protocol):
+    """A callback the clock will run (an ``asyncio.Handle``), until cancelled."""
+
     def cancel(self) -> None: ...
 
 

@@ -1,10 +1,10 @@
 """The batch limit: the most rows one backend call runs, lowered when the device runs out of memory.
 
 A backend reports out of device memory by raising ``DeviceOutOfMemory`` (the TensorFlow backend
-maps the framework's own resource-exhausted error to it); the runner then splits the call in
-halves. When a call ran out of memory and no row of it fails alone, its size is to blame: the
-limit (initially ``max_batch_size``) drops to the largest part of it that fitted, so later batches
-do not rediscover the limit with a failed call each (a failed allocation can cost seconds:
+maps the framework's own resource-exhausted error to it); the call is then split in halves
+(``recovery``). When a call ran out of memory and no row of it fails alone, its size is to blame:
+the limit (initially ``max_batch_size``) drops to the largest part of it that fitted, so later
+batches do not rediscover the limit with a failed call each (a failed allocation can cost seconds:
 TensorFlow's BFC allocator retries for up to 10 s before giving up). A call that failed because of
 a row too big to fit alone lowers nothing: one such row must not throttle everyone else's batches.
 
