@@ -1,0 +1,208 @@
+"""The dynamic batcher of one model: its parts put together, and its lifecycle.
+
+``DynamicBatcher`` admits a request into its ``RequestQueue`` (queue.py), lets the ``Dispatcher``
+(dispatch.py) decide when a batch starts, and hands each batch to the ``BatchRunner``
+(runner.py), which answers it under the ``RowLimit`` (row_limit.py). What it owns itself: start,
+the refusals of a stopping or failed batcher, and the drain that ``stop`` waits for.
+
+- Refusals (``QueueFull``, ``ModelUnavailable``, ``ValueError``) are raised by ``enqueue``, before
+  anything of the request is queued.
+- A request whose caller went away (its future was cancelled) is dropped before it runs.
+- ``stop`` refuses new requests, lets the queued and running ones finish within its grace period
+  (the delay no longer applies), then answers the rest with ``ModelUnavailable``.
+- If dispatching itself fails (a fault of the batcher, not of the backend), every queued and
+  running request is answered ``ModelUnavailable`` and so is every later one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+
+import numpy as np
+
+from services.model_server.batching.answers import set_exception, whole_request
+from services.model_server.batching.dispatch import Dispatcher
+from services.model_server.batching.observers import BatchObserver, Reports
+from services.model_server.batching.queue import Chunk, RequestQueue, rows_of
+from services.model_server.batching.row_limit import RowLimit
+from services.model_server.batching.runner import Batch, BatchRunner, PredictFn
+from services.model_server.config import DEFAULT_QUEUE_BATCHES, BatchingConfig
+from services.model_server.errors import ModelUnavailable, ServingError
+
+logger = logging.getLogger(__name__)
+
+
+class DynamicBatcher:
+    """One model's queue and the batches it runs.
+
+    ``max_queue_rows`` defaults to ``config.max_queue_rows``, else 64 x ``max_batch_size``
+    (the same rule as ``ModelConfig.max_queue_rows``).
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        predict: PredictFn,
+        *,
+        max_batch_size: int,
+        config: BatchingConfig,
+        executor: concurrent.futures.Executor,
+        observer: BatchObserver | None = None,
+        max_concurrent_batches: int = 1,
+        max_queue_rows: int | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, received {max_batch_size}")
+        if max_concurrent_batches < 1:
+            raise ValueError(f"max_concurrent_batches must be at least 1, received {max_concurrent_batches}")
+        self.model_name = model_name
+        self._reports = Reports(model_name, observer)
+        self._limit = RowLimit(max_batch_size, self._reports)
+        self._queue = RequestQueue(
+            model_name,
+            max_queue_rows or config.max_queue_rows or DEFAULT_QUEUE_BATCHES * max_batch_size,
+            on_cancelled=self._resolve_drained,
+        )
+        self._running: set[Batch] = set()
+        self._runner = BatchRunner(
+            model_name, predict, executor, self._limit, self._reports, self._running, self._on_batch_finished
+        )
+        self._dispatcher = Dispatcher(
+            config,
+            max_concurrent_batches,
+            self._queue,
+            self._limit,
+            self._running,
+            start=self._runner.start,
+            on_due=self._dispatch,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drained: asyncio.Future[None] | None = None
+        self._stopping = False
+        self._closed = False
+        self._broken = False
+
+    @property
+    def queued_rows(self) -> int:
+        """Rows waiting for a batch (not counting the batches running)."""
+        return self._queue.rows
+
+    @property
+    def max_queue_rows(self) -> int:
+        return self._queue.max_rows
+
+    @property
+    def batch_limit(self) -> int:
+        """The most rows one backend call runs now: ``max_batch_size`` until the backend ran out
+        of memory, then lower until it recovers."""
+        return self._limit.rows
+
+    @property
+    def batches_started(self) -> int:
+        """Batches started so far (the backend calls of out-of-memory splits not counted)."""
+        return self._dispatcher.batches_started
+
+    @property
+    def batches_started_at_once(self) -> int:
+        """Of them, batches started at once by a request that found the batcher idle."""
+        return self._dispatcher.batches_started_at_once
+
+    def start(self) -> None:
+        """Serve requests on the running event loop."""
+        if self._loop is not None:
+            raise RuntimeError(f"batcher of model '{self.model_name}' is already started")
+        self._loop = loop = asyncio.get_running_loop()
+        self._dispatcher.bind(loop)
+        self._runner.bind(loop)
+        self._limit.report()
+
+    async def submit(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Queue one request and return its outputs, each with the request's row count."""
+        return await self.enqueue(inputs)
+
+    def enqueue(self, inputs: dict[str, np.ndarray]) -> asyncio.Future[dict[str, np.ndarray]]:
+        """Queue one request now and return the future of its outputs, for callers that answer
+        from a callback rather than a task. Cancelling the future drops what has not run yet.
+        Refusals (``QueueFull``, ``ModelUnavailable``, ``ValueError``) are raised here."""
+        if self._stopping:
+            raise ModelUnavailable(f"model '{self.model_name}' is shutting down; retry on another server")
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError(f"batcher of model '{self.model_name}' is not started")
+        if self._broken:
+            raise ModelUnavailable(f"model '{self.model_name}': batcher failed; retry on another server")
+        rows = rows_of(inputs)
+        queue = self._queue
+        queue.admit(rows)
+        now_s = loop.time()
+        dispatcher = self._dispatcher
+        at_once = dispatcher.idle(now_s)
+        chunks = queue.put(inputs, rows, self._limit.rows, loop, now_s, at_once)
+        dispatcher.wake(at_once)
+        if len(chunks) == 1:
+            return chunks[0].future
+        return whole_request(loop, chunks, self._limit, self._reports)
+
+    async def stop(self, grace_period_s: float) -> None:
+        """Refuse new requests, finish the queued and running ones within ``grace_period_s``,
+        then answer whatever is left with ``ModelUnavailable``."""
+        self._stopping = True
+        self._dispatcher.drain()
+        loop = self._loop
+        if loop is None or self._closed:
+            return
+        self._dispatch()  # the delay no longer applies: whatever is queued starts as slots free
+        if self._queue.chunks or self._running:
+            self._drained = loop.create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._drained), timeout=grace_period_s)
+            except TimeoutError:
+                logger.warning(
+                    "model '%s': grace period of %.1f s over with %d rows queued and %d batches running; "
+                    "cancelling them",
+                    self.model_name,
+                    grace_period_s,
+                    self._queue.rows,
+                    len(self._running),
+                )
+        self._closed = True
+        self._dispatcher.cancel_timer()
+        running = list(self._running)
+        self._running.clear()  # a call that finishes now finds its batch answered already
+        unanswered = [*self._queue.chunks, *(chunk for batch in running for chunk in batch.chunks)]
+        tasks = [batch.task for batch in running if batch.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._fail(unanswered, ModelUnavailable(f"model '{self.model_name}' shut down before answering"))
+
+    def _dispatch(self) -> None:
+        """Start the batches that are due; a failure of the batcher itself fails everything it
+        holds and refuses what comes after."""
+        if self._closed:
+            return
+        try:
+            self._dispatcher.start_due_batches()
+        except Exception:
+            logger.exception("model '%s': batcher failed", self.model_name)
+            self._broken = True
+            unanswered = [*self._queue.chunks, *(chunk for batch in self._running for chunk in batch.chunks)]
+            self._fail(unanswered, ModelUnavailable(f"model '{self.model_name}': batcher failed"))
+        self._resolve_drained()
+
+    def _on_batch_finished(self, batch: Batch) -> None:
+        self._dispatcher.batch_finished(batch.chunks)
+        self._dispatch()
+
+    def _resolve_drained(self) -> None:
+        """Wake a ``stop`` waiting for the batcher to empty, once nothing is queued or running."""
+        drained = self._drained
+        if drained is not None and not drained.done() and not self._queue.chunks and not self._running:
+            drained.set_result(None)
+
+    def _fail(self, chunks: list[Chunk], error: ServingError) -> None:
+        for chunk in chunks:
+            set_exception(chunk.future, error)
+        self._queue.clear()

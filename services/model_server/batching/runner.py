@@ -1,0 +1,162 @@
+"""The runner: one backend call per batch, in the executor, its outputs split back by row counts.
+
+The common case, one call within the batch limit that succeeds, is answered from the call's
+completion callback: no task, no await. A batch that needs more (a failed call, or chunks queued
+before the limit dropped) continues in a task (``recovery``). Every call's outputs are checked
+(``answers.check_outputs``) in the executor's thread, before the event loop sees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.model_server.batching.answers import check_outputs, resolve, set_exception
+from services.model_server.batching.observers import Reports
+from services.model_server.batching.queue import Arrays, Chunk
+from services.model_server.batching.recovery import CallResult, Recovery
+from services.model_server.batching.row_limit import RowLimit
+from services.model_server.errors import BackendFault
+
+logger = logging.getLogger(__name__)
+
+PredictFn = Callable[[Arrays], Mapping[str, np.ndarray]]
+
+
+@dataclass(eq=False)
+class Batch:
+    """Chunks taken from the queue and run together; ``call`` or ``task`` is what runs them."""
+
+    chunks: list[Chunk]
+    rows: int
+    inputs: Arrays
+    task: asyncio.Task[None] | None = None
+
+
+class BatchRunner:
+    """Runs the batches the dispatcher starts; ``running`` holds them until they are answered,
+    when ``on_finished`` is called (the batcher dispatches again)."""
+
+    def __init__(
+        self,
+        model_name: str,
+        predict: PredictFn,
+        executor: concurrent.futures.Executor,
+        limit: RowLimit,
+        reports: Reports,
+        running: set[Batch],
+        on_finished: Callable[[Batch], None],
+    ) -> None:
+        self.model_name = model_name
+        self._predict = predict
+        self._executor = executor
+        self._limit = limit
+        self._reports = reports
+        self._running = running
+        self._on_finished = on_finished
+        self._recovery = Recovery(model_name, self._call, limit, reports)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Answer on ``loop`` (the batcher's, once started)."""
+        self._loop = loop
+
+    def start(self, chunks: list[Chunk]) -> None:
+        """Start one batch: one call in the executor, or a task when it needs several."""
+        loop = self._loop
+        assert loop is not None
+        started_s = loop.time()
+        reports = self._reports
+        for chunk in chunks:
+            reports.queue_wait(started_s - chunk.enqueued_at_s)
+        if len(chunks) == 1:
+            inputs = chunks[0].inputs
+        else:
+            inputs = {name: np.concatenate([c.inputs[name] for c in chunks]) for name in chunks[0].inputs}
+        rows = sum(chunk.rows for chunk in chunks)
+        batch = Batch(chunks, rows, inputs)
+        self._running.add(batch)
+        if rows > self._limit.rows:  # queued before the limit dropped: several calls
+            batch.task = loop.create_task(self._run_batch(batch, None))
+            return
+        call = self._executor.submit(self._call_backend, inputs, rows)
+        call.add_done_callback(functools.partial(self._call_finished, loop, batch))
+
+    def _call_finished(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batch: Batch,
+        call: concurrent.futures.Future[CallResult],
+    ) -> None:
+        """Runs in the executor's thread: hand the result to the event loop."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for the answer
+            loop.call_soon_threadsafe(self._on_call_done, batch, call)
+
+    def _on_call_done(self, batch: Batch, call: concurrent.futures.Future[CallResult]) -> None:
+        if batch not in self._running:
+            return  # stopped after the grace period: its requests were answered already
+        try:
+            result = call.result()
+        except Exception as error:  # _call_backend never raises; the executor might
+            result = CallResult(None, error, 0.0)
+        self._reports.batch(batch.rows, len(batch.chunks), result.seconds, result.error is None)
+        if result.error is not None:
+            assert self._loop is not None
+            batch.task = self._loop.create_task(self._run_batch(batch, result))
+            return
+        self._limit.on_success(batch.rows)
+        outputs = result.outputs
+        assert outputs is not None
+        reports = self._reports
+        if len(batch.chunks) == 1:
+            resolve(batch.chunks[0], outputs, result.seconds, reports)
+        else:
+            start = 0
+            for chunk in batch.chunks:
+                stop = start + chunk.rows
+                chunk_outputs = {name: array[start:stop] for name, array in outputs.items()}
+                resolve(chunk, chunk_outputs, result.seconds, reports)
+                start = stop
+        self._finish(batch)
+
+    async def _run_batch(self, batch: Batch, first: CallResult | None) -> None:
+        """The batch in as many calls as it takes; ``first`` is its failed whole-batch call."""
+        try:
+            await self._recovery.run(batch.chunks, batch.inputs, batch.rows, first)
+        except Exception:
+            logger.exception("model '%s': running a batch failed", self.model_name)
+            error = BackendFault(f"model '{self.model_name}': running the batch failed; see the server log")
+            for chunk in batch.chunks:
+                set_exception(chunk.future, error)
+        finally:
+            self._finish(batch)
+
+    def _finish(self, batch: Batch) -> None:
+        if batch in self._running:
+            self._running.discard(batch)
+            self._on_finished(batch)
+
+    async def _call(self, inputs: Arrays, rows: int, requests: int) -> CallResult:
+        """One backend call in the executor, reported to the observer."""
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(self._executor, self._call_backend, inputs, rows)
+        self._reports.batch(rows, requests, result.seconds, result.error is None)
+        return result
+
+    def _call_backend(self, inputs: Arrays, rows: int) -> CallResult:
+        """Runs in the executor; never raises, so the event loop sees one kind of answer."""
+        started_s = time.perf_counter()
+        try:
+            outputs = dict(self._predict(inputs))
+            check_outputs(self.model_name, outputs, rows)
+        except Exception as error:
+            return CallResult(None, error, time.perf_counter() - started_s)
+        return CallResult(outputs, None, time.perf_counter() - started_s)
