@@ -125,11 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="model repository tools")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    from services.examples.generate_models import GENERATE_DESCRIPTION
+
     generate = models_commands.add_parser(
-        "generate",
-        help="write the example model repository",
-        description="Write the example model repository (tabular MLP, sequence BiLSTM, multi-input/"
-        "multi-output model) with seeded weights. Existing models are kept unless --overwrite.",
+        "generate", help="write the example model repository", description=GENERATE_DESCRIPTION
     )
     generate.add_argument("--output", type=Path, required=True, help="repository folder to write")
     generate.add_argument("--overwrite", action="store_true", help="rewrite models already present")
