@@ -114,9 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="run the end-to-end demo job",
         description="Generate the example models if absent, start `udfserve node` on this machine's "
-        "devices, score a generated DataFrame through remote_predict on local Spark, print a report "
-        "(rows/s, rows answered by the servers and by the CPU fallback, model loads, sample "
-        "predictions, metrics addresses) and stop everything it started.",
+        "devices, score a DataFrame generated to fit the model's declared inputs through remote_predict "
+        "on local Spark, print a report (rows/s, rows answered by the servers and by the CPU fallback, "
+        "model loads, sample predictions) and stop everything it started; with --keep-running the node "
+        "stays up after the report, its /metrics addresses printed, until Ctrl-C.",
     )
     from services.demo import add_arguments as add_demo_arguments
 
