@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-source scripts/venv.sh "server,spark,fallback"
+# The server extra brings TensorFlow, which the CPU fallback of the demo's executors uses too.
+source scripts/venv.sh "server,spark"
 exec .venv/bin/udfserve demo "$@"

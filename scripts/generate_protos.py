@@ -2,7 +2,8 @@
 
 The ``.proto`` files are the source of truth; the generated modules are checked in
 so that installing the client needs no compiler. ``tests/unit/test_generated_protos.py``
-fails when they are stale. Run: ``python scripts/generate_protos.py``.
+fails when they are stale. Run with the development environment's interpreter (grpcio-tools is
+a development extra): ``.venv/bin/python scripts/generate_protos.py``.
 """
 
 from __future__ import annotations

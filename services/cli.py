@@ -114,9 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="run the end-to-end demo job",
         description="Generate the example models if absent, start `udfserve node` on this machine's "
-        "devices, score a generated DataFrame through remote_predict on local Spark, print a report "
-        "(rows/s, rows answered by the servers and by the CPU fallback, model loads, sample "
-        "predictions, metrics addresses) and stop everything it started.",
+        "devices, score a DataFrame generated to fit the model's declared inputs through remote_predict "
+        "on local Spark, print a report (rows/s, rows answered by the servers and by the CPU fallback, "
+        "model loads, sample predictions) and stop everything it started; with --keep-running the node "
+        "stays up after the report, its /metrics addresses printed, until Ctrl-C.",
     )
     from services.demo import add_arguments as add_demo_arguments
 
@@ -125,11 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="model repository tools")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    from services.examples.generate_models import GENERATE_DESCRIPTION
+
     generate = models_commands.add_parser(
-        "generate",
-        help="write the example model repository",
-        description="Write the example model repository (tabular MLP, sequence BiLSTM, multi-input/"
-        "multi-output model) with seeded weights. Existing models are kept unless --overwrite.",
+        "generate", help="write the example model repository", description=GENERATE_DESCRIPTION
     )
     generate.add_argument("--output", type=Path, required=True, help="repository folder to write")
     generate.add_argument("--overwrite", action="store_true", help="rewrite models already present")

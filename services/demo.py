@@ -3,37 +3,42 @@
 Generates the example models if absent, starts `udfserve node` on this machine's devices (the
 CPU when there is no GPU) in a private runtime folder with free ports, scores a generated
 DataFrame through `remote_predict` on local Spark, prints a report, and stops everything it
-started. With ``--no-start-node`` it runs the same job against a node that is already running
-(the compose stack's `demo` service does that).
+started; with ``--keep-running`` the node stays up after the report, for its metrics, until
+Ctrl-C. The DataFrame's columns are generated from the model's declared inputs
+(``demo_data``), so any model of the repository can be scored. With ``--no-start-node`` it runs
+the same job against a node that is already running (the compose stack's `demo` service does
+that).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Literal, TextIO, cast
 
-from udfserve.discovery import DiscoveryError, NodeDiscovery, default_discovery_path, read_discovery
+from services.demo_data import describe_inputs, format_value, input_columns
+from services.demo_node import (
+    SHARED_MEMORY_REQUESTS,
+    DemoError,
+    StartedNode,
+    node_addresses,
+    running_node,
+    scrape_total,
+    wait_until_interrupted,
+)
+from udfserve.discovery import NodeDiscovery, default_discovery_path, read_discovery
 
 if TYPE_CHECKING:
     from spark_client.stats import ClientStats
 
 logger = logging.getLogger(__name__)
-
-FEATURES = 64
 
 
 @dataclass(frozen=True)
@@ -48,16 +53,16 @@ class DemoOptions:
     start_node: bool
     discovery_file: Path | None
     node_start_timeout_s: float
-
-
-class DemoError(RuntimeError):
-    """The demo could not run; the message says which step failed and why."""
+    keep_running: bool
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows to score (default 1,000,000)")
     parser.add_argument(
-        "--model", default="tabular_mlp", help="example model to score with (default tabular_mlp)"
+        "--model",
+        default="tabular_mlp",
+        help="model of the repository to score with; its input columns are generated from its declared "
+        f"inputs (default tabular_mlp; the example models: {', '.join(example_model_names())})",
     )
     parser.add_argument(
         "--udf-type",
@@ -92,13 +97,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="discovery file of the running node (with --no-start-node; default as the client finds it)",
     )
     parser.add_argument(
-        "--node-start-timeout-s", type=float, default=300.0, help="time the node has to become ready"
+        "--node-start-timeout-s",
+        type=float,
+        default=300.0,
+        help="time the node has to become ready (default 300)",
     )
+    parser.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="after the report, keep the node the demo started running, with its /metrics, until Ctrl-C",
+    )
+
+
+def example_model_names() -> list[str]:
+    from services.examples.generate_models import EXAMPLES
+
+    return list(EXAMPLES)
 
 
 def options_from_args(args: argparse.Namespace) -> DemoOptions:
     if args.rows < 1:
         raise DemoError(f"--rows must be at least 1, received {args.rows}")
+    if args.keep_running and not args.start_node:
+        raise DemoError("--keep-running keeps the node the demo starts; with --no-start-node there is none")
     return DemoOptions(
         rows=args.rows,
         model=args.model,
@@ -110,126 +131,42 @@ def options_from_args(args: argparse.Namespace) -> DemoOptions:
         start_node=args.start_node,
         discovery_file=args.discovery_file,
         node_start_timeout_s=args.node_start_timeout_s,
+        keep_running=args.keep_running,
     )
 
 
 # -- the steps ---------------------------------------------------------------------------------
 def ensure_example_models(repository: Path, model: str) -> None:
-    """Generate the example repository in a child process (this one never imports TensorFlow)."""
+    """Generate the example repository in a child process (this one never imports TensorFlow)
+    when ``model`` is an example model missing from it; refuse a model that is neither there
+    nor an example model, in one line."""
     if (repository / model).is_dir():
-        logger.info("step 1/4: example models present in %s", repository)
+        logger.info("step 1/4: model %s present in %s", model, repository)
         return
+    examples = example_model_names()
+    if model not in examples:
+        present = (
+            sorted(p.name for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+            if repository.is_dir()
+            else []
+        )
+        raise DemoError(
+            f"unknown model {model!r}: {repository} holds {', '.join(present) or 'no model'}, and the "
+            f"example models are {', '.join(examples)}; expected one of them"
+        )
     logger.info("step 1/4: generating the example models into %s", repository)
     subprocess.run(
         [sys.executable, "-m", "services", "models", "generate", "--output", str(repository)], check=True
     )
 
 
-@contextlib.contextmanager
-def running_node(options: DemoOptions) -> Iterator[Path]:
-    """Start `udfserve node` in a private runtime folder; yield its discovery file; stop it after."""
-    runtime_dir = Path(tempfile.mkdtemp(prefix="udfserve-demo-"))
-    discovery_file = runtime_dir / "discovery.json"
-    log_path = runtime_dir / "node.log"
-    command = [
-        sys.executable,
-        "-m",
-        "services",
-        "node",
-        "--model-repository",
-        str(options.model_repository),
-        "--devices",
-        options.devices,
-        "--runtime-dir",
-        str(runtime_dir),
-        "--supervisor-http-port",
-        "0",
-        "--log-level",
-        "WARNING",
-    ]
-    logger.info("step 2/4: starting `udfserve node --devices %s` (log: %s)", options.devices, log_path)
-    with open(log_path, "ab") as log:
-        node = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for_ready_servers(node, discovery_file, log_path, options.node_start_timeout_s)
-        yield discovery_file
-    finally:
-        if node.poll() is None:
-            node.send_signal(signal.SIGTERM)
-            try:
-                node.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                node.kill()
-                node.wait()
-        shutil.rmtree(runtime_dir, ignore_errors=True)
-
-
-def wait_for_ready_servers(
-    node: subprocess.Popen[bytes], path: Path, log_path: Path, timeout_s: float
-) -> None:
-    # The supervisor writes the discovery file atomically once a server is healthy; re-reading
-    # it every half second costs nothing next to the seconds a server takes to load TensorFlow.
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if node.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise DemoError(f"`udfserve node` exited with code {node.returncode}:\n{tail}")
-        with contextlib.suppress(DiscoveryError):
-            discovery = read_discovery(path)
-            if discovery.servers and len(discovery.ready_servers()) == len(discovery.servers):
-                return
-        time.sleep(0.5)
-    raise DemoError(f"`udfserve node` had no ready server after {timeout_s:.0f} s (log: {log_path})")
-
-
-def metrics_addresses(discovery: NodeDiscovery) -> list[str]:
-    """host:port of every model server's /metrics, as Prometheus reaches them.
-
-    The targets file carries the advertised addresses (reachable from other containers of a
-    compose stack); the discovery file's addresses are the bound ones, right on the same host.
-    """
-    if discovery.metrics_targets_file:
-        with contextlib.suppress(OSError, ValueError):
-            groups = json.loads(Path(discovery.metrics_targets_file).read_text(encoding="utf-8"))
-            return [
-                target
-                for group in groups
-                if group.get("labels", {}).get("role") == "model_server"
-                for target in group.get("targets", [])
-            ]
-    return [s.http_address for s in discovery.servers if s.http_address]
-
-
-SHARED_MEMORY_REQUESTS = "udfserve_shared_memory_requests_total"
-
-
-def scrape_total(discovery: NodeDiscovery, metric: str, model: str | None) -> float:
-    """Sum of one metric over every server of the node, read from their /metrics: the series of
-    ``model``, or the unlabelled one when ``model`` is None."""
-    total = 0.0
-    for address in metrics_addresses(discovery):
-        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        for line in text.splitlines():
-            if model is None:
-                matches = line.startswith(metric + " ")
-            else:
-                matches = line.startswith(metric + "{") and f'model="{model}"' in line
-            if matches:
-                total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDiscovery) -> dict[str, object]:
     """Score the generated DataFrame through remote_predict; return the figures of the report."""
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
 
     from spark_client import remote_predict
+    from spark_client.errors import RemotePredictError
 
-    logger.info(
-        "step 3/4: scoring %d rows with %s on Spark %s", options.rows, options.model, options.spark_master
-    )
     # PySpark starts its local Python workers with PYSPARK_PYTHON (the Spark conf is not read for
     # that): this driver program, not code that runs in Spark, points it at its own interpreter.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -246,13 +183,23 @@ def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDis
     )
     spark.sparkContext.setLogLevel("WARN")
     try:
-        features = F.array(*[F.rand(seed=i).cast("float") for i in range(FEATURES)])
-        frame = spark.range(0, options.rows, numPartitions=options.partitions).select(
-            "id", features.alias("features")
+        # The UDF object: its spec holds the model's inputs, its stats() the client's counters.
+        try:
+            predict = remote_predict(options.model, udf_type=options.udf_type)
+        except RemotePredictError as exc:
+            raise DemoError(f"cannot score with model {options.model!r}: {exc}") from None
+        inputs = predict.job.spec.inputs
+        logger.info(
+            "step 3/4: scoring %d rows with %s on Spark %s (generated inputs: %s)",
+            options.rows,
+            options.model,
+            options.spark_master,
+            describe_inputs(inputs),
         )
-        # The UDF object: its stats() are the client's counters.
-        predict = remote_predict(options.model, udf_type=options.udf_type)
-        scored = frame.select("id", predict("features").alias("prediction"))
+        frame = spark.range(0, options.rows, numPartitions=options.partitions).select(
+            "id", *input_columns(inputs)
+        )
+        scored = frame.select("id", predict(*[tensor.name for tensor in inputs]).alias("prediction"))
         frame.write.format("noop").mode("overwrite").save()  # warm the JVM and the data path
         rows_before = scrape_total(discovery, "udfserve_rows_total", options.model)
         shared_before = scrape_total(discovery, SHARED_MEMORY_REQUESTS, None)
@@ -270,7 +217,7 @@ def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDis
         "server_rows": server_rows,
         "shared_memory_requests": shared_requests,
         "client": stats,
-        "samples": [(row["id"], list(row["prediction"])) for row in samples],
+        "samples": [(row["id"], format_value(row["prediction"])) for row in samples],
     }
 
 
@@ -299,38 +246,48 @@ def report(options: DemoOptions, discovery: NodeDiscovery, figures: dict[str, ob
         f"({len(discovery.servers)} server(s): "
         + ", ".join(f"{s.device} pid {s.pid}" for s in discovery.servers)
         + ")",
-        "sample predictions     (class probabilities, first rows)",
+        "sample predictions     (first rows)",
     ]
-    for row_id, values in figures["samples"]:  # type: ignore[attr-defined]
-        lines.append(f"  id {row_id:<4} " + " ".join(f"{v:.3f}" for v in values))
-    addresses = metrics_addresses(discovery)
-    lines.append("metrics                " + ", ".join(f"http://{a}/metrics" for a in addresses))
-    if discovery.metrics_targets_file:
-        lines.append(f"prometheus targets     {discovery.metrics_targets_file}")
+    for row_id, text in figures["samples"]:  # type: ignore[attr-defined]
+        lines.append(f"  id {row_id:<4} {text}")
     return "\n".join(lines)
 
 
-def run_demo(options: DemoOptions) -> str:
+def run_demo(options: DemoOptions, out: TextIO) -> None:
+    """Run the demo and write its report to ``out``; with ``keep_running``, then wait for Ctrl-C."""
     ensure_example_models(options.model_repository, options.model)
     with contextlib.ExitStack() as stack:
+        node: StartedNode | None = None
         if options.start_node:
-            discovery_file = stack.enter_context(running_node(options))
+            node = stack.enter_context(
+                running_node(options.model_repository, options.devices, options.node_start_timeout_s)
+            )
+            discovery_file = node.discovery_file
         else:
             discovery_file = options.discovery_file or default_discovery_path(os.environ)
             logger.info("step 2/4: using the running node of %s", discovery_file)
         discovery = read_discovery(discovery_file)
         figures = run_spark_job(options, discovery_file, discovery)
-        text = report(options, discovery, figures)
-        logger.info("step 4/4: stopping what the demo started")
-    return text
+        out.write(report(options, discovery, figures) + "\n")
+        if node is None:
+            out.write("\n".join(node_addresses(discovery)) + "\n")
+        elif options.keep_running:
+            wait_until_interrupted(node, discovery, out)
+            return
+        else:
+            out.write(
+                "metrics                the node stops with the demo: run it with --keep-running to keep "
+                "the node up and read its /metrics\n"
+            )
+        out.flush()
+        if node is not None:
+            logger.info("step 4/4: stopping the node")
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        text = run_demo(options_from_args(args))
+        run_demo(options_from_args(args), sys.stdout)
     except DemoError as exc:
         logger.error("%s", exc)
         return 1
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
     return 0

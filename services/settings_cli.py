@@ -29,16 +29,40 @@ def env_name(settings_cls: type[BaseSettings], field: str) -> str:
     return (str(settings_cls.model_config.get("env_prefix", "")) + field).upper()
 
 
+def default_text(value: Any) -> str:
+    """A default as a user types it on the command line: ``/dev/shm``, ``185,1000``, ``none``."""
+    if value is None or value == "" or value == ():
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def help_text(settings_cls: type[BaseSettings], name: str) -> str:
+    """A flag's help: the field's description, its variable, and its default unless the
+    description already says what an empty default means."""
+    field = settings_cls.model_fields[name]
+    if not field.description:
+        raise TypeError(f"setting {settings_cls.__name__}.{name} has no description; expected one for --help")
+    parts = [f"env {env_name(settings_cls, name)}"]
+    if field.is_required():
+        parts.append("required")
+    else:
+        value = field.get_default()
+        if default_text(value) != "none" or "default" not in field.description:
+            parts.append(f"default: {default_text(value)}")
+    return f"{field.description} [{'; '.join(parts)}]"
+
+
 def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[BaseSettings]) -> None:
     for name, field in settings_cls.model_fields.items():
-        default = "required" if field.is_required() else f"default: {field.get_default()!r}"
-        help_text = f"{field.description or name} [env {env_name(settings_cls, name)}; {default}]"
+        text = help_text(settings_cls, name)
         if field.annotation is bool:
-            parser.add_argument(
-                flag_name(name), dest=name, action=argparse.BooleanOptionalAction, help=help_text
-            )
+            parser.add_argument(flag_name(name), dest=name, action=argparse.BooleanOptionalAction, help=text)
         else:
-            parser.add_argument(flag_name(name), dest=name, metavar=name.upper(), help=help_text)
+            parser.add_argument(flag_name(name), dest=name, metavar=name.upper(), help=text)
     parser.set_defaults(**dict.fromkeys(settings_cls.model_fields))
 
 

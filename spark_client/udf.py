@@ -42,6 +42,7 @@ from spark_client.routing import (
 )
 from spark_client.stats import ClientStats, new_accumulator
 from spark_client.transport import ConnectFailed
+from spark_client.worker_check import check_python_workers, worker_modules
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -91,6 +92,7 @@ def remote_predict(
 
         from spark_client.pandas_udf import pandas_function as function_of
     job = build_job(model, config, config_overrides)
+    check_python_workers(_active_session(), worker_modules(function_of.__module__, job.config.protocol))
     if return_type is None:
         resolved_type: DataType | str = spark_return_type(job.spec)
     else:
@@ -216,6 +218,7 @@ def arrow_predictor(
     """The function ``predict_arrow`` runs in ``mapInArrow``, for use inside your own Arrow function
     (to pre- or post-process in the same pass over the data)."""
     job = build_job(model, config, config_overrides)
+    check_python_workers(_active_session(), worker_modules(__name__, job.config.protocol))
     spec = job.spec
     inputs = tuple(input_columns) if input_columns is not None else spec.input_names
     if not (len(inputs) == 1 and len(spec.inputs) > 1):

@@ -117,33 +117,54 @@ EXAMPLES: dict[str, tuple[Callable[[], Any], int, dict[str, Any]]] = {
 }
 
 
+GENERATE_DESCRIPTION = (
+    f"Write the example model repository: {', '.join(EXAMPLES)} (small Keras models with seeded "
+    f"weights), and with --savedmodel tabular_mlp{SAVEDMODEL_SUFFIX}. Models already present are "
+    "kept unless --overwrite."
+)
+"""The help of the generator, shared by ``udfserve models generate`` and this module's own command."""
+
+
 def generate_example_repository(
     root: Path, *, overwrite: bool = False, include_savedmodel: bool = False
 ) -> list[str]:
     """Write the example models under ``root``; returns the names of the example models there.
 
-    Models already present are kept unless ``overwrite``. Each model is written to a hidden
-    temporary folder and moved into place, so a server scanning ``root`` meanwhile never sees
-    half a model.
+    Models already present are kept unless ``overwrite`` (and then not even built, so a
+    repository that holds them all costs no TensorFlow import). Each model is written to a
+    hidden temporary folder and moved into place, so a server scanning ``root`` meanwhile never
+    sees half a model.
     """
-    import keras
-
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     names = []
     for name, (build, seed, config) in EXAMPLES.items():
+        exported = f"{name}{SAVEDMODEL_SUFFIX}" if include_savedmodel and name == "tabular_mlp" else None
+        wanted = [n for n in (name, exported) if n is not None]
+        names.extend(wanted)
+        missing = [n for n in wanted if overwrite or not _kept(root / n)]
+        if not missing:
+            continue
+        import keras
+
         keras.utils.set_random_seed(seed)
         model = build()
-        _write_model(root, name, config, overwrite, partial(_save_keras, model))
-        names.append(name)
-        if include_savedmodel and name == "tabular_mlp":
-            exported = f"{name}{SAVEDMODEL_SUFFIX}"
+        if name in missing:
+            _write_model(root, name, config, partial(_save_keras, model))
+        if exported in missing:
             # Same layers and weights; outputs as a dict so the signature names the output
             # "probabilities" like the .keras model does (a bare tensor would be "output_0").
             named = keras.Model(model.input, {"probabilities": model.output}, name=exported)
-            _write_model(root, exported, config, overwrite, partial(_save_savedmodel, named))
-            names.append(exported)
+            _write_model(root, exported, config, partial(_save_savedmodel, named))
     return names
+
+
+def _kept(target: Path) -> bool:
+    """Whether a model folder is present, and so kept (said once, in the log)."""
+    if not target.exists():
+        return False
+    logger.info("keeping %s: already present (pass --overwrite to regenerate it)", target)
+    return True
 
 
 def _save_keras(model: keras.Model, version_dir: Path) -> None:
@@ -154,13 +175,8 @@ def _save_savedmodel(model: keras.Model, version_dir: Path) -> None:
     model.export(str(version_dir), format="tf_saved_model", verbose=False)
 
 
-def _write_model(
-    root: Path, name: str, config: dict[str, Any], overwrite: bool, save: Callable[[Path], None]
-) -> None:
+def _write_model(root: Path, name: str, config: dict[str, Any], save: Callable[[Path], None]) -> None:
     target = root / name
-    if target.exists() and not overwrite:
-        logger.info("keeping %s: already present (pass overwrite to regenerate)", target)
-        return
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
     try:
         version_dir = staging / "1"
@@ -181,7 +197,7 @@ def _write_model(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m services.examples.generate_models",
-        description="Write the example model repository (small Keras models with seeded weights).",
+        description=GENERATE_DESCRIPTION,
     )
     parser.add_argument("--output", type=Path, required=True, help="repository folder to write into")
     parser.add_argument("--overwrite", action="store_true", help="regenerate models already present")

@@ -213,7 +213,9 @@ class ServerConfig(BaseSettings):
         description="event loop of the server: uvloop (less CPU per request), asyncio (the standard "
         "loop), or auto: uvloop when installed",
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="log level of the server: DEBUG, INFO, WARNING or ERROR"
+    )
 
     @field_validator("auth_token")
     @classmethod

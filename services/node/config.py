@@ -106,7 +106,8 @@ class NodeConfig(BaseSettings):
         "non-loopback addresses; passed on to every server",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        default="INFO", description="log level of the supervisor and of every server"
+        default="INFO",
+        description="log level of the supervisor and of every server: DEBUG, INFO, WARNING or ERROR",
     )
 
     @field_validator("models", mode="before")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
 from services.cli import build_parser
+from services.examples.generate_models import EXAMPLES, SAVEDMODEL_SUFFIX, generate_example_repository
 from services.model_server.config import ServerConfig
+from services.node.config import NodeConfig
 from services.settings_cli import SettingsError, settings_from_args
 
 
@@ -87,3 +90,61 @@ def test_a_shared_memory_uid_that_is_not_a_number_is_refused_saying_what_is_expe
     with pytest.raises(SettingsError) as raised:
         serve_config("--model-repository", "/m", "--shared-memory-uids", "spark")
     assert "'spark'" in str(raised.value) and "numeric uids" in str(raised.value)
+
+
+def help_of(*command: str, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*command, "--help"])
+    return " ".join(capsys.readouterr().out.split())  # argparse's line breaks undone
+
+
+@pytest.mark.parametrize("command", ["serve", "node"])
+def test_log_level_help_says_what_it_sets_and_the_levels(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = help_of(command, capsys=capsys)
+    assert "--log-level LOG_LEVEL log level of" in text
+    assert "DEBUG, INFO, WARNING or ERROR" in text
+
+
+@pytest.mark.parametrize("settings_cls", [ServerConfig, NodeConfig])
+def test_every_setting_has_a_description_for_its_help(settings_cls: type[ServerConfig | NodeConfig]) -> None:
+    assert [name for name, field in settings_cls.model_fields.items() if not field.description] == []
+
+
+def test_serve_help_shows_defaults_as_they_are_typed_on_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = help_of("serve", capsys=capsys)
+    assert "PosixPath" not in text and "()" not in text and "'" + "cpu" + "'" not in text
+    assert "[env UDFSERVE_SHARED_MEMORY_DIR; default: /dev/shm]" in text
+    assert "[env UDFSERVE_SHARED_MEMORY_UIDS; default: none]" in text
+    assert "[env UDFSERVE_ALLOW_INSECURE_REMOTE; default: off]" in text
+    assert "[env UDFSERVE_DEVICE; default: cpu]" in text
+
+
+def test_an_empty_default_the_description_explains_is_not_repeated(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = help_of("node", capsys=capsys)
+    assert "load only these models, comma separated (default: all) [env UDFSERVE_MODELS]" in text
+    assert "[env UDFSERVE_RUNTIME_DIR; default: /tmp/udfserve]" in text
+
+
+def test_models_generate_help_names_every_model_it_writes(capsys: pytest.CaptureFixture[str]) -> None:
+    text = help_of("models", "generate", capsys=capsys)
+    for name in EXAMPLES:
+        assert name in text
+    assert f"tabular_mlp{SAVEDMODEL_SUFFIX}" in text
+
+
+def test_keeping_a_present_model_names_the_flag_that_regenerates_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in EXAMPLES:
+        (tmp_path / name).mkdir()
+    with caplog.at_level(logging.INFO, logger="services.examples.generate_models"):
+        assert generate_example_repository(tmp_path) == list(EXAMPLES)
+    kept = [r.getMessage() for r in caplog.records if r.getMessage().startswith("keeping")]
+    assert len(kept) == len(EXAMPLES)
+    assert all("pass --overwrite to regenerate" in message for message in kept)
