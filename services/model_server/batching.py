@@ -78,15 +78,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from services.model_server.config import DEFAULT_QUEUE_BATCHES, BatchingConfig
-from services.model_server.errors import (
-    BackendFault,
-    DeviceOutOfMemory,
-    InvalidInput,
-    ModelUnavailable,
-    QueueFull,
-    ServingError,
-)
+from services.model_server.errors import ModelUnavailable, QueueFull
+from udfserve.runtime.errors import BackendFault, DeviceOutOfMemory, InvalidInput, ServingError
+from udfserve.runtime.model_config import DEFAULT_QUEUE_BATCHES, BatchingConfig
 
 logger = logging.getLogger(__name__)
 

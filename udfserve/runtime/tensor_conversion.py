@@ -62,9 +62,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from services.model_server.config import TensorSpec
-from services.model_server.errors import BackendFault, InvalidInput
 from udfserve.arrow_types import is_list_type, is_string_type
+from udfserve.runtime.errors import BackendFault, InvalidInput
+from udfserve.runtime.tensor_spec import TensorSpec
 
 FREE_DIM = -1
 STRING_DTYPE = "string"

@@ -7,14 +7,12 @@ these types without pulling TensorFlow (or, later, ONNX Runtime or PyTorch) into
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from services.model_server.config import TensorSpec
-
-if TYPE_CHECKING:
-    from services.model_server.repository import ModelSource
+from udfserve.runtime.model_source import ModelSource
+from udfserve.runtime.tensor_spec import TensorSpec
 
 
 @runtime_checkable

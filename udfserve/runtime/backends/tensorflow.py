@@ -24,11 +24,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from services.model_server import device
-from services.model_server.config import SUPPORTED_DTYPES, TensorSpec
-from services.model_server.errors import DeviceOutOfMemory, InvalidInput, ModelLoadError
-from services.model_server.repository import ModelSource
-from services.model_server.schema import STRING_DTYPE, zeros
+from udfserve.runtime import device
+from udfserve.runtime.errors import DeviceOutOfMemory, InvalidInput, ModelLoadError
+from udfserve.runtime.model_source import ModelSource
+from udfserve.runtime.tensor_conversion import STRING_DTYPE, zeros
+from udfserve.runtime.tensor_spec import SUPPORTED_DTYPES, TensorSpec
 
 logger = logging.getLogger(__name__)
 
