@@ -52,8 +52,8 @@ from services.model_server.models import LoadedModel, ModelTable, ServedModel
 from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
 from udfserve import kserve_codec as codec
 from udfserve.runtime.errors import BackendFault, InvalidInput, ServingError
-from udfserve.runtime.tensor_conversion import answer_bytes_at_least, check_answer_size, numpy_dtype, zeros
-from udfserve.runtime.tensor_spec import TensorSpec
+from udfserve.runtime.tensor_conversion import answer_bytes_at_least, check_answer_size
+from udfserve.runtime.tensor_spec import TensorSpec, numpy_dtype, zeros
 
 logger = logging.getLogger(__name__)
 

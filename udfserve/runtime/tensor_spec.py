@@ -6,7 +6,12 @@ this way; the tensor conversion checks requests against it.
 
 from __future__ import annotations
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+FREE_DIM = -1
+"""A dimension of a per-row shape whose length each batch gives (one length for all its rows)."""
+STRING_DTYPE = "string"
 
 SUPPORTED_DTYPES = (
     "float16",
@@ -39,3 +44,27 @@ class TensorSpec(BaseModel):
         if value not in SUPPORTED_DTYPES:
             raise ValueError(f"unsupported dtype {value!r}; expected one of {', '.join(SUPPORTED_DTYPES)}")
         return value
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype holding a tensor of ``dtype``: ``string`` tensors are object arrays of bytes."""
+    return np.dtype(object) if dtype == STRING_DTYPE else np.dtype(dtype)
+
+
+def zeros(spec: TensorSpec, rows: int) -> np.ndarray:
+    """A ``(rows, *shape)`` array of ``spec`` filled with zeros (empty strings), free dims 1 row long
+    when ``rows`` > 0 and 0 otherwise: what warm-up calls and empty answers are made of."""
+    shape = (rows, *((1 if rows else 0) if dim == FREE_DIM else dim for dim in spec.shape))
+    if spec.dtype == STRING_DTYPE:
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, dtype=spec.dtype)
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    """A per-row shape as messages show it: ``(3,)``, ``(*, 4)`` (``*`` is free)."""
+    return (
+        "("
+        + ", ".join("*" if dim == FREE_DIM else str(dim) for dim in shape)
+        + ("," if len(shape) == 1 else "")
+        + ")"
+    )

@@ -27,8 +27,7 @@ import tensorflow as tf
 from udfserve.runtime import device
 from udfserve.runtime.errors import DeviceOutOfMemory, InvalidInput, ModelLoadError
 from udfserve.runtime.model_source import ModelSource
-from udfserve.runtime.tensor_conversion import STRING_DTYPE, zeros
-from udfserve.runtime.tensor_spec import SUPPORTED_DTYPES, TensorSpec
+from udfserve.runtime.tensor_spec import STRING_DTYPE, SUPPORTED_DTYPES, TensorSpec, zeros
 
 logger = logging.getLogger(__name__)
 
