@@ -26,9 +26,6 @@ KNOWN_CYCLES = {
     # Known, to be removed: `udfserve node` (services.cli) runs services.node.command, which takes
     # configure_logging from services.cli. The logging set-up belongs in a module both import.
     frozenset({"services.cli", "services.node.command"}),
-    # Known, to be removed: spark_client.udf builds the UDFs from arrow_udf and pandas_udf, which
-    # take answer_partition from spark_client.udf.
-    frozenset({"spark_client.udf", "spark_client.arrow_udf", "spark_client.pandas_udf"}),
 }
 """Cycles as the sets of modules that form them; each must still exist, so fixing one means
 removing it here."""
