@@ -1,5 +1,6 @@
 """Backends by name. Each is imported only when asked for, so importing this package (or the
-repository) never imports a framework: the Spark client names these types on its happy path."""
+repository) never imports a framework: a framework is imported to load a model, once the process
+is pinned to its device (``device.pin_device``)."""
 
 from __future__ import annotations
 
