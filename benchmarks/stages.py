@@ -75,10 +75,10 @@ def _request_batch(inputs: Sequence[Any], rows: int, seed: int) -> pa.RecordBatc
 def measure_stages(
     repository: Path, model_name: str, rows_list: Sequence[int], min_s: float
 ) -> dict[str, Any]:
-    from services.model_server.device import pin_device
+    from udfserve.runtime.device import pin_device
 
     pin_device("cpu")
-    from services.model_server.repository import load_model, scan_repository
+    from udfserve.runtime.repository import load_model, scan_repository
 
     source = next(s for s in scan_repository(repository, [model_name]).sources)
     model = load_model(source)
@@ -89,9 +89,9 @@ def measure_stages(
 
 
 def _time_stages(model: Any, model_name: str, rows: int, min_s: float) -> dict[str, Any]:
-    from services.model_server.schema import batch_to_inputs, outputs_to_batch
     from udfserve.protocol import inference_pb2 as pb
     from udfserve.protocol.arrow_ipc import decode_batch, encode_batch
+    from udfserve.runtime.tensor_conversion import batch_to_inputs, outputs_to_batch
 
     batch = _request_batch(model.inputs, rows, seed=rows)
     payload = encode_batch(batch)

@@ -28,7 +28,7 @@ def run_serve(args: argparse.Namespace) -> int:
     config = settings_from_args(ServerConfig, args)
     configure_logging(config.log_level)
     # The device is fixed before anything can import TensorFlow: the backends import it lazily.
-    from services.model_server.device import pin_device
+    from udfserve.runtime.device import pin_device
 
     pin_device(config.device)
     from services.model_server.app import serve
@@ -59,7 +59,7 @@ def run_node(args: argparse.Namespace) -> int:
 
 def run_generate_models(args: argparse.Namespace) -> int:
     configure_logging("INFO")
-    from services.model_server.device import pin_device
+    from udfserve.runtime.device import pin_device
 
     pin_device("cpu")  # generating small models needs no GPU; never take a GPU's memory for it
     from services.examples.generate_models import generate_example_repository

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from spark_client.convert import answer_to_array, array_to_request
 from spark_client.partition import PredictJob
-from spark_client.udf import answer_partition
+from spark_client.task import answer_partition
 
 
 def arrow_function(job: PredictJob, as_struct: bool) -> Callable[[Iterator[pa.Array]], Iterator[pa.Array]]:

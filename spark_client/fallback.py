@@ -1,11 +1,12 @@
 """In-process CPU inference for the batches no server answered.
 
-TensorFlow and ``services`` are imported here only, and only when a batch needs it: an executor
-whose server answers never loads a model. The GPUs are hidden before TensorFlow is imported, so
-a fallback never competes with the node's model servers for GPU memory. The model is read from
-the same repository the servers load and run through the same backend and the same Arrow
-conversions (``services.model_server.schema``), so the fallback computes what a server computes;
-it is loaded once per Python worker process and kept for the tasks that follow.
+The model runtime (``udfserve.runtime``) and TensorFlow are imported here only, and only when a
+batch needs them: an executor whose server answers never loads a model. The GPUs are hidden
+before TensorFlow is imported, so a fallback never competes with the node's model servers for
+GPU memory. The model is read from the same repository the servers load and run through the same
+runtime the servers run: the same backend and the same Arrow conversions
+(``udfserve.runtime.tensor_conversion``), so the fallback computes what a server computes; it is
+loaded once per Python worker process and kept for the tasks that follow.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def hide_gpus() -> None:
             "from it and runs on whatever devices it already sees"
         )
         return
-    from services.model_server.device import pin_device
+    from udfserve.runtime.device import pin_device
 
     pin_device("cpu")
 
@@ -49,8 +50,8 @@ def load_cpu_model(repository: Path, model: str, version: int = 0) -> tuple[Any,
         if cached is not None:
             return cached
         hide_gpus()
-        from services.model_server.errors import ModelLoadError
-        from services.model_server.repository import load_model, scan_repository
+        from udfserve.runtime.errors import ModelLoadError
+        from udfserve.runtime.repository import load_model, scan_repository
 
         try:
             scan = scan_repository(repository, only=[model])
@@ -89,9 +90,9 @@ def cpu_model_spec(repository: Path, model: str, version: int = 0) -> ModelSpec:
 def predict_on_cpu(repository: Path, model: str, version: int, batch: pa.RecordBatch) -> pa.RecordBatch:
     """Answer one request batch as a server would: checked whole (so an error names the row as
     the server's would), run in chunks of the model's ``max_batch_size``."""
-    from services.model_server.errors import InvalidInput
-    from services.model_server.schema import batch_to_inputs, outputs_to_batch
     from spark_client.errors import RequestRejected
+    from udfserve.runtime.errors import InvalidInput
+    from udfserve.runtime.tensor_conversion import batch_to_inputs, outputs_to_batch
 
     loaded, max_batch_size = load_cpu_model(repository, model, version)
     try:

@@ -13,7 +13,7 @@ import pandas as pd
 
 from spark_client.pandas_convert import answer_to_pandas, pandas_pieces
 from spark_client.partition import PredictJob
-from spark_client.udf import answer_partition
+from spark_client.task import answer_partition
 
 
 def pandas_function(job: PredictJob, as_struct: bool, fields: Sequence[str] | None = None) -> Any:

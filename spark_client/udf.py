@@ -13,10 +13,9 @@ time (``routing.py``), from their own environment, read and never written.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Union
 
@@ -26,10 +25,10 @@ from spark_client.config import ClientConfig
 from spark_client.convert import answer_to_spark_columns, arrow_to_request, match_inputs
 from spark_client.credentials import auth_metadata
 from spark_client.errors import ModelMetadataError, ServerUnavailable
-from spark_client.job_context import SparkJobContext, application_context
-from spark_client.partition import PredictJob, predict_partition
+from spark_client.job_context import application_context
+from spark_client.partition import PredictJob
 from spark_client.protocols import DescribedModel, describe_model
-from spark_client.rechunk import Carry, Pieces, Rechunker, planned_request_rows
+from spark_client.rechunk import planned_request_rows
 from spark_client.return_types import check_return_type, is_struct, parsed, spark_return_type, spark_type
 from spark_client.routing import (
     SPARK_CONF_KEYS,
@@ -37,10 +36,10 @@ from spark_client.routing import (
     TaskPlacement,
     apply_spark_conf,
     fallback_repository,
-    placement_from_resources,
     resolve_route,
 )
 from spark_client.stats import ClientStats, new_accumulator
+from spark_client.task import answer_partition
 from spark_client.transport import ConnectFailed
 from spark_client.worker_check import check_python_workers, worker_modules
 
@@ -352,50 +351,6 @@ def describe_in_driver(model: str, config: ClientConfig) -> DescribedModel:
     from spark_client.fallback import cpu_model_spec
 
     return DescribedModel(cpu_model_spec(repository, model, config.model_version))
-
-
-# -- what runs in the executors --------------------------------------------------------------
-
-
-def task_placement() -> TaskPlacement:
-    """The running task's partition id and the GPU addresses Spark assigned to it."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    if context is None:
-        return TaskPlacement()
-    resources = {name: list(info.addresses) for name, info in context.resources().items()}
-    return placement_from_resources(context.partitionId(), resources)
-
-
-def answer_partition(
-    job: PredictJob, batches: Iterable[tuple[Carry, pa.RecordBatch | Pieces]]
-) -> Iterator[tuple[Carry, pa.RecordBatch]]:
-    """One partition's Spark batches answered in order, each with what it came with: cut into
-    requests of the job's size, sent to the task's server (or the CPU fallback), counted into
-    the job's accumulator however the partition ends. Both UDFs run their partitions here."""
-    rechunker: Rechunker[Carry] = Rechunker(
-        job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
-    )
-    with counted(job) as (context, stats):
-        answers = predict_partition(
-            job, rechunker.requests(batches), os.environ, task_placement(), context=context, stats=stats
-        )
-        yield from rechunker.answers(answers)
-
-
-@contextlib.contextmanager
-def counted(job: PredictJob) -> Iterator[tuple[SparkJobContext, ClientStats]]:
-    """The task's job context, and statistics added to the job's accumulator once the partition
-    ends, however it ends (exhausted, or closed early by a ``limit``)."""
-    from pyspark import TaskContext
-
-    stats = ClientStats()
-    try:
-        yield job.application.for_task(TaskContext.get()), stats
-    finally:
-        if job.counters is not None:
-            job.counters.add(stats)
 
 
 # -- driver helpers ----------------------------------------------------------------------------

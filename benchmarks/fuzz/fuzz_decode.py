@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow as pa
 
 with atheris.instrument_imports(include=["udfserve", "services"]):
-    from services.model_server.config import TensorSpec
-    from services.model_server.errors import InvalidInput
-    from services.model_server.schema import batch_to_inputs
     from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
+    from udfserve.runtime.errors import InvalidInput
+    from udfserve.runtime.tensor_conversion import batch_to_inputs
+    from udfserve.runtime.tensor_spec import TensorSpec
 
 logger = logging.getLogger("fuzz_decode")
 

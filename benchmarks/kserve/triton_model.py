@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from services.model_server.config import ModelConfig
+from udfserve.runtime.model_config import ModelConfig
 
 CONFIG_TEMPLATE = """\
 name: "{name}"

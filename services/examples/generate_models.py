@@ -208,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "tensorflow" not in sys.modules:
         # Weights are generated on the CPU: the same seeded values on any machine, and no GPU
         # memory taken from a model server that may be running on this node.
-        from services.model_server.device import pin_device
+        from udfserve.runtime.device import pin_device
 
         pin_device("cpu")
     if not logging.getLogger().handlers:

@@ -1,115 +1,23 @@
-"""Typed configuration: the server process (flags and ``UDFSERVE_*`` variables) and each model.
+"""Typed configuration of the server process: flags and ``UDFSERVE_*`` variables.
 
-Precedence for the server: a command-line flag, then the ``UDFSERVE_<FIELD>`` environment
-variable, then the default. Each model's ``config.yaml`` is validated by ``ModelConfig``.
+Precedence: a command-line flag, then the ``UDFSERVE_<FIELD>`` environment variable, then the
+default. Each model's ``config.yaml`` is the runtime's (``udfserve.runtime.model_config``).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from services.model_server.cpu_parallel import ROW_ALIGNMENT
 from services.model_server.event_loop import EventLoopChoice
+from udfserve.runtime.device import DEVICE_PATTERN
+from udfserve.runtime.model_config import validate_model_name
 from udfserve.shared_memory import DEFAULT_DIRECTORY as DEFAULT_SHARED_MEMORY_DIRECTORY
-
-MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-DEVICE_PATTERN = re.compile(r"^(cpu|gpu:\d+|sim:\d+)$")
-DEFAULT_QUEUE_BATCHES = 64
-"""Default queue bound, in full batches: room for the in-flight windows of several Spark tasks
-(each holds up to 4 x 4,096 rows by default) without refusing them, yet bounded."""
-
-SUPPORTED_DTYPES = (
-    "float16",
-    "float32",
-    "float64",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "bool",
-    "string",
-)
-"""Tensor dtypes by their TensorFlow names. ``string`` is TensorFlow's ``tf.string``: byte strings,
-held in numpy as an object array of ``bytes`` (numpy has no variable-length string dtype)."""
-
-
-def validate_model_name(name: str) -> str:
-    """Refuse names that could address anything outside the model repository."""
-    if not MODEL_NAME_PATTERN.match(name) or name in {".", ".."} or ".." in name:
-        shown = repr(name) if len(name) <= 80 else f"{name[:80]!r}... ({len(name)} characters)"
-        raise ValueError(
-            f"invalid model name {shown}: expected 1-128 characters of [A-Za-z0-9_.-], "
-            "not starting with '.' or '-', without '..' or path separators"
-        )
-    return name
-
-
-class TensorSpec(BaseModel):
-    """An input or output as declared in config.yaml (or read from the model's signature)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    dtype: str = "float32"
-    shape: tuple[int, ...] = Field(default=(), description="per-row shape, no batch dimension; -1 is free")
-
-    @field_validator("dtype")
-    @classmethod
-    def _known_dtype(cls, value: str) -> str:
-        if value not in SUPPORTED_DTYPES:
-            raise ValueError(f"unsupported dtype {value!r}; expected one of {', '.join(SUPPORTED_DTYPES)}")
-        return value
-
-
-class BatchingConfig(BaseModel):
-    """How the dynamic batcher of one model merges requests."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    enabled: bool = True
-    max_queue_delay_s: float = Field(
-        default=0.002,
-        ge=0.0,
-        le=10.0,
-        description="how long a request queued behind a running batch may wait for company; a request "
-        "that finds the batcher idle starts at once, unless the last batch merged several requests "
-        "less than this delay ago: then the next batch waits, at most this long after that batch "
-        "finished, for as many requests as it held (their clients coming back)",
-    )
-    max_queue_rows: int | None = Field(
-        default=None, gt=0, description="rows waiting before RESOURCE_EXHAUSTED; default 64 x max_batch_size"
-    )
-
-
-class ModelConfig(BaseModel):
-    """``<repo>/<model>/config.yaml``. Every field is optional but the file must parse."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str | None = None
-    backend: Literal["tensorflow"] = "tensorflow"
-    version: int | None = Field(default=None, ge=1, description="pin a version; default the newest")
-    max_batch_size: int = Field(default=1024, ge=1, le=1 << 20)
-    dynamic_batching: BatchingConfig = Field(default_factory=BatchingConfig)
-    inputs: tuple[TensorSpec, ...] | None = None
-    outputs: tuple[TensorSpec, ...] | None = None
-    warmup: bool = True
-
-    @field_validator("name")
-    @classmethod
-    def _safe_name(cls, value: str | None) -> str | None:
-        return None if value is None else validate_model_name(value)
-
-    @property
-    def max_queue_rows(self) -> int:
-        return self.dynamic_batching.max_queue_rows or DEFAULT_QUEUE_BATCHES * self.max_batch_size
 
 
 class ServerConfig(BaseSettings):

@@ -17,23 +17,24 @@ import grpc
 import numpy as np
 import pyarrow as pa
 
-from services.model_server.config import TensorSpec
-from services.model_server.errors import InvalidInput, ServingError, failure_status
+from services.model_server.errors import failure_status
 from services.model_server.in_flight import InFlightRequests
 from services.model_server.job_context import JobContext, parse_job_context
 from services.model_server.metrics import ModelMetrics, ServerMetrics
 from services.model_server.models import ModelInfo, ModelTable, ServedModel
-from services.model_server.schema import (
-    answer_bytes_at_least,
-    batch_to_inputs,
-    check_answer_size,
-    outputs_to_batch,
-)
 from services.model_server.shared_memory import SharedMemoryRefused, StreamRegions
 from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
+from udfserve.runtime.errors import InvalidInput, ServingError
+from udfserve.runtime.tensor_conversion import (
+    answer_bytes_at_least,
+    batch_to_inputs,
+    check_answer_size,
+    outputs_to_batch,
+)
+from udfserve.runtime.tensor_spec import TensorSpec
 from udfserve.shared_memory import write_ipc_into
 
 logger = logging.getLogger(__name__)

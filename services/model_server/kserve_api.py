@@ -44,21 +44,16 @@ from tritonclient.grpc import service_pb2 as kpb
 from tritonclient.grpc import service_pb2_grpc as kpb_grpc
 
 import udfserve
-from services.model_server.config import TensorSpec
-from services.model_server.errors import (
-    BackendFault,
-    InvalidInput,
-    QueueFull,
-    ServingError,
-    failure_status,
-)
+from services.model_server.errors import QueueFull, failure_status
 from services.model_server.in_flight import InFlightRequests
 from services.model_server.job_context import JobContext, parse_job_context
 from services.model_server.metrics import ModelMetrics, ServerMetrics
 from services.model_server.models import LoadedModel, ModelTable, ServedModel
-from services.model_server.schema import answer_bytes_at_least, check_answer_size, numpy_dtype, zeros
 from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
 from udfserve import kserve_codec as codec
+from udfserve.runtime.errors import BackendFault, InvalidInput, ServingError
+from udfserve.runtime.tensor_conversion import answer_bytes_at_least, check_answer_size
+from udfserve.runtime.tensor_spec import TensorSpec, numpy_dtype, zeros
 
 logger = logging.getLogger(__name__)
 

@@ -19,13 +19,17 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from services.model_server.backends.base import LoadedModel
 from services.model_server.batching import DynamicBatcher
-from services.model_server.config import ServerConfig, TensorSpec, validate_model_name
+from services.model_server.config import ServerConfig
 from services.model_server.cpu_parallel import CallsInFlight, CoreParallelPredict
-from services.model_server.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelUnavailable
+from services.model_server.errors import ModelNotFound, ModelUnavailable
 from services.model_server.metrics import ModelMetrics, ServerMetrics
-from services.model_server.repository import ModelSource, load_model, scan_repository
+from udfserve.runtime.backends.base import LoadedModel
+from udfserve.runtime.errors import InvalidInput, ModelLoadError
+from udfserve.runtime.model_config import validate_model_name
+from udfserve.runtime.model_source import ModelSource
+from udfserve.runtime.repository import load_model, scan_repository
+from udfserve.runtime.tensor_spec import TensorSpec
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Protocol
 import grpc
 import pyarrow as pa
 
-from services.model_server.errors import InvalidInput, ServingError
+from udfserve.runtime.errors import InvalidInput, ServingError
 from udfserve.shared_memory import FILE_NAME_PATTERN
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from services.model_server.config import is_loopback, validate_model_name
+from services.model_server.config import is_loopback
 from services.node.devices import DeviceError, check_devices_syntax
 from udfserve.discovery import (
     DEFAULT_RUNTIME_DIR,
@@ -28,6 +28,7 @@ from udfserve.discovery import (
     RUNTIME_DIR_ENV,
     default_discovery_path,
 )
+from udfserve.runtime.model_config import validate_model_name
 
 UNIX_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
 LONGEST_SOCKET_NAME = len("server-sim999.sock") + 1

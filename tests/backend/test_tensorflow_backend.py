@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from services.model_server.backends import LoadedModel
-from services.model_server.backends.tensorflow import TensorFlowModel, VerifiedCall, to_numpy, to_tensor
-from services.model_server.config import TensorSpec
-from services.model_server.errors import InvalidInput, ModelLoadError
-from services.model_server.repository import ModelSource, load_model, scan_repository
+from udfserve.runtime.backends import LoadedModel
+from udfserve.runtime.backends.tensorflow import TensorFlowModel
+from udfserve.runtime.backends.tensorflow_calls import VerifiedCall, to_numpy, to_tensor
+from udfserve.runtime.errors import InvalidInput, ModelLoadError
+from udfserve.runtime.model_source import ModelSource
+from udfserve.runtime.repository import load_model, scan_repository
+from udfserve.runtime.tensor_spec import TensorSpec
 
 KERAS_MODELS = ("tabular_mlp", "sequence_bilstm", "multi_io", "text_hashing")
 TOLERANCE = 1e-5

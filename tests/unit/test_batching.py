@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from services.model_server.batching import DynamicBatcher
-from services.model_server.config import BatchingConfig
-from services.model_server.errors import BackendFault, InvalidInput, ModelUnavailable, QueueFull
+from services.model_server.errors import ModelUnavailable, QueueFull
+from udfserve.runtime.errors import BackendFault, InvalidInput
+from udfserve.runtime.model_config import BatchingConfig
 
 T = TypeVar("T")
 LONG_DELAY_S = 10.0  # the most BatchingConfig accepts

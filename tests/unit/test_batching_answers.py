@@ -20,7 +20,8 @@ from services.model_server.batching.answers import (
 from services.model_server.batching.observers import Reports
 from services.model_server.batching.queue import Chunk, signature
 from services.model_server.batching.row_limit import RowLimit
-from services.model_server.errors import BackendFault, InvalidInput, QueueFull
+from services.model_server.errors import QueueFull
+from udfserve.runtime.errors import BackendFault, InvalidInput
 
 
 class Answers:

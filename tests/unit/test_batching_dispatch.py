@@ -19,7 +19,7 @@ from services.model_server.batching.dispatch import Dispatcher, ReturningCohort
 from services.model_server.batching.observers import Reports
 from services.model_server.batching.queue import Chunk, RequestQueue
 from services.model_server.batching.row_limit import RowLimit
-from services.model_server.config import BatchingConfig
+from udfserve.runtime.model_config import BatchingConfig
 
 DELAY_S = 1.0
 

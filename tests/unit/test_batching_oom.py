@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.model_server.batching import LIMIT_RECOVERY_CALLS, DynamicBatcher
-from services.model_server.config import BatchingConfig
-from services.model_server.errors import BackendFault, DeviceOutOfMemory, InvalidInput
+from udfserve.runtime.errors import BackendFault, DeviceOutOfMemory, InvalidInput
+from udfserve.runtime.model_config import BatchingConfig
 
 T = TypeVar("T")
 LONG_DELAY_S = 10.0  # a batch fills up rather than waiting for the delay

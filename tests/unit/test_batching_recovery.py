@@ -15,7 +15,7 @@ from services.model_server.batching.observers import Reports
 from services.model_server.batching.queue import Arrays, Chunk, signature
 from services.model_server.batching.recovery import CallResult, Recovery
 from services.model_server.batching.row_limit import RowLimit
-from services.model_server.errors import BackendFault, DeviceOutOfMemory
+from udfserve.runtime.errors import BackendFault, DeviceOutOfMemory
 
 HUGE_ROW = 99.0
 Predict = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]

@@ -17,7 +17,7 @@ from services.model_server.batching.observers import Reports
 from services.model_server.batching.queue import Chunk, signature
 from services.model_server.batching.row_limit import RowLimit
 from services.model_server.batching.runner import Batch, BatchRunner
-from services.model_server.errors import BackendFault
+from udfserve.runtime.errors import BackendFault
 
 T = TypeVar("T")
 SAFETY_TIMEOUT_S = 8.0

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from services.model_server.device import visible_devices_for
+from udfserve.runtime.device import visible_devices_for
 
 PIN_AND_REPORT = """
 import json, os, sys
-from services.model_server.device import pin_device
+from udfserve.runtime.device import pin_device
 pin_device(sys.argv[1])
 keys = ["CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_CPP_MIN_LOG_LEVEL"]
 print(json.dumps({key: os.environ.get(key) for key in keys}))
@@ -55,7 +55,7 @@ def test_malformed_device_is_refused(device: str) -> None:
 def test_pinning_after_tensorflow_is_imported_is_refused() -> None:
     code = (
         "import tensorflow\n"
-        "from services.model_server.device import pin_device\n"
+        "from udfserve.runtime.device import pin_device\n"
         "try:\n"
         "    pin_device('cpu')\n"
         "except RuntimeError as exc:\n"

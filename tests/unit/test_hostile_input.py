@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from services.model_server.config import TensorSpec
-from services.model_server.errors import InvalidInput
-from services.model_server.schema import batch_to_inputs
 from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
+from udfserve.runtime.errors import InvalidInput
+from udfserve.runtime.tensor_conversion import batch_to_inputs
+from udfserve.runtime.tensor_spec import TensorSpec
 
 # The inputs of the example models, and the shapes the rules treat specially (free dimensions,
 # scalars, narrow integers, booleans).

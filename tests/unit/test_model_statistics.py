@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from services.model_server.batching import DynamicBatcher
-from services.model_server.config import BatchingConfig
-from services.model_server.errors import DeviceOutOfMemory
 from services.model_server.metrics import ServerMetrics
 from services.model_server.statistics import ModelStatistics
+from udfserve.runtime.errors import DeviceOutOfMemory
+from udfserve.runtime.model_config import BatchingConfig
 
 LONG_DELAY_S = 5.0
 Predict = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]

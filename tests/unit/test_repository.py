@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from services.model_server.backends import get_backend
-from services.model_server.config import ModelConfig
-from services.model_server.repository import ModelSource, resolve_model_dir, scan_repository
+from udfserve.runtime.backends import get_backend
+from udfserve.runtime.model_config import ModelConfig
+from udfserve.runtime.model_source import ModelSource
+from udfserve.runtime.repository import resolve_model_dir, scan_repository
 
 
 def make_model(root: Path, name: str, versions: tuple[str, ...] = ("1",), config: str | None = None) -> Path:
@@ -244,7 +245,7 @@ def test_unknown_backend_is_refused_naming_the_known_ones() -> None:
 
 def test_importing_the_repository_does_not_import_tensorflow() -> None:
     code = (
-        "import sys, services.model_server.repository, services.model_server.backends; "
+        "import sys, udfserve.runtime.repository, udfserve.runtime.backends; "
         "sys.exit('tensorflow' in sys.modules)"
     )
 
@@ -259,9 +260,9 @@ def test_a_folder_with_an_invalid_name_is_still_refused_as_an_invalid_name_by_th
     """The scan keeps such a folder as a failed entry under its own name; asking for it is still
     INVALID_ARGUMENT (not a retryable "failed to load"), as for any name that is not valid."""
     from services.model_server.config import ServerConfig
-    from services.model_server.errors import InvalidInput
     from services.model_server.metrics import ServerMetrics
     from services.model_server.models import ModelTable
+    from udfserve.runtime.errors import InvalidInput
 
     make_model(tmp_path, "has space")
     config = ServerConfig(model_repository=tmp_path, socket=tmp_path / "s.sock", port=None)

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from services.model_server.config import TensorSpec
-from services.model_server.errors import BackendFault, InvalidInput
-from services.model_server.schema import answer_bytes_at_least, batch_to_inputs, outputs_to_batch
 from udfserve.protocol.arrow_ipc import decode_batch, encode_batch
+from udfserve.runtime.errors import BackendFault, InvalidInput
+from udfserve.runtime.tensor_conversion import answer_bytes_at_least, batch_to_inputs, outputs_to_batch
+from udfserve.runtime.tensor_spec import TensorSpec
 
 
 def spec(name: str = "x", dtype: str = "float32", shape: tuple[int, ...] = ()) -> TensorSpec:

@@ -19,7 +19,7 @@ import numpy as np
 from services.model_server.batching.observers import Reports
 from services.model_server.batching.queue import Arrays, Chunk
 from services.model_server.batching.row_limit import RowLimit
-from services.model_server.errors import BackendFault, InvalidInput, ServingError
+from udfserve.runtime.errors import BackendFault, InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,9 @@ from services.model_server.batching.observers import BatchObserver, Reports
 from services.model_server.batching.queue import Chunk, RequestQueue, rows_of
 from services.model_server.batching.row_limit import RowLimit
 from services.model_server.batching.runner import Batch, BatchRunner, PredictFn
-from services.model_server.config import DEFAULT_QUEUE_BATCHES, BatchingConfig
-from services.model_server.errors import ModelUnavailable, ServingError
+from services.model_server.errors import ModelUnavailable
+from udfserve.runtime.errors import ServingError
+from udfserve.runtime.model_config import DEFAULT_QUEUE_BATCHES, BatchingConfig
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Protocol
 
 from services.model_server.batching.queue import Chunk, RequestQueue
 from services.model_server.batching.row_limit import RowLimit
-from services.model_server.config import BatchingConfig
+from udfserve.runtime.model_config import BatchingConfig
 
 
 class Cancellable(Protocol):

@@ -21,7 +21,7 @@ from services.model_server.batching.answers import as_serving_error, joined, res
 from services.model_server.batching.observers import Reports
 from services.model_server.batching.queue import Arrays, Chunk
 from services.model_server.batching.row_limit import RowLimit
-from services.model_server.errors import DeviceOutOfMemory, InvalidInput, ServingError
+from udfserve.runtime.errors import DeviceOutOfMemory, InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from services.model_server.batching.observers import Reports
 from services.model_server.batching.queue import Arrays, Chunk
 from services.model_server.batching.recovery import CallResult, Recovery
 from services.model_server.batching.row_limit import RowLimit
-from services.model_server.errors import BackendFault
+from udfserve.runtime.errors import BackendFault
 
 logger = logging.getLogger(__name__)
 

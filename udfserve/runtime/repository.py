@@ -17,24 +17,14 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from services.model_server.backends import LoadedModel, get_backend
-from services.model_server.config import ModelConfig, validate_model_name
-from services.model_server.errors import ModelLoadError
+from udfserve.runtime.backends import LoadedModel, get_backend
+from udfserve.runtime.errors import ModelLoadError
+from udfserve.runtime.model_config import ModelConfig, validate_model_name
+from udfserve.runtime.model_source import ModelSource
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE_NAME = "config.yaml"
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """One servable model: the chosen version's folder and its validated config."""
-
-    name: str
-    version: int
-    path: Path
-    config: ModelConfig
-    available_versions: tuple[int, ...]
 
 
 @dataclass(frozen=True)

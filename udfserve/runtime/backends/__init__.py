@@ -1,9 +1,10 @@
 """Backends by name. Each is imported only when asked for, so importing this package (or the
-repository) never imports a framework: the Spark client names these types on its happy path."""
+repository) never imports a framework: a framework is imported to load a model, once the process
+is pinned to its device (``device.pin_device``)."""
 
 from __future__ import annotations
 
-from services.model_server.backends.base import Backend, LoadedModel
+from udfserve.runtime.backends.base import Backend, LoadedModel
 
 KNOWN_BACKENDS = ("tensorflow",)
 
@@ -13,7 +14,7 @@ __all__ = ["KNOWN_BACKENDS", "Backend", "LoadedModel", "get_backend"]
 def get_backend(name: str) -> Backend:
     """The backend for ``config.backend``; imports its framework on first use."""
     if name == "tensorflow":
-        from services.model_server.backends.tensorflow import TensorFlowBackend
+        from udfserve.runtime.backends.tensorflow import TensorFlowBackend
 
         return TensorFlowBackend()
     raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(KNOWN_BACKENDS)}")

@@ -1,20 +1,26 @@
 """The interface every backend implements: load a model from the repository, run a batch.
 
-Kept free of any framework import so the repository, the batcher and the Spark client can name
+Kept free of any framework import so the repository, the server and the CPU fallback can name
 these types without pulling TensorFlow (or, later, ONNX Runtime or PyTorch) into the process.
+
+A new backend is a module of this package with a class like ``TensorFlowBackend``: a
+``platform`` name and ``load(source)`` returning a ``LoadedModel``. Its name goes into
+``KNOWN_BACKENDS`` and ``get_backend`` (``__init__.py``, which imports the module only when asked
+for it) and into ``ModelConfig.backend``, the values a ``config.yaml`` may name; the framework is
+imported by that module only. ``predict`` receives what ``tensor_conversion`` checked and
+converted; a batch that does not fit the device's memory raises ``DeviceOutOfMemory`` (the
+batcher then halves the call), a model that cannot be loaded ``ModelLoadError``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from services.model_server.config import TensorSpec
-
-if TYPE_CHECKING:
-    from services.model_server.repository import ModelSource
+from udfserve.runtime.model_source import ModelSource
+from udfserve.runtime.tensor_spec import TensorSpec
 
 
 @runtime_checkable

@@ -1,21 +1,25 @@
-"""Pin a model server process to one device before TensorFlow is imported.
+"""Pin a process to one device before TensorFlow is imported: a model server to its device, the
+Spark client's CPU fallback to the CPU.
 
 CUDA reads ``CUDA_VISIBLE_DEVICES`` once, when the framework initialises; setting it later has
 no effect, and a process that sees every GPU grabs memory on all of them. This module is the
-one place in the server that changes ``os.environ``, and it refuses to do so once TensorFlow is
-in the process, so a mistake in start-up order fails loudly instead of silently using the wrong
-device.
+one place in the server (and in the client's fallback) that changes ``os.environ``, and it
+refuses to do so once TensorFlow is in the process, so a mistake in start-up order fails loudly
+instead of silently using the wrong device.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 
-from services.model_server.config import DEVICE_PATTERN
-
 logger = logging.getLogger(__name__)
+
+DEVICE_PATTERN = re.compile(r"^(cpu|gpu:\d+|sim:\d+)$")
+"""A device: "cpu", "gpu:N" (NVIDIA device N, in PCI bus order) or "sim:N" (a CPU process that
+carries device N's number)."""
 
 
 def visible_devices_for(device: str) -> str:

@@ -1,0 +1,23 @@
+"""One servable model as the repository found it, before any backend loads it.
+
+Its own module because both sides of loading name it: the repository builds it, and every
+backend's ``load`` takes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from udfserve.runtime.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """One servable model: the chosen version's folder and its validated config."""
+
+    name: str
+    version: int
+    path: Path
+    config: ModelConfig
+    available_versions: tuple[int, ...]
