@@ -18,12 +18,11 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 """The server's default limit (``ServerConfig.max_message_bytes``); both sides must agree."""
 
 DEFAULT_BYTES_PER_REQUEST = 2 << 20
-"""Two MiB of input per request. The model, not the transport, sets the rate (through shared
-memory a 1 MiB request moves 1.5 GB/s on two cores, far above what a model computes), and each
-request in flight costs the executor's Python worker its converted rows and its shared-memory
-file. The sequence model's 2 KiB rows in requests of 1,024 rows instead of 4,096, two pairs of
-Spark runs interleaved: workers' peak 439 against 488 MiB (predict_arrow) and 565 against
-633-648 MiB (remote_predict), rows/s and server CPU per row within the runs' spread."""
+"""Two MiB of input per request. The model, not the transport, sets the rate (shared memory moves
+a request far faster than a model computes it), and each request in flight costs the executor's
+Python worker its converted rows and its shared-memory file: smaller requests of wide rows lower
+the workers' peak memory at the same rows/s (measured: docs/benchmarks.md, section 1, "Reading
+the numbers")."""
 
 _TARGET_PATTERN = re.compile(
     r"^(unix:|unix-abstract:|dns:|ipv4:|ipv6:|[^\s/:]+:\d+$|\[[0-9a-fA-F:.]+\]:\d+$)"

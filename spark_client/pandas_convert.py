@@ -2,8 +2,9 @@
 
 No numeric value is touched row by row in Python: array columns, which pandas holds as a Series
 of numpy arrays, are joined with one ``np.concatenate`` per nesting level and wrapped in Arrow
-list arrays around the flat values (about 2 ms per 10,000 rows of 64 floats, 3-4x faster than
-``pa.array`` on the Series); answers become pandas through Arrow's own conversion.
+list arrays around the flat values (several times faster than ``pa.array`` on the Series:
+docs/benchmarks.md, section 2, "Reading the numbers"); answers become pandas through Arrow's own
+conversion.
 """
 
 from __future__ import annotations

@@ -90,8 +90,8 @@ EXAMPLES: dict[str, tuple[Callable[[], Any], int, dict[str, Any]]] = {
     "tabular_mlp": (
         _tabular_mlp,
         1,
-        # One call serves a whole 4,096-row request of the Spark client: with TensorFlow's CPU pool
-        # of one thread, 432k rows/s against 320k at 1,024 rows per call (8,192: 380k).
+        # One call serves a whole 4,096-row request of the Spark client, the fastest call size
+        # on a CPU (docs/benchmarks.md, section 3, "Reading the numbers").
         {"max_batch_size": 4096, "dynamic_batching": {"max_queue_delay_s": 0.002}},
     ),
     "sequence_bilstm": (

@@ -6,17 +6,13 @@ loop needs a core for small requests, which gain nothing from splitting). Large 
 the cores by rows instead: rows are independent in a batch, so the parts' outputs, joined in
 order, are the call's outputs. A GPU does this parallelism itself; on a GPU device nothing is cut.
 
-It is a latency trade, off by default (``--cpu-parallel-min-rows``). Measured on two cores with
-the example MLP: a 1,024-row call took 2.1-2.6 ms of wall time cut in two against 2.5-2.7 ms
-whole, and 7.2-7.4 against 9.3-9.6 ms at 4,096 rows, but 13-40% more CPU time (the parts'
-start and join). So a call is cut only when the server has nothing else to do: no rows queued
-for the model and no other backend call running (``CallsInFlight``, over all models); otherwise
-the waiting work takes the cores anyway. Without that rule, perf_analyzer with 16 clients sending
-64 rows got 18% fewer rows/s with calls cut (merged calls were cut while the event loop needed
-the second core). With it, two interleaved pairs per point: 64 x 16 at 97-100k against 99-108k
-rows/s, 1,024 x 16 at 338-356k against 295-316k, 1,024 x 1 at 250-275k against 240-251k. Turn it
-on for a server whose cores idle while it answers a few large requests, not for one whose idle
-cores Spark executors use.
+It is a latency trade, off by default (``--cpu-parallel-min-rows``): a cut call finishes sooner
+but costs more CPU time (the parts' start and join). So a call is cut only when the server has
+nothing else to do: no rows queued for the model and no other backend call running
+(``CallsInFlight``, over all models); otherwise the waiting work takes the cores anyway, and
+cutting merged calls while the event loop needs a core loses rows/s. Turn it on for a server
+whose cores idle while it answers a few large requests, not for one whose idle cores Spark
+executors use. The measurements: docs/benchmarks.md, section 6 ("Reading the numbers").
 
 Parts are contiguous row ranges whose starts are multiples of ``ROW_ALIGNMENT`` rows, so that
 each part of an aligned batch stays aligned (frameworks take aligned memory without a copy).

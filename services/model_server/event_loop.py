@@ -3,8 +3,8 @@
 Every request crosses the server's one event loop (gRPC's asyncio layer, the batcher, the
 answers), and on a busy node that loop's CPU per request decides how many small requests a
 server answers. uvloop (libuv, in C) runs the same asyncio code for less CPU per message than
-asyncio's own loop: with perf_analyzer at 16 concurrent 1-row requests on 2 cores, 442 against
-531 us of server CPU per request and about 17% more rows/s (docs/benchmarks.md, KServe section).
+asyncio's own loop, and so answers more small requests per second (measured: docs/benchmarks.md,
+section 6, "uvloop").
 uvloop is a server dependency wherever it builds (not on Windows); ``auto`` takes it when it is
 importable and asyncio's loop otherwise, and ``asyncio`` keeps the standard loop on purpose.
 """

@@ -58,12 +58,11 @@ def _set_up_threads() -> None:
 
     The event loop answering gRPC runs in Python, one core's worth, and every request passes
     through it; an intra-op pool of one thread per core makes TensorFlow compete with that thread
-    for the last core, and small batches gain nothing from splitting an op. On 2 cores,
-    perf_analyzer (1 row, 16 concurrent) answered 4-30% more rows/s with the intra-op pool at one
-    thread. Large calls use the cores by rows instead (``services.model_server.cpu_parallel``):
-    their parts run as concurrent calls, which the inter-op pool must be able to run at once
-    (two 512-row calls of the example MLP took 1.3 ms together with two inter-op threads, 2.0 ms
-    with one). ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` in the environment win.
+    for the last core, and small batches gain nothing from splitting an op. Large calls use the
+    cores by rows instead (``services.model_server.cpu_parallel``): their parts run as concurrent
+    calls, which the inter-op pool must be able to run at once. Measured: docs/benchmarks.md,
+    section 6, "Thread pools". ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` in the
+    environment win.
     """
     if any(os.environ.get(name) for name in THREAD_ENV_VARS):
         return
