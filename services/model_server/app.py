@@ -38,6 +38,7 @@ from services.model_server.kserve_api import add_kserve_service
 from services.model_server.kserve_native import NativeKServeFrontend
 from services.model_server.metrics import ServerMetrics
 from services.model_server.models import ModelTable, ServedModel
+from services.model_server.request_lifecycle import RequestLifecycle
 from services.model_server.security import TokenInterceptor, grpc_server_credentials
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 
@@ -129,11 +130,9 @@ class RunningServer:
         self.models = ModelTable(config, self.metrics)
         self.health = health.aio.HealthServicer()
         self.in_flight = InFlightRequests()
+        self.requests = RequestLifecycle(self.models, self.metrics, self.in_flight, config.max_message_bytes)
         self.servicer = InferenceServicer(
-            self.models,
-            self.metrics,
-            config.max_message_bytes,
-            self.in_flight,
+            self.requests,
             shared_memory_folder(config.shared_memory_dir),
             frozenset(config.shared_memory_uids),
         )
