@@ -145,9 +145,7 @@ class RunningServer:
         interceptors = [TokenInterceptor(self.auth_token)] if self.auth_token else []
         self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors)
         pb_grpc.add_InferenceServicer_to_server(self.servicer, self.grpc_server)
-        self.kserve_servicer = add_kserve_service(
-            self.grpc_server, self.models, self.metrics, config.max_message_bytes, self.in_flight
-        )
+        self.kserve_servicer = add_kserve_service(self.grpc_server, self.requests)
         self.kserve_native: NativeKServeFrontend | None = None
         if config.kserve_frontend == "native":
             self.kserve_native = NativeKServeFrontend(
