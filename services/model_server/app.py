@@ -38,6 +38,7 @@ from services.model_server.kserve_api import add_kserve_service
 from services.model_server.kserve_native import NativeKServeFrontend
 from services.model_server.metrics import ServerMetrics
 from services.model_server.models import ModelTable, ServedModel
+from services.model_server.request_lifecycle import RequestLifecycle
 from services.model_server.security import TokenInterceptor, grpc_server_credentials
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 
@@ -129,11 +130,9 @@ class RunningServer:
         self.models = ModelTable(config, self.metrics)
         self.health = health.aio.HealthServicer()
         self.in_flight = InFlightRequests()
+        self.requests = RequestLifecycle(self.models, self.metrics, self.in_flight, config.max_message_bytes)
         self.servicer = InferenceServicer(
-            self.models,
-            self.metrics,
-            config.max_message_bytes,
-            self.in_flight,
+            self.requests,
             shared_memory_folder(config.shared_memory_dir),
             frozenset(config.shared_memory_uids),
         )
@@ -146,9 +145,7 @@ class RunningServer:
         interceptors = [TokenInterceptor(self.auth_token)] if self.auth_token else []
         self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors)
         pb_grpc.add_InferenceServicer_to_server(self.servicer, self.grpc_server)
-        self.kserve_servicer = add_kserve_service(
-            self.grpc_server, self.models, self.metrics, config.max_message_bytes, self.in_flight
-        )
+        self.kserve_servicer = add_kserve_service(self.grpc_server, self.requests)
         self.kserve_native: NativeKServeFrontend | None = None
         if config.kserve_frontend == "native":
             self.kserve_native = NativeKServeFrontend(

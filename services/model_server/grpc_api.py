@@ -1,15 +1,15 @@
 """The gRPC face of a model server: the Predict stream, model listing and metadata.
 
-Exceptions of ``errors.py`` are mapped to the wire here and nowhere else. A failed batch is
-answered in its own ``PredictResponse.error``; the stream goes on for the others.
+A stream's batches are decoded from Arrow IPC (inline, or in the shared memory the stream
+mapped) and their answers encoded here; what happens to each request in between (admission,
+queueing, in-flight counting, observation) is ``request_lifecycle``'s, as for every protocol.
+A failed batch is answered with the status of ``errors.failure_status`` in its own
+``PredictResponse.error``; the stream goes on for the others.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,10 +18,9 @@ import numpy as np
 import pyarrow as pa
 
 from services.model_server.errors import failure_status
-from services.model_server.in_flight import InFlightRequests
 from services.model_server.job_context import JobContext, parse_job_context
-from services.model_server.metrics import ModelMetrics, ServerMetrics
-from services.model_server.models import ModelInfo, ModelTable, ServedModel
+from services.model_server.models import ModelInfo
+from services.model_server.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
 from services.model_server.shared_memory import SharedMemoryRefused, StreamRegions
 from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
 from udfserve.protocol import inference_pb2 as pb
@@ -29,9 +28,7 @@ from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
 from udfserve.runtime.errors import InvalidInput, ServingError
 from udfserve.runtime.tensor_conversion import (
-    answer_bytes_at_least,
     batch_to_inputs,
-    check_answer_size,
     outputs_to_batch,
 )
 from udfserve.runtime.tensor_spec import TensorSpec
@@ -65,28 +62,16 @@ def info_to_proto(info: ModelInfo) -> pb.ModelMetadata:
     )
 
 
-def _empty_outputs(served: ServedModel) -> dict[str, np.ndarray]:
-    assert served.model is not None
-    return {
-        spec.name: np.zeros((0, *(max(d, 0) for d in spec.shape)), dtype=spec.dtype)
-        for spec in served.model.outputs
-    }
-
-
 class InferenceServicer(pb_grpc.InferenceServicer):
     def __init__(
         self,
-        models: ModelTable,
-        metrics: ServerMetrics,
-        max_message_bytes: int,
-        in_flight: InFlightRequests,
+        lifecycle: RequestLifecycle,
         shared_memory_dir: Path | None = None,
         shared_memory_uids: frozenset[int] = frozenset(),
     ) -> None:
-        self._models = models
-        self._metrics = metrics
-        self._max_response_bytes = max_message_bytes - 1024  # room for the protobuf envelope
-        self._in_flight = in_flight
+        self._lifecycle = lifecycle
+        self._models = lifecycle.models
+        self._metrics = lifecycle.metrics
         self._shared_memory_dir = shared_memory_dir
         self._shared_memory_uids = shared_memory_uids
 
@@ -106,9 +91,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     ) -> AsyncIterator[pb.PredictResponse]:
         job = parse_job_context(context.invocation_metadata())
         regions = self._stream_regions(context)
-        start = functools.partial(self._start, job=job, regions=regions)
+        stream = _PredictStream(self._lifecycle, job, regions)
         responses: AsyncIterator[pb.PredictResponse] = answer_inline(
-            request_iterator, start, MAX_IN_FLIGHT_PER_STREAM
+            request_iterator, stream.start, MAX_IN_FLIGHT_PER_STREAM
         )
         self._metrics.streams_active.inc()
         try:
@@ -117,148 +102,6 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         finally:
             self._metrics.streams_active.dec()
             regions.close()
-
-    def _start(
-        self, request: pb.PredictRequest, job: JobContext, regions: StreamRegions
-    ) -> pb.PredictResponse | Pending[pb.PredictResponse]:
-        """Check, decode and queue one batch, inline in the stream's reader; the answer, or the
-        batcher's future and what makes the answer from it. Never raises: failures become the
-        response's error."""
-        started_s = time.perf_counter()
-        model_metrics = self._models.metrics_of(request.model)
-        try:
-            served = self._models.ready(request.model, request.version)
-            assert served.model is not None and served.batcher is not None and served.metrics is not None
-            model_metrics = served.metrics
-            batch = self._decode(served, request, regions)
-            inputs = batch_to_inputs(batch, served.name, served.model.inputs)
-            rows = batch.num_rows
-            self._check_answer_fits(served, request, rows)
-            if rows == 0:
-                response = self._respond(served, request, _empty_outputs(served), rows, regions)
-                self._observe(model_metrics, job, request, grpc.StatusCode.OK, started_s, rows)
-                return response
-            future = served.batcher.enqueue(inputs)
-        except Exception as exc:
-            return self._refuse(model_metrics, job, request, exc, started_s)
-        self._in_flight.begin()
-        model_metrics.in_flight.inc()
-        finish = functools.partial(
-            self._finish, served, model_metrics, job, request, regions, rows, started_s
-        )
-        return Pending(future, finish)
-
-    def _check_answer_fits(self, served: ServedModel, request: pb.PredictRequest, rows: int) -> None:
-        """Refuse, before any backend call, a request whose answer cannot fit the message limit
-        nor the output region it names (the check after the call stays for what only the model
-        knows: strings, free dimensions)."""
-        assert served.model is not None
-        at_least = answer_bytes_at_least(served.model.outputs, rows)
-        if request.HasField("output_region") and request.output_region.size >= at_least:
-            return  # it may fit the region; if it does not, the check after the call answers
-        check_answer_size(served.name, rows, at_least, self._max_response_bytes, before_running=True)
-
-    def _decode(
-        self, served: ServedModel, request: pb.PredictRequest, regions: StreamRegions
-    ) -> pa.RecordBatch:
-        """The request's batch, from ``arrow_ipc`` or from the shared memory it names."""
-        if request.HasField("input_region"):
-            if request.arrow_ipc:
-                raise InvalidInput(
-                    f"model {served.name!r}: the request carries both arrow_ipc and input_region; "
-                    "expected the batch in exactly one of them"
-                )
-            payload: bytes | pa.Buffer = regions.bytes_of(request.input_region, "PredictRequest.input_region")
-            what = "PredictRequest.input_region"
-            self._metrics.shared_memory_requests.inc()
-        else:
-            payload, what = request.arrow_ipc, "arrow_ipc"
-        try:
-            return decode_batch(payload, what)
-        except ArrowPayloadError as exc:
-            raise InvalidInput(f"model {served.name!r}: {exc}") from None
-
-    def _finish(
-        self,
-        served: ServedModel,
-        model_metrics: ModelMetrics,
-        job: JobContext,
-        request: pb.PredictRequest,
-        regions: StreamRegions,
-        rows: int,
-        started_s: float,
-        outputs: asyncio.Future[dict[str, np.ndarray]],
-    ) -> pb.PredictResponse:
-        """The answer to one batch once the batcher answered it (or the stream closed first, and
-        the answer is not wanted)."""
-        self._in_flight.end()
-        model_metrics.in_flight.dec()
-        if outputs.cancelled():
-            raise asyncio.CancelledError
-        try:
-            response = self._respond(served, request, outputs.result(), rows, regions)
-        except Exception as exc:
-            return self._refuse(model_metrics, job, request, exc, started_s)
-        self._observe(model_metrics, job, request, grpc.StatusCode.OK, started_s, rows)
-        return response
-
-    def _respond(
-        self,
-        served: ServedModel,
-        request: pb.PredictRequest,
-        outputs: dict[str, np.ndarray],
-        rows: int,
-        regions: StreamRegions,
-    ) -> pb.PredictResponse:
-        """The answer: written into the request's output region when it fits there, else inline."""
-        assert served.model is not None and served.source is not None
-        answer = outputs_to_batch(outputs, served.model.outputs)
-        if request.HasField("output_region"):
-            room = regions.bytes_of(request.output_region, "PredictRequest.output_region")
-            written = write_ipc_into(room, answer)
-            if written is not None:
-                version = served.source.version
-                return pb.PredictResponse(
-                    batch_id=request.batch_id, output_region_bytes=written, model_version=version
-                )
-        payload = encode_batch(answer)
-        check_answer_size(served.name, rows, len(payload), self._max_response_bytes)
-        return pb.PredictResponse(
-            batch_id=request.batch_id, arrow_ipc=payload, model_version=served.source.version
-        )
-
-    def _refuse(
-        self,
-        model_metrics: ModelMetrics | None,
-        job: JobContext,
-        request: pb.PredictRequest,
-        exc: Exception,
-        started_s: float,
-    ) -> pb.PredictResponse:
-        """The error answer to one batch: a ``ServingError`` with its status, anything else INTERNAL."""
-        code, message = failure_status(exc, f"model {request.model!r} batch {request.batch_id}")
-        self._observe(model_metrics, job, request, code, started_s, 0)
-        response = self._error(request.batch_id, code, message)
-        if isinstance(exc, SharedMemoryRefused):
-            response.shared_memory_refused = True
-            self._metrics.shared_memory_refusals.inc()
-        return response
-
-    def _observe(
-        self,
-        model_metrics: ModelMetrics | None,
-        job: JobContext,
-        request: pb.PredictRequest,
-        code: grpc.StatusCode,
-        started_s: float,
-        rows: int,
-    ) -> None:
-        seconds = time.perf_counter() - started_s
-        self._metrics.observe_answer(model_metrics, job, request.batch_id, code.name, seconds, rows)
-
-    @staticmethod
-    def _error(batch_id: int, code: grpc.StatusCode, message: str) -> pb.PredictResponse:
-        return pb.PredictResponse(batch_id=batch_id, error=pb.Error(code=code.value[0], message=message))
 
     # -- metadata ----------------------------------------------------------------------------
     async def ListModels(
@@ -276,3 +119,85 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         except ServingError as exc:
             await context.abort(exc.code, exc.message)
         return info_to_proto(self._models.info(served))
+
+
+class _PredictStream(FrontEnd[pb.PredictRequest, pb.PredictResponse]):
+    """The requests of one ``Predict`` stream: each batch decoded from its Arrow payload (inline
+    or in the shared memory the stream mapped), its answer encoded the same way."""
+
+    def __init__(self, lifecycle: RequestLifecycle, job: JobContext, regions: StreamRegions) -> None:
+        self._lifecycle = lifecycle
+        self._metrics = lifecycle.metrics
+        self._job = job
+        self._regions = regions
+
+    def start(self, message: pb.PredictRequest) -> pb.PredictResponse | Pending[pb.PredictResponse]:
+        """Check, decode and queue one batch, inline in the stream's reader; the answer, or the
+        batcher's future and what makes the answer from it. Never raises: failures become the
+        response's error."""
+        request = InferenceRequest(self._lifecycle, self, message, message.model, message.batch_id, self._job)
+        try:
+            served = request.admit(message.version)
+            assert served.model is not None
+            batch = self._decode(served.name, message)
+            inputs = batch_to_inputs(batch, served.name, served.model.inputs)
+        except Exception as exc:
+            return request.refuse(exc)
+        # an answer that may fit the output region it names is checked once it is known
+        room_bytes = message.output_region.size if message.HasField("output_region") else None
+        return request.enqueue(inputs, batch.num_rows, room_bytes)
+
+    def _decode(self, model: str, message: pb.PredictRequest) -> pa.RecordBatch:
+        """The request's batch, from ``arrow_ipc`` or from the shared memory it names."""
+        if message.HasField("input_region"):
+            if message.arrow_ipc:
+                raise InvalidInput(
+                    f"model {model!r}: the request carries both arrow_ipc and input_region; "
+                    "expected the batch in exactly one of them"
+                )
+            payload: bytes | pa.Buffer = self._regions.bytes_of(
+                message.input_region, "PredictRequest.input_region"
+            )
+            what = "PredictRequest.input_region"
+            self._metrics.shared_memory_requests.inc()
+        else:
+            payload, what = message.arrow_ipc, "arrow_ipc"
+        try:
+            return decode_batch(payload, what)
+        except ArrowPayloadError as exc:
+            raise InvalidInput(f"model {model!r}: {exc}") from None
+
+    def answer(
+        self, request: InferenceRequest[pb.PredictRequest, pb.PredictResponse], outputs: dict[str, np.ndarray]
+    ) -> pb.PredictResponse:
+        """The answer: written into the request's output region when it fits there, else inline."""
+        served, message = request.served, request.message
+        assert served.source is not None
+        answer = outputs_to_batch(outputs, request.outputs)
+        if message.HasField("output_region"):
+            room = self._regions.bytes_of(message.output_region, "PredictRequest.output_region")
+            written = write_ipc_into(room, answer)
+            if written is not None:
+                version = served.source.version
+                return pb.PredictResponse(
+                    batch_id=message.batch_id, output_region_bytes=written, model_version=version
+                )
+        payload = encode_batch(answer)
+        request.check_answer_size(len(payload))
+        return pb.PredictResponse(
+            batch_id=message.batch_id, arrow_ipc=payload, model_version=served.source.version
+        )
+
+    def refusal(
+        self, request: InferenceRequest[pb.PredictRequest, pb.PredictResponse], exc: Exception
+    ) -> tuple[grpc.StatusCode, pb.PredictResponse]:
+        """The error answer to one batch: a ``ServingError`` with its status, anything else INTERNAL."""
+        message = request.message
+        code, text = failure_status(exc, f"model {message.model!r} batch {message.batch_id}")
+        response = pb.PredictResponse(
+            batch_id=message.batch_id, error=pb.Error(code=code.value[0], message=text)
+        )
+        if isinstance(exc, SharedMemoryRefused):
+            response.shared_memory_refused = True
+            self._metrics.shared_memory_refusals.inc()
+        return code, response

@@ -9,7 +9,7 @@ with the same ``KServeServicer`` as the Python front end:
   one Arrow requests and the Python front end's requests join, and its outputs go back as arrays
   that the module encodes without the GIL; what is not the common request (BYTES tensors, typed
   contents, parameters, a datatype to coerce, a wrong shape) is answered from its message by
-  ``_start``, with the Python front end's checks and messages;
+  ``start``, with the Python front end's checks and messages;
 - every other unary method (health, metadata, config, statistics) calls the servicer's own
   handler with a small stand-in for gRPC's servicer context;
 - ModelStreamInfer is refused (UNIMPLEMENTED) by the module, naming the main port, where it is
@@ -35,7 +35,8 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as kpb
 
 from services.model_server.job_context import parse_job_context
-from services.model_server.kserve_api import DecodedHead, KServeServicer, TensorAnswer, _Failure
+from services.model_server.kserve_answers import DecodedHead, Failure, TensorAnswer
+from services.model_server.kserve_api import KServeServicer
 from services.model_server.native import load_frontend_module
 from services.model_server.security import AUTHORIZATION_HEADER, token_matches
 from services.model_server.streaming import Pending
@@ -210,7 +211,7 @@ class NativeKServeFrontend:
             except DecodeError:
                 self._fail(call_id, grpc.StatusCode.INVALID_ARGUMENT, UNREADABLE.format("ModelInferRequest"))
                 return
-            self._answer_outcome(call_id, self._servicer._start(request, parse_job_context(metadata)))
+            self._answer_outcome(call_id, self._servicer.start(request, parse_job_context(metadata)))
             return
         handler = self._methods.get(method)
         if handler is None:
@@ -280,7 +281,7 @@ class NativeKServeFrontend:
 
     def _send(self, call_id: int, answer: Any) -> None:
         try:
-            if isinstance(answer, _Failure):
+            if isinstance(answer, Failure):
                 self._fail(call_id, answer.code, answer.message)
             elif isinstance(answer, TensorAnswer):
                 tensors = answer.tensors

@@ -1,0 +1,114 @@
+"""What the KServe v2 (Triton) protocol tells about the server and its models: server metadata,
+model metadata, the model's configuration as Triton writes it (what perf_analyzer reads), and
+Triton's per-model statistics.
+"""
+
+from __future__ import annotations
+
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as kpb
+
+from services.model_server.kserve_tensors import DATATYPE_OF_DTYPE, advertised_dims, parse_version
+from services.model_server.models import ModelTable, ServedModel
+from udfserve.runtime.errors import InvalidInput
+from udfserve.runtime.tensor_spec import TensorSpec
+
+SERVER_NAME = "udfserve"
+EXTENSIONS = ("model_configuration", "statistics")
+"""KServe extensions served beyond the core protocol (Triton's names for ModelConfig and
+ModelStatistics)."""
+
+
+_PROTO_TYPE_OF_DTYPE = {
+    dtype: mc.DataType.Value("TYPE_STRING" if name == "BYTES" else f"TYPE_{name}")
+    for dtype, name in DATATYPE_OF_DTYPE.items()
+}
+"""Triton's model configuration names BYTES ``TYPE_STRING``."""
+
+
+def model_metadata(served: ServedModel) -> kpb.ModelMetadataResponse:
+    """The served version of the model and its tensors, rows first (``-1``), as Triton lists them."""
+    assert served.model is not None and served.source is not None
+    model = served.model
+
+    def tensors(specs: tuple[TensorSpec, ...]) -> list[kpb.ModelMetadataResponse.TensorMetadata]:
+        return [
+            kpb.ModelMetadataResponse.TensorMetadata(
+                name=s.name, datatype=DATATYPE_OF_DTYPE[s.dtype], shape=[-1, *advertised_dims(s)]
+            )
+            for s in specs
+        ]
+
+    return kpb.ModelMetadataResponse(
+        name=served.name,
+        versions=[str(served.source.version)],
+        platform=model.platform,
+        inputs=tensors(model.inputs),
+        outputs=tensors(model.outputs),
+    )
+
+
+def model_config(served: ServedModel) -> mc.ModelConfig:
+    """The model as a Triton ``config.pbtxt`` would describe it: what perf_analyzer reads."""
+    assert served.model is not None and served.source is not None
+    model, config = served.model, served.source.config
+
+    def reshape(spec: TensorSpec) -> mc.ModelTensorReshape | None:
+        return None if spec.shape else mc.ModelTensorReshape(shape=[])
+
+    batching = config.dynamic_batching
+    return mc.ModelConfig(
+        name=served.name,
+        platform=model.platform,
+        backend=model.platform,
+        version_policy=mc.ModelVersionPolicy(
+            specific=mc.ModelVersionPolicy.Specific(versions=[served.source.version])
+        ),
+        max_batch_size=config.max_batch_size,
+        input=[
+            mc.ModelInput(
+                name=s.name,
+                data_type=_PROTO_TYPE_OF_DTYPE[s.dtype],
+                dims=advertised_dims(s),
+                reshape=reshape(s),
+            )
+            for s in model.inputs
+        ],
+        output=[
+            mc.ModelOutput(
+                name=s.name,
+                data_type=_PROTO_TYPE_OF_DTYPE[s.dtype],
+                dims=advertised_dims(s),
+                reshape=reshape(s),
+            )
+            for s in model.outputs
+        ],
+        dynamic_batching=(
+            mc.ModelDynamicBatching(max_queue_delay_microseconds=round(batching.max_queue_delay_s * 1e6))
+            if batching.enabled
+            else None
+        ),
+    )
+
+
+def model_statistics(models: ModelTable, name: str, version: str) -> kpb.ModelStatisticsResponse:
+    """The named model's statistics, or every ready model's for an empty name (as Triton), also
+    while the server drains (perf_analyzer reads them after its last request); requests of both
+    protocols count (see ``statistics``). Raises the ``ServingError`` of an unknown or unready
+    model, or of a version without a name."""
+    if name:
+        chosen = [models.ready(name, parse_version(version, name), while_draining=True)]
+    elif version:
+        raise InvalidInput(
+            f"version {version!r} without a model name; expected a name with the version, "
+            "or neither for every model"
+        )
+    else:
+        chosen = [served for served in models.all() if served.state == "ready"]
+    return kpb.ModelStatisticsResponse(
+        model_stats=[
+            served.metrics.statistics.to_proto(served.name, served.source.version)
+            for served in sorted(chosen, key=lambda served: served.name)
+            if served.metrics is not None and served.source is not None
+        ]
+    )

@@ -1,0 +1,205 @@
+"""The lifecycle of one inference request, the same for every front end of the server.
+
+A front end (the Arrow ``Predict`` stream, KServe's ``ModelInfer`` and ``ModelStreamInfer``, the
+native KServe port) decodes requests and encodes answers; what happens in between happens here,
+once, so every protocol admits, queues, counts and answers a request the same way::
+
+    request = InferenceRequest(lifecycle, front_end, message, model_name, request_id, job)
+    served = request.admit(version)        # the model, ready to serve (or an exception)
+    ...                                     # the front end decodes the inputs, checks them
+    return request.enqueue(inputs, rows)   # the answer at once, or Pending: finish() makes it
+    # any exception before: return request.refuse(exc)
+
+Every request is observed exactly once, with its status (Prometheus, Triton's statistics, its
+Spark application). It is counted in flight, which draining waits on, from the moment the
+batcher holds it to the moment its answer is made or its client went away.
+
+Where limits on admission belong: a budget over what the whole server accepts goes into
+``InferenceRequest.enqueue`` (where the rows and the answer's least size are known) with its
+state on ``RequestLifecycle``; a bound per stream on what it holds accepted and not yet written
+goes into that stream's ``FrontEnd``, which makes every answer of the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from typing import Generic, TypeVar
+
+import grpc
+import numpy as np
+
+from services.model_server.in_flight import InFlightRequests
+from services.model_server.job_context import JobContext
+from services.model_server.metrics import ModelMetrics, ServerMetrics
+from services.model_server.models import ModelTable, ServedModel
+from services.model_server.streaming import Pending
+from udfserve.runtime.tensor_conversion import answer_bytes_at_least, check_answer_size
+from udfserve.runtime.tensor_spec import TensorSpec, zeros
+
+M = TypeVar("M")
+"""The protocol's request message (what its front end reads when it answers)."""
+A = TypeVar("A")
+"""The protocol's answer: a response message, or what its front end sends one from."""
+
+ENVELOPE_BYTES = 1024
+"""Room kept under the message limit for the response's protobuf envelope around its payload."""
+
+
+class RequestLifecycle:
+    """What every request of one server shares: the models, the metrics, the count of requests in
+    flight (both protocols, one count) and the largest answer a message can carry."""
+
+    def __init__(
+        self,
+        models: ModelTable,
+        metrics: ServerMetrics,
+        in_flight: InFlightRequests,
+        max_message_bytes: int,
+    ) -> None:
+        self.models = models
+        self.metrics = metrics
+        self.in_flight = in_flight
+        self.max_response_bytes = max_message_bytes - ENVELOPE_BYTES
+
+
+class FrontEnd(ABC, Generic[M, A]):
+    """How one protocol answers its requests: one per stream for a streaming protocol (what a
+    stream's answers share, such as its shared-memory regions), else one per servicer."""
+
+    @abstractmethod
+    def answer(self, request: InferenceRequest[M, A], outputs: dict[str, np.ndarray]) -> A:
+        """The answer to ``request`` from its model's outputs (one array per output of
+        ``request.outputs``, ``request.rows`` rows). Raises a ``ServingError`` for outputs that
+        cannot be answered (``request.check_answer_size``); the request is then refused."""
+
+    @abstractmethod
+    def refusal(self, request: InferenceRequest[M, A], exc: Exception) -> tuple[grpc.StatusCode, A]:
+        """The status ``exc`` refuses ``request`` with (``errors.failure_status``, or the
+        protocol's own words), and the answer that says so."""
+
+
+class InferenceRequest(Generic[M, A]):
+    """One request from the moment it is read until its answer is made.
+
+    Made per request, so it holds slots only; its own ``finish`` makes the answer, so nothing
+    else is bound per request."""
+
+    __slots__ = (
+        "_lifecycle",
+        "front_end",
+        "job",
+        "message",
+        "model_metrics",
+        "model_name",
+        "outputs",
+        "request_id",
+        "rows",
+        "served",
+        "started_s",
+    )
+
+    served: ServedModel
+    """The model serving the request, once ``admit`` found it ready."""
+    outputs: tuple[TensorSpec, ...]
+    """The outputs to answer: every output of the model unless the front end chose some."""
+    rows: int
+
+    def __init__(
+        self,
+        lifecycle: RequestLifecycle,
+        front_end: FrontEnd[M, A],
+        message: M,
+        model_name: str,
+        request_id: int | str,
+        job: JobContext,
+    ) -> None:
+        self.started_s = time.perf_counter()
+        self._lifecycle = lifecycle
+        self.front_end = front_end
+        self.message = message
+        self.model_name = model_name
+        self.request_id = request_id
+        self.job = job
+        self.model_metrics: ModelMetrics | None = lifecycle.models.metrics_of(model_name)
+        """The series the request counts in: its model's, also when it is refused because the
+        model is loading, failed or serves another version; None for a name of no model here."""
+
+    def admit(self, version: int) -> ServedModel:
+        """The model the request names, ready to serve ``version`` (0: the served one); raises the
+        ``ServingError`` that says why not (unknown, loading, failed, draining)."""
+        served = self._lifecycle.models.ready(self.model_name, version)
+        model = served.model
+        assert model is not None and served.batcher is not None and served.metrics is not None
+        self.served = served
+        self.model_metrics = served.metrics
+        self.outputs = model.outputs
+        return served
+
+    def enqueue(
+        self, inputs: dict[str, np.ndarray], rows: int, room_bytes: int | None = None
+    ) -> A | Pending[A]:
+        """Queue the checked inputs of ``rows`` rows on the model's batcher: ``Pending`` on the
+        batcher's future, whose ``finish`` (this request's) makes the answer. A request of no
+        rows is answered at once, and a refused one (its answer cannot fit a message, a full
+        queue) with its refusal.
+
+        An answer that cannot fit the message limit whatever the model computes is refused here,
+        before any backend call; ``room_bytes`` is the size of a region the answer may be written
+        to instead (shared memory), which lifts that check when the answer may fit there. What
+        only the model knows (strings, free dimensions) is checked in the front end's answer."""
+        served = self.served
+        try:
+            self.rows = rows
+            at_least = answer_bytes_at_least(self.outputs, rows)
+            if room_bytes is None or room_bytes < at_least:
+                check_answer_size(
+                    served.name, rows, at_least, self._lifecycle.max_response_bytes, before_running=True
+                )
+            if rows == 0:
+                answer = self.front_end.answer(self, {spec.name: zeros(spec, 0) for spec in self.outputs})
+                self._observe("OK", 0)
+                return answer
+            assert served.batcher is not None
+            future = served.batcher.enqueue(inputs)
+        except Exception as exc:
+            return self.refuse(exc)
+        model_metrics = self.model_metrics
+        assert model_metrics is not None  # admit set the model's
+        self._lifecycle.in_flight.begin()
+        model_metrics.in_flight.inc()
+        return Pending(future, self.finish)
+
+    def finish(self, outputs: asyncio.Future[dict[str, np.ndarray]]) -> A:
+        """The answer once the batcher answered the request; raises ``CancelledError`` when its
+        client went away first (the answer is not wanted), having released what it held."""
+        model_metrics = self.model_metrics
+        assert model_metrics is not None  # enqueue counted it there
+        self._lifecycle.in_flight.end()
+        model_metrics.in_flight.dec()
+        if outputs.cancelled():
+            raise asyncio.CancelledError
+        try:
+            answer = self.front_end.answer(self, outputs.result())
+        except Exception as exc:
+            return self.refuse(exc)
+        self._observe("OK", self.rows)
+        return answer
+
+    def refuse(self, exc: Exception) -> A:
+        """The answer refusing the request for ``exc``, in the front end's words, observed with
+        its status. Never raises."""
+        code, answer = self.front_end.refusal(self, exc)
+        self._observe(code.name, 0)
+        return answer
+
+    def check_answer_size(self, size_bytes: int) -> None:
+        """Refuse (``InvalidInput``) an answer of ``size_bytes`` over the message limit."""
+        check_answer_size(self.served.name, self.rows, size_bytes, self._lifecycle.max_response_bytes)
+
+    def _observe(self, code: str, rows: int) -> None:
+        seconds = time.perf_counter() - self.started_s
+        self._lifecycle.metrics.observe_answer(
+            self.model_metrics, self.job, self.request_id, code, seconds, rows
+        )
