@@ -126,6 +126,9 @@ def generate_example_repository(
     temporary folder and moved into place, so a server scanning ``root`` meanwhile never sees
     half a model.
     """
+    from services.model_server.device import import_tensorflow
+
+    import_tensorflow()  # before keras imports it: its start-up lines go through the filter
     import keras
 
     root = Path(root)
@@ -151,7 +154,15 @@ def _save_keras(model: keras.Model, version_dir: Path) -> None:
 
 
 def _save_savedmodel(model: keras.Model, version_dir: Path) -> None:
-    model.export(str(version_dir), format="tf_saved_model", verbose=False)
+    # TensorFlow logs "Assets written to" the staging folder at INFO: a path that is renamed
+    # right after, of no use to the reader.
+    framework_log = logging.getLogger("tensorflow")
+    level = framework_log.level
+    framework_log.setLevel(max(level, logging.WARNING))
+    try:
+        model.export(str(version_dir), format="tf_saved_model", verbose=False)
+    finally:
+        framework_log.setLevel(level)
 
 
 def _write_model(

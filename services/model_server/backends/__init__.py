@@ -13,6 +13,9 @@ __all__ = ["KNOWN_BACKENDS", "Backend", "LoadedModel", "get_backend"]
 def get_backend(name: str) -> Backend:
     """The backend for ``config.backend``; imports its framework on first use."""
     if name == "tensorflow":
+        from services.model_server.device import import_tensorflow
+
+        import_tensorflow()  # first, so the framework's start-up lines go through its filter
         from services.model_server.backends.tensorflow import TensorFlowBackend
 
         return TensorFlowBackend()
