@@ -181,7 +181,7 @@ def choose_server(discovery: NodeDiscovery, placement: TaskPlacement, path: Path
     """The server of the task's first GPU, else round-robin by partition over the ready servers."""
     ready = sorted(discovery.ready_servers(), key=_device_order)
     if not ready:
-        states = {s.device: s.state for s in discovery.servers}
+        states = {s.device: f"{s.state}: {s.problem}" if s.problem else s.state for s in discovery.servers}
         raise NoServerFound(f"discovery file {path} lists no ready server (servers and states: {states})")
     if placement.gpu_addresses:
         wanted = placement.gpu_addresses[0]
