@@ -18,6 +18,18 @@ class RequestRejected(RemotePredictError):
         self.code = code
 
 
+class ModelNotFound(RequestRejected):
+    """The server has no model of that name, or not the version asked for (NOT_FOUND); the
+    message names the model and the server, with the models (or the version) the server has.
+
+    Never a reason to fall back: the CPU fallback reads the repository the servers load, and a
+    misspelled name is a mistake to fix, not a server to route around.
+    """
+
+    def __init__(self, message: str, code: str = "NOT_FOUND") -> None:
+        super().__init__(message, code)
+
+
 class AuthenticationFailed(RequestRejected):
     """The server refused the client's credentials (UNAUTHENTICATED, PERMISSION_DENIED).
 
@@ -35,8 +47,10 @@ class ServerUnavailable(RemotePredictError):
 
 
 class ModelMetadataError(RemotePredictError):
-    """The driver could not learn the model's inputs and outputs."""
+    """The driver could not learn the model's inputs and outputs. ``code`` and ``details`` are the
+    server's status and text when it answered with an error."""
 
-    def __init__(self, message: str, code: str = "") -> None:
+    def __init__(self, message: str, code: str = "", details: str = "") -> None:
         super().__init__(message)
         self.code = code
+        self.details = details

@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_client.errors import ServerUnavailable
+from spark_client.errors import ModelNotFound, ServerUnavailable
 from spark_client.metadata import ModelSpec, spec_from_tensors
 
 logger = logging.getLogger(__name__)
@@ -58,13 +58,15 @@ def load_cpu_model(repository: Path, model: str, version: int = 0) -> tuple[Any,
         except OSError as exc:
             raise ServerUnavailable(f"CPU fallback for model {model!r}: {exc}") from exc
         if model in scan.failures:
+            if not (repository / model).is_dir():
+                raise ModelNotFound(f"model {model!r} does not exist: {scan.failures[model]}")
             raise ServerUnavailable(f"CPU fallback cannot load model {model!r}: {scan.failures[model]}")
         source = scan.sources[0]
         if version and version != source.version:
             if version not in source.available_versions:
-                raise ServerUnavailable(
-                    f"CPU fallback: model {model!r} has versions {list(source.available_versions)} in "
-                    f"{repository}, not the requested version {version}"
+                raise ModelNotFound(
+                    f"model {model!r} version {version} does not exist: the CPU fallback finds versions "
+                    f"{list(source.available_versions)} in {repository}"
                 )
             source = dataclasses.replace(source, version=version, path=source.path.parent / str(version))
         try:

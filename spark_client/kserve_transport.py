@@ -114,6 +114,7 @@ def describe_kserve_model(
             raise ModelMetadataError(
                 f"{where} could not describe {described}: {exc.code().name}: {exc.details()}",
                 exc.code().name,
+                exc.details() or "",
             ) from None
 
     meta = call(stub.ModelMetadata, service_pb2.ModelMetadataRequest(name=model, version=wanted))

@@ -27,7 +27,14 @@ from spark_client.errors import RemotePredictError, ServerUnavailable
 from spark_client.job_context import SparkJobContext
 from spark_client.metadata import ModelSpec
 from spark_client.protocols import open_stream
-from spark_client.routing import NoServerFound, Route, TaskPlacement, fallback_repository, resolve_route
+from spark_client.routing import (
+    NoServerFound,
+    Route,
+    TaskPlacement,
+    fallback_problem,
+    fallback_repository,
+    resolve_route,
+)
 from spark_client.stats import ClientStats
 from spark_client.transport import ConnectFailed, HeldBatch, PredictStream, StreamFailed, forget_channel
 
@@ -245,9 +252,10 @@ class _PartitionRunner:
             try:
                 self._repository = fallback_repository(self._config, self._environ)
             except LookupError as exc:
+                tried = self._failure.describe()
                 raise ServerUnavailable(
-                    f"no model server answered for model {self._job.model!r} ({self._failure.describe()}), "
-                    f"and the CPU fallback cannot run: {exc}"
+                    f"no model server answered for model {self._job.model!r} ({tried}), and the CPU fallback "
+                    f"cannot run: {fallback_problem(exc, tried)}"
                 ) from None
         return self._repository
 

@@ -181,7 +181,7 @@ def choose_server(discovery: NodeDiscovery, placement: TaskPlacement, path: Path
     """The server of the task's first GPU, else round-robin by partition over the ready servers."""
     ready = sorted(discovery.ready_servers(), key=_device_order)
     if not ready:
-        states = {s.device: s.state for s in discovery.servers}
+        states = {s.device: f"{s.state}: {s.problem}" if s.problem else s.state for s in discovery.servers}
         raise NoServerFound(f"discovery file {path} lists no ready server (servers and states: {states})")
     if placement.gpu_addresses:
         wanted = placement.gpu_addresses[0]
@@ -216,16 +216,28 @@ def fallback_repository(config: ClientConfig, environ: Mapping[str, str]) -> tup
     try:
         discovery = read_discovery(path)
     except DiscoveryError as exc:
-        raise LookupError(
-            f"the CPU fallback needs the model files: set ClientConfig.model_repository (or "
-            f"{SPARK_CONF_MODEL_REPOSITORY}), or run the node supervisor; {exc}"
-        ) from exc
+        raise LookupError(f"{FALLBACK_NEEDS_FILES}; {exc}") from exc
     if not discovery.model_repository:
         raise LookupError(
             f"the CPU fallback needs the model files: discovery file {path} names no model_repository; "
             "set ClientConfig.model_repository"
         )
     return Path(discovery.model_repository), f"discovery file {path}"
+
+
+FALLBACK_NEEDS_FILES = (
+    "the CPU fallback needs the model files: set ClientConfig.model_repository (or "
+    f"{SPARK_CONF_MODEL_REPOSITORY}), or run the node supervisor"
+)
+
+
+def fallback_problem(exc: LookupError, already_said: str) -> str:
+    """What ``fallback_repository``'s error adds to ``already_said``: without the discovery
+    file's problem when that text states it already (a task that found no server for want of
+    the file is told so once)."""
+    if isinstance(exc.__cause__, DiscoveryError) and str(exc.__cause__) in already_said:
+        return FALLBACK_NEEDS_FILES
+    return str(exc)
 
 
 def _device_order(server: ServerEntry) -> tuple[int, int, str]:

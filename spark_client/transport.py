@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from spark_client.config import ClientConfig
 from spark_client.credentials import Metadata, channel_credentials, uses_tls
-from spark_client.errors import AuthenticationFailed, ModelMetadataError, RequestRejected
+from spark_client.errors import AuthenticationFailed, ModelMetadataError, ModelNotFound, RequestRejected
 from spark_client.metadata import ModelSpec, spec_from_tensors
 from spark_client.shared_memory import SharedMemoryPayloads
 from udfserve.protocol import inference_pb2 as pb
@@ -153,8 +153,9 @@ def connect(
     Asking for the model's metadata is the connection check: it fails fast when nothing
     listens, and it proves the server can answer for this model before any batch is sent.
     ``describe`` is the protocol's way of asking (default: the Arrow protocol's
-    ``fetch_model_spec``). Raises ``ConnectFailed`` with the reason, or ``AuthenticationFailed``
-    when the server refuses the client's token or certificate.
+    ``fetch_model_spec``). Raises ``ConnectFailed`` with the reason, ``AuthenticationFailed``
+    when the server refuses the client's token or certificate, or ``ModelNotFound`` when it has
+    no such model (another server of the node loads the same repository: none is tried).
     """
     ask: Callable[..., Any] = describe or fetch_model_spec
     if target.startswith("unix:"):
@@ -171,6 +172,11 @@ def connect(
                 f"{exc}; set ClientConfig.auth_token or auth_token_file (Spark conf "
                 "spark.udfserve.authToken or spark.udfserve.authTokenFile) to the server's token",
                 exc.code,
+            ) from None
+        if exc.code == grpc.StatusCode.NOT_FOUND.name:
+            version = f" version {config.model_version}" if config.model_version else ""
+            raise ModelNotFound(
+                f"model {model!r}{version} does not exist on the server at {target}: {exc.details}"
             ) from None
         raise ConnectFailed(str(exc)) from None
     return channel, described
@@ -190,6 +196,7 @@ def fetch_model_spec(
             f"server {target} could not describe model {model!r} (version {version or 'default'}): "
             f"{exc.code().name}: {exc.details()}",
             exc.code().name,
+            exc.details() or "",
         ) from None
     if meta.state != pb.MODEL_STATE_READY:
         state = pb.ModelState.Name(meta.state)
@@ -494,7 +501,8 @@ class PredictStream:
                 code.name,
             )
         if code in USER_ERROR_CODES:
-            raise RequestRejected(
+            refusal = ModelNotFound if code is grpc.StatusCode.NOT_FOUND else RequestRejected
+            raise refusal(
                 f"server {self._target} refused a batch of {slot.held.batch.num_rows} rows for model "
                 f"{self._model!r} with {code.name}: {message}",
                 code.name,

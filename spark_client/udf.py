@@ -35,6 +35,7 @@ from spark_client.routing import (
     NoServerFound,
     TaskPlacement,
     apply_spark_conf,
+    fallback_problem,
     fallback_repository,
     resolve_route,
 )
@@ -339,7 +340,8 @@ def describe_in_driver(model: str, config: ClientConfig) -> DescribedModel:
         repository, origin = fallback_repository(config, environ)
     except LookupError as exc:
         raise ModelMetadataError(
-            f"cannot describe model {model!r}: no model server reachable from the driver ({cause}) and {exc}"
+            f"cannot describe model {model!r}: no model server reachable from the driver ({cause}), and "
+            f"{fallback_problem(exc, cause)}"
         ) from None
     logger.warning(
         "no model server reachable from the driver (%s); reading model %r's inputs and outputs from %s (%s)",

@@ -53,6 +53,10 @@ class ServerEntry(BaseModel):
     pid: int | None = None
     models: list[str] = Field(default_factory=list)
     state: ServerState = "ready"
+    problem: str | None = Field(
+        default=None,
+        description="why a server that is not ready failed its last start (it serves no model, it exited)",
+    )
 
     def grpc_targets(self) -> list[str]:
         """gRPC target strings for this server, the unix socket first (it is faster)."""

@@ -135,6 +135,11 @@ def generate_example_repository(
     hidden temporary folder and moved into place, so a server scanning ``root`` meanwhile never
     sees half a model.
     """
+    from udfserve.runtime.device import import_tensorflow
+
+    import_tensorflow()  # before keras imports it: its start-up lines go through the filter
+    import keras
+
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     names = []
@@ -145,7 +150,6 @@ def generate_example_repository(
         missing = [n for n in wanted if overwrite or not _kept(root / n)]
         if not missing:
             continue
-        import keras
 
         keras.utils.set_random_seed(seed)
         model = build()
@@ -172,7 +176,15 @@ def _save_keras(model: keras.Model, version_dir: Path) -> None:
 
 
 def _save_savedmodel(model: keras.Model, version_dir: Path) -> None:
-    model.export(str(version_dir), format="tf_saved_model", verbose=False)
+    # TensorFlow logs "Assets written to" the staging folder at INFO: a path that is renamed
+    # right after, of no use to the reader.
+    framework_log = logging.getLogger("tensorflow")
+    level = framework_log.level
+    framework_log.setLevel(max(level, logging.WARNING))
+    try:
+        model.export(str(version_dir), format="tf_saved_model", verbose=False)
+    finally:
+        framework_log.setLevel(level)
 
 
 def _write_model(root: Path, name: str, config: dict[str, Any], save: Callable[[Path], None]) -> None:

@@ -62,6 +62,10 @@ class BoundAddresses:
     models: tuple[str, ...] = ()
     """The models that loaded: the file is written again, with them, once loading has finished
     and before health reports SERVING, so a supervisor needs no call (nor the token) to know."""
+    not_serving: str = ""
+    """Written with the models once loading has finished, when none serves: why (the repository
+    holds no servable model, or none loaded). Such a server stays up, NOT_SERVING, and a
+    supervisor reads here that waiting for it is in vain."""
 
 
 def _socket_answers(path: Path) -> bool:
@@ -266,8 +270,11 @@ class RunningServer:
     async def _load_models(self) -> None:
         await self.models.load_all()
         loaded = tuple(m.name for m in self.models.all() if m.state == "ready")
+        not_serving = self.models.not_serving_reason()
+        if not_serving:
+            logger.warning("serving no model, so never ready until restarted: %s", not_serving)
         if self.addresses is not None and self.config.ready_file is not None:
-            self.addresses = dataclasses.replace(self.addresses, models=loaded)
+            self.addresses = dataclasses.replace(self.addresses, models=loaded, not_serving=not_serving)
             _write_json_atomically(self.config.ready_file, asdict(self.addresses))
         if loaded:
             await self.health.set("", SERVING)

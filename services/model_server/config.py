@@ -61,7 +61,7 @@ class ServerConfig(BaseSettings):
     ready_file: Path | None = Field(
         default=None,
         description="write the bound addresses here as JSON once listening, and again with the "
-        "loaded models once loading has finished",
+        "loaded models (or, when none serves, why: not_serving) once loading has finished",
     )
     max_message_bytes: int = Field(
         default=64 << 20, ge=1 << 16, le=(1 << 31) - 1, description="largest gRPC message, both ways"

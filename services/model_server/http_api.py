@@ -52,7 +52,8 @@ def create_admin_app(
         """Ready once loading has finished, at least one model serves and the server is not draining.
 
         A model that failed to load does not make the server unready (the others serve); it is
-        listed under ``failed`` with its error.
+        listed under ``failed`` with its error. A server with no model to serve says why in
+        ``reason``: what its repository holds and the layout expected, or each model's error.
         """
         states: dict[str, str] = {m.name: m.state for m in models.all()}
         failed = {m.name: m.error for m in models.all() if m.state == "failed"}
@@ -60,10 +61,8 @@ def create_admin_app(
             reason = "draining"
         elif not models.loading_done.is_set():
             reason = "loading models"
-        elif "ready" not in states.values():
-            reason = "no model could be loaded"
         else:
-            reason = ""
+            reason = models.not_serving_reason()
         if reason:
             response.status_code = 503
         return Readiness(ready=not reason, reason=reason or "ok", models=states, failed=failed)

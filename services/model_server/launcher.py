@@ -2,8 +2,9 @@
 
 Used by the node supervisor, the demo, the benchmarks and the tests: the child writes its
 bound addresses to a ready file once listening; readiness is then taken from the standard
-gRPC health service (``Watch``, so nothing polls), with a deadline, failing early if the
-child exits.
+gRPC health service (``Watch``, in slices of a second between which the child's exit and its
+ready file are looked at), with a deadline, failing early if the child exits or says it serves
+no model.
 
 The child's environment keeps glibc's freed memory in the process (``ALLOCATOR_ENV``): with
 glibc's defaults every buffer above 128 KiB is returned to the system when freed and faulted in
@@ -50,7 +51,17 @@ def server_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 class ServerStartError(RuntimeError):
-    """The child exited or did not become ready in time; the message carries its log tail."""
+    """The child exited or did not become ready in time; the message carries its log tail after
+    ``reason``, the one line that says what went wrong."""
+
+    def __init__(self, reason: str, log_tail: str = "") -> None:
+        super().__init__(f"{reason}; log tail:\n{log_tail}" if log_tail else reason)
+        self.reason = reason
+
+
+class ServerNotServing(ServerStartError):
+    """The child finished loading with no model to serve; the message is its own reason (what its
+    repository holds, or the models' errors). It stays up NOT_SERVING until stopped."""
 
 
 @dataclass
@@ -177,7 +188,8 @@ def launch_server(
     ready_file: Path | None = None,
     health_credentials: grpc.ChannelCredentials | None = None,
 ) -> ServerProcess:
-    """Start ``udfserve serve`` as a child; by default wait until its health service says SERVING.
+    """Start ``udfserve serve`` as a child; by default wait until its health service says SERVING
+    (a child that does not is killed, and the wait's ``ServerStartError`` raised).
 
     ``env`` (default: this process's environment) is the child's, with ``ALLOCATOR_ENV`` added
     (``server_env``).
@@ -214,7 +226,11 @@ def launch_server(
             log.close()
     server = ServerProcess(process=process, ready_file=ready_file, log_path=log_path, scratch_dir=scratch_dir)
     if wait:
-        wait_until_serving(server, ready_timeout_s, health_credentials)
+        try:
+            wait_until_serving(server, ready_timeout_s, health_credentials)
+        except BaseException:
+            server.kill()  # the caller gets no handle on a child that failed to start
+            raise
     return server
 
 
@@ -225,10 +241,18 @@ def _health_channel(server: ServerProcess, credentials: grpc.ChannelCredentials 
     return grpc.secure_channel(f"127.0.0.1:{port}", credentials)
 
 
+WATCH_SLICE_S = 1.0
+"""How long one health Watch lasts before the child's exit and its ready file are looked at."""
+
+
 def wait_until_serving(
     server: ServerProcess, timeout_s: float, credentials: grpc.ChannelCredentials | None = None
 ) -> None:
-    """Block until the server listens and its health service reports SERVING for all models."""
+    """Block until the server listens and its health service reports SERVING for all models.
+
+    Raises ``ServerNotServing`` as soon as the ready file says loading finished with no model
+    to serve, and ``ServerStartError`` when the child exits or the time runs out.
+    """
     deadline = time.monotonic() + timeout_s
     _wait_for_ready_file(server, deadline)
     with _health_channel(server, credentials) as channel:
@@ -239,7 +263,7 @@ def wait_until_serving(
                 break
             try:
                 for update in stub.Watch(
-                    health_pb2.HealthCheckRequest(service=""), timeout=min(remaining, 5.0)
+                    health_pb2.HealthCheckRequest(service=""), timeout=min(remaining, WATCH_SLICE_S)
                 ):
                     if update.status == health_pb2.HealthCheckResponse.SERVING:
                         return
@@ -247,9 +271,8 @@ def wait_until_serving(
                 if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                     raise
             _fail_if_exited(server)
-    raise ServerStartError(
-        f"server pid {server.pid} not serving after {timeout_s:.0f} s; log tail:\n{server.log_tail()}"
-    )
+            _fail_if_not_serving(server)
+    raise ServerStartError(f"server pid {server.pid} not serving after {timeout_s:.0f} s", server.log_tail())
 
 
 def loaded_models(server: ServerProcess) -> list[str]:
@@ -264,15 +287,22 @@ def _wait_for_ready_file(server: ServerProcess, deadline: float) -> None:
         _fail_if_exited(server)
         if time.monotonic() > deadline:
             raise ServerStartError(
-                f"server pid {server.pid} did not start listening in time; log tail:\n{server.log_tail()}"
+                f"server pid {server.pid} did not start listening in time", server.log_tail()
             )
         time.sleep(0.05)
     server.addresses = json.loads(server.ready_file.read_text())
 
 
+def _fail_if_not_serving(server: ServerProcess) -> None:
+    try:
+        reason = json.loads(server.ready_file.read_text()).get("not_serving", "")
+    except (OSError, ValueError):
+        return  # being replaced, or gone with a child that is exiting: the next look tells
+    if reason:
+        raise ServerNotServing(f"server pid {server.pid} serves no model: {reason}")
+
+
 def _fail_if_exited(server: ServerProcess) -> None:
     code = server.process.poll()
     if code is not None:
-        raise ServerStartError(
-            f"server exited with code {code} during start-up; log tail:\n{server.log_tail()}"
-        )
+        raise ServerStartError(f"server exited with code {code} during start-up", server.log_tail())

@@ -28,7 +28,7 @@ from udfserve.runtime.backends.base import LoadedModel
 from udfserve.runtime.errors import InvalidInput, ModelLoadError
 from udfserve.runtime.model_config import validate_model_name
 from udfserve.runtime.model_source import ModelSource
-from udfserve.runtime.repository import load_model, scan_repository
+from udfserve.runtime.repository import load_model, no_servable_model, scan_repository
 from udfserve.runtime.tensor_spec import TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -83,6 +83,8 @@ class ModelTable:
         self._config = config
         self._metrics = metrics
         self._models: dict[str, ServedModel] = {}
+        self._unservable = ""
+        """Why the repository yields no model to load (empty, a model's own folder, ...)."""
         self.loading_done = asyncio.Event()
         self.draining = False
         self.on_state_change: Callable[[ServedModel], None] = lambda _model: None
@@ -109,6 +111,8 @@ class ModelTable:
             )
         for served in self._models.values():
             self._metrics.model_ready.labels(model=served.name, version=str(self._version(served))).set(0)
+        if not scan.sources:
+            self._unservable = no_servable_model(self._config.model_repository, scan, self._config.models)
 
     async def load_all(self) -> None:
         """Load every scanned model once, one after the other, off the event loop."""
@@ -182,6 +186,16 @@ class ModelTable:
                 served.executor.shutdown(wait=False, cancel_futures=True)
         if self._parts_executor is not None:
             self._parts_executor.shutdown(wait=False, cancel_futures=True)
+
+    def not_serving_reason(self) -> str:
+        """Once loading has finished: why no model serves (the repository holds none, or none
+        loaded), naming the folder or the models' errors; "" when one serves."""
+        if self._unservable:
+            return self._unservable
+        if any(served.state == "ready" for served in self._models.values()):
+            return ""
+        errors = "; ".join(f"{m.name}: {m.error}" for m in self.all() if m.state == "failed")
+        return f"no model of the repository {self._config.model_repository} could be loaded: {errors}"
 
     # -- lookups ---------------------------------------------------------------------------
     def names(self) -> list[str]:

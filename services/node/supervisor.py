@@ -5,9 +5,11 @@ HTTP ports 0 unless base ports are set), waits for the gRPC health service to sa
 lists its models, then waits for the process to exit. Every change of state rewrites the
 discovery file and the Prometheus targets file atomically: a server that is not ready stays
 listed with its state ("starting", "restarting", "stopping") and without addresses, so the
-Spark client, which only uses ready servers, never dials a dead one. A server that exits is
-started again after a back-off that doubles up to a maximum and goes back to the initial
-delay once a server has stayed up long enough.
+Spark client, which only uses ready servers, never dials a dead one. A server that exits, or
+does not become ready (in time, or at all: one that finished loading with no model to serve
+says so in its ready file), is started again after a back-off that doubles up to a maximum and
+goes back to the initial delay once a server has stayed up long enough; the reason of its last
+failed start is in its discovery entry (``problem``) and in the supervisor's ``/health/ready``.
 
 SIGTERM or SIGINT: every server is marked "stopping" and sent SIGTERM (it drains within its
 grace period), SIGKILL follows if one is still alive 5 s after the grace period; then the
@@ -60,6 +62,8 @@ class ServerSlot:
         self.state: ServerState = "starting"
         self.process: ServerProcess | None = None
         self.models: list[str] = []
+        self.problem = ""
+        """Why the last start failed (the server's own reason when it serves no model); "" once ready."""
 
     def entry(self) -> ServerEntry:
         ready = self.state == "ready" and self.process is not None
@@ -74,6 +78,7 @@ class ServerSlot:
             pid=self.process.pid if self.process is not None else None,
             models=list(self.models) if ready else [],
             state=self.state,
+            problem=self.problem or None,
         )
 
 
@@ -145,11 +150,13 @@ class Supervisor:
         return self._exit_code
 
     def health(self) -> tuple[bool, dict[str, object]]:
-        """Ready when every server is ready; called from the admin thread."""
+        """Ready when every server is ready; ``problems`` says why each server that failed its
+        last start is not. Called from the admin thread."""
         states = {slot.device.device: slot.state for slot in self.slots}
         detail: dict[str, object] = {
             "node": self.config.node,
             "servers": states,
+            "problems": {slot.device.device: slot.problem for slot in self.slots if slot.problem},
             "gpus_found": self.detection.count,
             "gpu_detection": self.detection.reason or "ok",
         }
@@ -247,9 +254,11 @@ class Supervisor:
         except (ServerStartError, grpc.RpcError, OSError, ValueError) as exc:
             if not self._stopping.is_set():
                 logger.warning("model server on %s did not become ready: %s", slot.device.device, exc)
+                slot.problem = exc.reason if isinstance(exc, ServerStartError) else str(exc)
             await asyncio.to_thread(process.kill)
             return None
         slot.models = models
+        slot.problem = ""
         self._set_state(slot, "ready")
         if slot.state == "ready":
             self.metrics.server_ready.labels(device=slot.device.device).set(1)

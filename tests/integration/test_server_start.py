@@ -1,5 +1,6 @@
 """Starting a server where another ran: a live server's socket is never taken, a stale one is,
-and the launcher leaves no scratch folder behind."""
+and the launcher leaves no scratch folder behind; a repository with no model to serve is
+explained at start-up, in the log and in readiness."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from server_harness import batch_of, request, stream_predict
+from server_harness import batch_of, http_json, request, stream_predict
 
-from services.model_server.launcher import ServerStartError, launch_server
+from services.model_server.launcher import (
+    ServerNotServing,
+    ServerStartError,
+    launch_server,
+    wait_until_serving,
+)
 
 ARGS = ["--models", "tabular_mlp"]
 
@@ -98,3 +104,51 @@ def test_an_http_host_that_does_not_resolve_stops_the_start_naming_the_flag(
         "refusing to start: cannot listen on --http-host no-such-host.invalid --http-port 0" in refused.stderr
     )
     assert "Traceback" not in refused.stderr
+
+
+def start_without_models(repository: Path, socket_dir: Path, tmp_path: Path) -> tuple[str, str, str]:
+    """Start a server of ``repository`` and wait for it: the error of the wait, the server's
+    /health/ready reason, and its log."""
+    server = launch_server(
+        repository, socket=socket_dir / "no-models.sock", port=None, http_port=0,
+        log_path=tmp_path / "server.log", wait=False,
+    )  # fmt: skip
+    try:
+        with pytest.raises(ServerNotServing) as refused:
+            wait_until_serving(server, timeout_s=120)
+        status, body = http_json(server.http_address or "", "/health/ready")
+        assert status == 503 and isinstance(body, dict)
+        reason = str(body["reason"])
+    finally:
+        server.terminate()
+    return str(refused.value), reason, server.log_tail(lines=1_000)
+
+
+def test_a_models_own_folder_given_as_the_repository_is_named_with_the_repository_it_belongs_to(
+    example_repository: Path, socket_dir: Path, tmp_path: Path
+) -> None:
+    model_folder = example_repository / "tabular_mlp"
+    refused, reason, log = start_without_models(model_folder, socket_dir, tmp_path)
+    explained = (
+        f"model repository {model_folder} holds no servable model: found '1' (no version folder in "
+        f"{model_folder / '1'}"
+    )
+    hint = f"its parent {example_repository} is probably the repository"
+    for text in (refused, reason, log):
+        assert explained in text and "<repo>/<model>/config.yaml and <repo>/<model>/<version>/" in text
+        assert hint in text
+    assert any(" WARNING " in line and explained in line and hint in line for line in log.splitlines())
+
+
+def test_an_empty_repository_says_it_is_empty_and_which_layout_it_expects(
+    socket_dir: Path, tmp_path: Path
+) -> None:
+    empty = tmp_path / "repository"
+    empty.mkdir()
+    refused, reason, log = start_without_models(empty, socket_dir, tmp_path)
+    explained = (
+        f"model repository {empty} holds no servable model: found nothing, it is empty; expected a folder"
+    )
+    assert explained in refused and explained in reason
+    assert any(" WARNING " in line and explained in line for line in log.splitlines())
+    assert "is probably the repository" not in reason

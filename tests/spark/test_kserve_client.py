@@ -21,7 +21,7 @@ from spark_data import feature_column, feature_values, reference_outputs, stacke
 from services.model_server.launcher import ServerProcess, launch_server
 from spark_client import ClientConfig, predict_arrow, remote_predict
 from spark_client.circuit import CircuitBreakers
-from spark_client.errors import RequestRejected, ServerUnavailable
+from spark_client.errors import ModelNotFound, RequestRejected
 from spark_client.partition import PredictJob, predict_partition
 from spark_client.protocols import describe_model
 from spark_client.routing import TaskPlacement, apply_spark_conf
@@ -170,7 +170,7 @@ def test_a_column_the_kserve_codec_cannot_send_fails_the_task_naming_it(server: 
 def test_an_unknown_model_fails_in_the_driver_naming_the_server_and_the_model(
     spark: SparkSession, server: ServerProcess
 ) -> None:
-    with pytest.raises(ServerUnavailable, match=r"'no_such_model'.*NOT_FOUND"):
+    with pytest.raises(ModelNotFound, match=r"model 'no_such_model' does not exist on the server at"):
         remote_predict("no_such_model", config=kserve_config(server))
 
 

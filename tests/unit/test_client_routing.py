@@ -225,6 +225,15 @@ def test_a_discovery_file_without_ready_servers_is_no_server(tmp_path: Path) -> 
         resolve_route(ClientConfig(discovery_file=str(path)), {}, TaskPlacement())
 
 
+def test_no_ready_server_is_explained_with_why_a_server_failed_its_start(tmp_path: Path) -> None:
+    path = tmp_path / "d.json"
+    problem = "server pid 7 serves no model: model repository /models/m holds no servable model"
+    restarting = gpu_server(0, state="restarting").model_copy(update={"problem": problem})
+    write_discovery(path, NodeDiscovery(servers=[restarting]))
+    with pytest.raises(NoServerFound, match=f"'gpu:0': 'restarting: {problem}'"):
+        resolve_route(ClientConfig(discovery_file=str(path)), {}, TaskPlacement())
+
+
 def test_the_fallback_reads_the_model_repository_from_the_config_first(node_file: Path) -> None:
     config = ClientConfig(discovery_file=str(node_file), model_repository="/mine")
     assert fallback_repository(config, {})[0] == Path("/mine")

@@ -14,7 +14,7 @@ import pytest
 from udfserve.runtime.backends import get_backend
 from udfserve.runtime.model_config import ModelConfig
 from udfserve.runtime.model_source import ModelSource
-from udfserve.runtime.repository import resolve_model_dir, scan_repository
+from udfserve.runtime.repository import no_servable_model, resolve_model_dir, scan_repository
 
 
 def make_model(root: Path, name: str, versions: tuple[str, ...] = ("1",), config: str | None = None) -> Path:
@@ -271,3 +271,50 @@ def test_a_folder_with_an_invalid_name_is_still_refused_as_an_invalid_name_by_th
 
     with pytest.raises(InvalidInput, match="invalid model name 'has space'"):
         table.ready("has space")
+
+
+def test_an_empty_repository_is_explained_with_the_layout_expected(tmp_path: Path) -> None:
+    reason = no_servable_model(tmp_path, scan_repository(tmp_path))
+
+    assert reason == (
+        f"model repository {tmp_path} holds no servable model: found nothing, it is empty; expected a folder "
+        "per model, <repo>/<model>/config.yaml and <repo>/<model>/<version>/ (an integer, holding "
+        "model.keras or a SavedModel)"
+    )
+
+
+def test_a_models_own_folder_is_named_with_its_parent_as_the_repository(tmp_path: Path) -> None:
+    model_dir = make_model(tmp_path, "m", versions=("1",), config="max_batch_size: 8\n")
+    (model_dir / "1" / "model.keras").write_bytes(b"")
+
+    reason = no_servable_model(model_dir, scan_repository(model_dir))
+
+    assert f"found '1' (no version folder in {model_dir / '1'}" in reason
+    assert "file(s) config.yaml (a model is a folder)" in reason
+    assert reason.endswith(
+        f"{model_dir} looks like a model's own folder (it holds config.yaml, version folder 1): its parent "
+        f"{tmp_path} is probably the repository (--model-repository {tmp_path})"
+    )
+
+
+def test_a_version_folder_is_named_with_the_repository_two_levels_up(tmp_path: Path) -> None:
+    version_dir = make_model(tmp_path, "m") / "1"
+    (version_dir / "model.keras").write_bytes(b"")
+
+    reason = no_servable_model(version_dir, scan_repository(version_dir))
+
+    assert reason.endswith(
+        f"{version_dir} looks like a version folder of a model (it holds model.keras): the repository is "
+        f"probably {tmp_path} (--model-repository {tmp_path})"
+    )
+
+
+def test_models_named_but_absent_are_explained_as_such(tmp_path: Path) -> None:
+    make_model(tmp_path, "tabular_mlp")
+
+    reason = no_servable_model(tmp_path, scan_repository(tmp_path, ["tabular_mpl"]), ["tabular_mpl"])
+
+    assert reason.startswith(
+        f"model repository {tmp_path} holds no servable model of those --models names (tabular_mpl): found "
+        f"'tabular_mpl' (model 'tabular_mpl' is not in the repository {tmp_path}; found: ['tabular_mlp'])"
+    )

@@ -25,6 +25,7 @@ from udfserve.runtime.model_source import ModelSource
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE_NAME = "config.yaml"
+SAVED_MODEL_FILE = "saved_model.pb"
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,54 @@ def scan_repository(root: Path, only: Sequence[str] = ()) -> RepositoryScan:
             logger.warning("model %s cannot be served: %s", name, exc)
             failures[name] = f"cannot read {root / name}: {exc}"
     return RepositoryScan(sources=tuple(sources), failures=failures)
+
+
+def no_servable_model(root: Path, scan: RepositoryScan, only: Sequence[str] = ()) -> str:
+    """Why a scan of ``root`` (for the models ``only`` names, if any) found nothing to serve: what
+    the folder holds, the layout expected, and, when ``root`` looks like a model's own folder (or
+    a version folder), the repository it probably belongs to."""
+    entries = [entry for entry in sorted(Path(root).iterdir()) if not entry.name.startswith(".")]
+    found = [f"{name!r} ({reason})" for name, reason in scan.failures.items()]
+    files = [entry.name for entry in entries if not entry.is_dir()]
+    if files:
+        found.append(f"file(s) {', '.join(files)} (a model is a folder)")
+    holds = "; ".join(found) or "nothing, it is empty"
+    named = f" of those --models names ({', '.join(only)})" if only else ""
+    message = (
+        f"model repository {root} holds no servable model{named}: found {holds}; expected {EXPECTED_LAYOUT}"
+    )
+    guess = _repository_guess(Path(root), entries)
+    return f"{message}; {guess}" if guess else message
+
+
+EXPECTED_LAYOUT = (
+    "a folder per model, <repo>/<model>/config.yaml and <repo>/<model>/<version>/ (an integer, holding "
+    "model.keras or a SavedModel)"
+)
+
+
+def _repository_guess(root: Path, entries: Sequence[Path]) -> str:
+    """Where the repository probably is, when ``root`` looks like a model's folder or a version folder."""
+    artifacts = [
+        entry.name for entry in entries if entry.suffix == ".keras" or entry.name == SAVED_MODEL_FILE
+    ]
+    if artifacts:
+        repository = root.absolute().parent.parent
+        return (
+            f"{root} looks like a version folder of a model (it holds {', '.join(artifacts)}): "
+            f"the repository is probably {repository} (--model-repository {repository})"
+        )
+    marks = [entry.name for entry in entries if entry.name == CONFIG_FILE_NAME and entry.is_file()]
+    marks += [
+        f"version folder {entry.name}" for entry in entries if entry.is_dir() and _is_version(entry.name)
+    ]
+    if marks:
+        repository = root.absolute().parent
+        return (
+            f"{root} looks like a model's own folder (it holds {', '.join(marks)}): "
+            f"its parent {repository} is probably the repository (--model-repository {repository})"
+        )
+    return ""
 
 
 def load_model(source: ModelSource) -> LoadedModel:
@@ -187,13 +236,17 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
 
 
+def _is_version(name: str) -> bool:
+    return name.isdigit() and str(int(name)) == name and int(name) > 0
+
+
 def _versions(root: Path, model_dir: Path) -> tuple[int, ...]:
     """Integer-named sub-folders, ascending. Other names (``1.bak``, ``latest``) are ignored."""
     versions = []
     for entry in model_dir.iterdir():
         if not entry.is_dir():
             continue
-        if not (entry.name.isdigit() and str(int(entry.name)) == entry.name and int(entry.name) > 0):
+        if not _is_version(entry.name):
             logger.debug("ignoring %s: version folders are positive integers", entry)
             continue
         if not entry.resolve().is_relative_to(root.resolve()):

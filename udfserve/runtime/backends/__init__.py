@@ -14,6 +14,9 @@ __all__ = ["KNOWN_BACKENDS", "Backend", "LoadedModel", "get_backend"]
 def get_backend(name: str) -> Backend:
     """The backend for ``config.backend``; imports its framework on first use."""
     if name == "tensorflow":
+        from udfserve.runtime.device import import_tensorflow
+
+        import_tensorflow()  # first, so the framework's start-up lines go through its filter
         from udfserve.runtime.backends.tensorflow import TensorFlowBackend
 
         return TensorFlowBackend()

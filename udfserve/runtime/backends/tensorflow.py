@@ -49,8 +49,7 @@ def _set_up_devices() -> None:
     global _gpu_count
     if _gpu_count is None:
         _set_up_threads()
-        _gpu_count = device.enable_memory_growth()
-        logger.info("tensorflow %s sees %d GPU(s)", tf.__version__, _gpu_count)
+        _gpu_count = device.enable_memory_growth()  # the device line is logged by the import
 
 
 def _set_up_threads() -> None:

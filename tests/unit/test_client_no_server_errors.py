@@ -1,0 +1,47 @@
+"""The errors of a client that finds no server and cannot fall back: each says what is missing once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from spark_client.circuit import CircuitBreakers
+from spark_client.config import ClientConfig
+from spark_client.errors import ModelMetadataError, ServerUnavailable
+from spark_client.metadata import spec_from_tensors
+from spark_client.partition import PredictJob, predict_partition
+from spark_client.routing import ADDRESS_ENV, TaskPlacement
+from spark_client.udf import describe_in_driver
+
+
+def test_the_driver_says_once_that_there_is_no_discovery_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ADDRESS_ENV, raising=False)
+    missing = tmp_path / "absent.json"
+    with pytest.raises(ModelMetadataError) as refused:
+        describe_in_driver("tabular_mlp", ClientConfig(discovery_file=str(missing)))
+    message = str(refused.value)
+    assert message.count(f"no discovery file at {missing}") == 1, message
+    assert message.endswith(
+        "and the CPU fallback needs the model files: set ClientConfig.model_repository (or "
+        "spark.udfserve.modelRepository), or run the node supervisor"
+    )
+
+
+def test_a_task_says_once_that_there_is_no_discovery_file(tmp_path: Path) -> None:
+    missing = tmp_path / "absent.json"
+    spec = spec_from_tensors("m", 1, [("x", "float32", [])], [("y", "float32", [])])
+    job = PredictJob("m", spec, ClientConfig(discovery_file=str(missing)))
+    batch = pa.record_batch({"x": pa.array([1.0], pa.float32())})
+    with pytest.raises(ServerUnavailable) as refused:
+        list(predict_partition(job, iter([batch]), {}, TaskPlacement(), breakers=CircuitBreakers()))
+    message = str(refused.value)
+    assert message.count(f"no discovery file at {missing}") == 1, message
+    assert message.endswith(
+        "the CPU fallback cannot run: the CPU fallback needs the model files: set "
+        "ClientConfig.model_repository (or spark.udfserve.modelRepository), or run the node "
+        "supervisor"
+    )
