@@ -29,16 +29,16 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.model_server.config import ServerConfig, is_loopback
+from services.model_server.core.in_flight import InFlightRequests
+from services.model_server.core.model_table import ModelTable, ServedModel
+from services.model_server.core.request_lifecycle import RequestLifecycle
 from services.model_server.event_loop import running_loop_kind
-from services.model_server.gpu_metrics import GpuCollector
-from services.model_server.grpc_api import InferenceServicer
-from services.model_server.http_api import create_admin_app
-from services.model_server.in_flight import InFlightRequests
-from services.model_server.kserve_api import add_kserve_service
-from services.model_server.kserve_native import NativeKServeFrontend
-from services.model_server.metrics import ServerMetrics
-from services.model_server.models import ModelTable, ServedModel
-from services.model_server.request_lifecycle import RequestLifecycle
+from services.model_server.frontends.arrow.grpc_api import InferenceServicer
+from services.model_server.frontends.http_api import create_admin_app
+from services.model_server.frontends.kserve.native_bridge import NativeKServeFrontend
+from services.model_server.frontends.kserve.servicer import add_kserve_service
+from services.model_server.observability.gpu_metrics import GpuCollector
+from services.model_server.observability.metrics import ServerMetrics
 from services.model_server.security import TokenInterceptor, grpc_server_credentials
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 

@@ -198,9 +198,9 @@ def known_settings_variables() -> set[str]:
 
 def admin_app_paths() -> set[str]:
     """Paths the model server's HTTP admin app serves (a FastAPI app built from the real factory)."""
-    from services.model_server.http_api import create_admin_app
-    from services.model_server.metrics import ServerMetrics
-    from services.model_server.models import ModelTable
+    from services.model_server.core.model_table import ModelTable
+    from services.model_server.frontends.http_api import create_admin_app
+    from services.model_server.observability.metrics import ServerMetrics
 
     config = ServerConfig(model_repository=Path("unused"), socket=Path("unused.sock"), port=None)
     metrics = ServerMetrics(config.device)

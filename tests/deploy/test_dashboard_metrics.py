@@ -6,7 +6,7 @@ supervisor. The labels Prometheus adds to every series (node, role, device) are 
 targets file that same supervisor wrote.
 
 GPU gauges cannot appear without NVML and an NVIDIA device, which this machine lacks: their
-names and labels are checked against those declared in services/model_server/gpu_metrics.py
+names and labels are checked against those declared in services/model_server/observability/gpu_metrics.py
 instead (read from its source, so nothing here invents them).
 """
 

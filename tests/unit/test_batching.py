@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from services.model_server.batching import DynamicBatcher
+from services.model_server.core.batching import DynamicBatcher
 from services.model_server.errors import ModelUnavailable, QueueFull
 from udfserve.runtime.errors import BackendFault, InvalidInput
 from udfserve.runtime.model_config import BatchingConfig

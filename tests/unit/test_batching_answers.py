@@ -10,16 +10,16 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from services.model_server.batching.answers import (
+from services.model_server.core.batching.answers import (
     as_serving_error,
     check_outputs,
     joined,
     resolve,
     whole_request,
 )
-from services.model_server.batching.observers import Reports
-from services.model_server.batching.queue import Chunk, signature
-from services.model_server.batching.row_limit import RowLimit
+from services.model_server.core.batching.observers import Reports
+from services.model_server.core.batching.queue import Chunk, signature
+from services.model_server.core.batching.row_limit import RowLimit
 from services.model_server.errors import QueueFull
 from udfserve.runtime.errors import BackendFault, InvalidInput
 

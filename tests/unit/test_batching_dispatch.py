@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from services.model_server.batching.dispatch import Dispatcher, ReturningCohort
-from services.model_server.batching.observers import Reports
-from services.model_server.batching.queue import Chunk, RequestQueue
-from services.model_server.batching.row_limit import RowLimit
+from services.model_server.core.batching.dispatch import Dispatcher, ReturningCohort
+from services.model_server.core.batching.observers import Reports
+from services.model_server.core.batching.queue import Chunk, RequestQueue
+from services.model_server.core.batching.row_limit import RowLimit
 from udfserve.runtime.model_config import BatchingConfig
 
 DELAY_S = 1.0

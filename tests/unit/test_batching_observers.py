@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from services.model_server.batching.observers import Reports
-from services.model_server.batching.queue import Chunk, signature
+from services.model_server.core.batching.observers import Reports
+from services.model_server.core.batching.queue import Chunk, signature
 
 
 class Broken:

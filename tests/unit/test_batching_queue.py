@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from services.model_server.batching.queue import Chunk, RequestQueue, rows_of
+from services.model_server.core.batching.queue import Chunk, RequestQueue, rows_of
 from services.model_server.errors import QueueFull
 
 

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from services.model_server.batching.observers import Reports
-from services.model_server.batching.queue import Chunk, signature
-from services.model_server.batching.row_limit import RowLimit
-from services.model_server.batching.runner import Batch, BatchRunner
+from services.model_server.core.batching.observers import Reports
+from services.model_server.core.batching.queue import Chunk, signature
+from services.model_server.core.batching.row_limit import RowLimit
+from services.model_server.core.batching.runner import Batch, BatchRunner
 from udfserve.runtime.errors import BackendFault
 
 T = TypeVar("T")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.model_server import job_context as server_side
+from services.model_server.core import job_context as server_side
 from spark_client.job_context import MAX_VALUE_CHARS, METADATA_PREFIX, SparkJobContext, sanitise
 
 

@@ -14,8 +14,8 @@ import pytest
 from pydantic import ValidationError
 
 from services.model_server.config import ServerConfig
-from services.model_server.cpu_parallel import ROW_ALIGNMENT, CallsInFlight, CoreParallelPredict
-from services.model_server.models import cpu_parts
+from services.model_server.core.cpu_parallel import ROW_ALIGNMENT, CallsInFlight, CoreParallelPredict
+from services.model_server.core.model_table import cpu_parts
 
 TIMEOUT_S = 10.0
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.model_server.shared_memory import SharedMemoryRefused, StreamRegions
+from services.model_server.frontends.arrow.shared_memory import SharedMemoryRefused, StreamRegions
 from udfserve.protocol import inference_pb2 as pb
 
 ANOTHER_SERVER_UID = 4242

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import pytest
 
-from services.model_server.streaming import Pending, answer_concurrently, answer_inline
+from services.model_server.frontends.streaming import Pending, answer_concurrently, answer_inline
 
 T = TypeVar("T")
 SAFETY_TIMEOUT_S = 8.0

@@ -19,11 +19,11 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from services.model_server.batching import DynamicBatcher
 from services.model_server.config import ServerConfig
-from services.model_server.cpu_parallel import CallsInFlight, CoreParallelPredict
+from services.model_server.core.batching import DynamicBatcher
+from services.model_server.core.cpu_parallel import CallsInFlight, CoreParallelPredict
 from services.model_server.errors import ModelNotFound, ModelUnavailable
-from services.model_server.metrics import ModelMetrics, ServerMetrics
+from services.model_server.observability.metrics import ModelMetrics, ServerMetrics
 from udfserve.runtime.backends.base import LoadedModel
 from udfserve.runtime.errors import InvalidInput, ModelLoadError
 from udfserve.runtime.model_config import validate_model_name

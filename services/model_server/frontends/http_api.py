@@ -11,9 +11,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
 import udfserve
+from services.model_server.core.model_table import ModelInfo, ModelTable
 from services.model_server.errors import ModelNotFound
-from services.model_server.metrics import ServerMetrics
-from services.model_server.models import ModelInfo, ModelTable
+from services.model_server.observability.metrics import ServerMetrics
 from services.model_server.security import http_token_dependency
 from udfserve.runtime.errors import InvalidInput
 

@@ -16,9 +16,9 @@ import logging
 
 import numpy as np
 
-from services.model_server.batching.observers import Reports
-from services.model_server.batching.queue import Arrays, Chunk
-from services.model_server.batching.row_limit import RowLimit
+from services.model_server.core.batching.observers import Reports
+from services.model_server.core.batching.queue import Arrays, Chunk
+from services.model_server.core.batching.row_limit import RowLimit
 from udfserve.runtime.errors import BackendFault, InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)

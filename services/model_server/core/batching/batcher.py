@@ -22,12 +22,12 @@ import logging
 
 import numpy as np
 
-from services.model_server.batching.answers import set_exception, whole_request
-from services.model_server.batching.dispatch import Dispatcher
-from services.model_server.batching.observers import BatchObserver, Reports
-from services.model_server.batching.queue import Chunk, RequestQueue, rows_of
-from services.model_server.batching.row_limit import RowLimit
-from services.model_server.batching.runner import Batch, BatchRunner, PredictFn
+from services.model_server.core.batching.answers import set_exception, whole_request
+from services.model_server.core.batching.dispatch import Dispatcher
+from services.model_server.core.batching.observers import BatchObserver, Reports
+from services.model_server.core.batching.queue import Chunk, RequestQueue, rows_of
+from services.model_server.core.batching.row_limit import RowLimit
+from services.model_server.core.batching.runner import Batch, BatchRunner, PredictFn
 from services.model_server.errors import ModelUnavailable
 from udfserve.runtime.errors import ServingError
 from udfserve.runtime.model_config import DEFAULT_QUEUE_BATCHES, BatchingConfig

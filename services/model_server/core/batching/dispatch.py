@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sized
 from typing import Protocol
 
-from services.model_server.batching.queue import Chunk, RequestQueue
-from services.model_server.batching.row_limit import RowLimit
+from services.model_server.core.batching.queue import Chunk, RequestQueue
+from services.model_server.core.batching.row_limit import RowLimit
 from udfserve.runtime.model_config import BatchingConfig
 
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.model_server.batching.answers import as_serving_error, joined, resolve, set_exception
-from services.model_server.batching.observers import Reports
-from services.model_server.batching.queue import Arrays, Chunk
-from services.model_server.batching.row_limit import RowLimit
+from services.model_server.core.batching.answers import as_serving_error, joined, resolve, set_exception
+from services.model_server.core.batching.observers import Reports
+from services.model_server.core.batching.queue import Arrays, Chunk
+from services.model_server.core.batching.row_limit import RowLimit
 from udfserve.runtime.errors import DeviceOutOfMemory, InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)

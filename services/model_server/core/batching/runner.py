@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.model_server.batching.answers import check_outputs, resolve, set_exception
-from services.model_server.batching.observers import Reports
-from services.model_server.batching.queue import Arrays, Chunk
-from services.model_server.batching.recovery import CallResult, Recovery
-from services.model_server.batching.row_limit import RowLimit
+from services.model_server.core.batching.answers import check_outputs, resolve, set_exception
+from services.model_server.core.batching.observers import Reports
+from services.model_server.core.batching.queue import Arrays, Chunk
+from services.model_server.core.batching.recovery import CallResult, Recovery
+from services.model_server.core.batching.row_limit import RowLimit
 from udfserve.runtime.errors import BackendFault
 
 logger = logging.getLogger(__name__)

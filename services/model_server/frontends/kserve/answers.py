@@ -17,9 +17,9 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2 as kpb
 
+from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest
 from services.model_server.errors import QueueFull, failure_status
-from services.model_server.kserve_tensors import OutputTensor, outputs_to_tensors
-from services.model_server.request_lifecycle import FrontEnd, InferenceRequest
+from services.model_server.frontends.kserve.tensors import OutputTensor, outputs_to_tensors
 
 QUEUE_FULL_PREFIX = "Exceeds maximum queue size"
 """Triton's words for a full queue; clients of Triton recognise back-pressure by them."""

@@ -31,8 +31,10 @@ from tritonclient.grpc import service_pb2 as kpb
 from tritonclient.grpc import service_pb2_grpc as kpb_grpc
 
 import udfserve
-from services.model_server.job_context import JobContext, parse_job_context
-from services.model_server.kserve_answers import (
+from services.model_server.core.job_context import JobContext, parse_job_context
+from services.model_server.core.model_table import LoadedModel
+from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
+from services.model_server.frontends.kserve.answers import (
     Failure,
     MessageAnswer,
     MessageAnswers,
@@ -42,14 +44,14 @@ from services.model_server.kserve_answers import (
     StreamAnswers,
     TensorAnswers,
 )
-from services.model_server.kserve_metadata import (
+from services.model_server.frontends.kserve.metadata import (
     EXTENSIONS,
     SERVER_NAME,
     model_config,
     model_metadata,
     model_statistics,
 )
-from services.model_server.kserve_tensors import (
+from services.model_server.frontends.kserve.tensors import (
     DecodedTensor,
     InputPlan,
     decoded_to_inputs,
@@ -59,9 +61,7 @@ from services.model_server.kserve_tensors import (
     request_to_inputs,
     requested_outputs,
 )
-from services.model_server.models import LoadedModel
-from services.model_server.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
-from services.model_server.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
+from services.model_server.frontends.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
 from udfserve.runtime.errors import InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)

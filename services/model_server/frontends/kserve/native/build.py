@@ -1,6 +1,6 @@
 """Build the native KServe front end (``_kserve_frontend``) beside this file.
 
-    python -m services.model_server.native.build          # or: bash scripts/native.sh
+    python -m services.model_server.frontends.kserve.native.build          # or: bash scripts/native.sh
 
 It is compiled on the machine that runs it, against the system's grpc++ and protobuf (Debian:
 ``libgrpc++-dev libprotobuf-dev protobuf-compiler pkg-config g++``) and pybind11 (the
@@ -105,7 +105,11 @@ def _toolchain_versions(gxx: str, protoc: str) -> str:
 def _imports() -> bool:
     """Whether the built module loads, in a fresh interpreter (a library it links may be gone)."""
     probe = subprocess.run(
-        [sys.executable, "-c", "from services.model_server.native import load_frontend_module as l; l()"],
+        [
+            sys.executable,
+            "-c",
+            "from services.model_server.frontends.kserve.native import load_frontend_module as l; l()",
+        ],
         capture_output=True,
         check=False,
     )
@@ -158,7 +162,7 @@ def build(work: Path, force: bool = False) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.model_server.native.build",
+        prog="python -m services.model_server.frontends.kserve.native.build",
         description="Build the native KServe front end (grpc++) for --kserve-frontend native.",
     )
     parser.add_argument("--work", type=Path, default=Path("build") / "native", help="build folder")
