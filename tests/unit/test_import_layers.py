@@ -6,8 +6,9 @@ import b`` counts as an import of the module ``a.b`` when there is one, else of 
 imports are resolved against the importing module's package.
 
 The layers: ``udfserve`` is what both sides share and imports neither side; ``spark_client``
-never imports ``services`` (its CPU fallback runs ``udfserve.runtime``, as the server does); and
-no module takes part in an import cycle.
+never imports ``services`` (its CPU fallback runs ``udfserve.runtime``, as the server does); in
+the model server, the request core (``core/``) imports no front end (``frontends/``) and the
+metrics (``observability/``) import neither; and no module takes part in an import cycle.
 """
 
 from __future__ import annotations
@@ -162,15 +163,21 @@ def shortest_cycle(graph: Mapping[str, Mapping[str, int]], component: frozenset[
     return " -> ".join(steps)
 
 
+def _within(name: str, packages: Iterable[str]) -> bool:
+    return any(name == package or name.startswith(package + ".") for package in packages)
+
+
 def imports_from(importers: str, imported: Iterable[str]) -> list[str]:
-    """Imports by modules of the package ``importers`` of anything in the packages ``imported``."""
-    modules = module_files(ROOT, [importers])
+    """Imports by modules of the package ``importers`` (dotted) of anything in the packages
+    ``imported`` (dotted)."""
+    modules = module_files(ROOT, PACKAGES)
     forbidden = tuple(imported)
     found = {
         (statement.importer, statement.line, statement.name)
         for name, path in modules.items()
+        if _within(name, [importers])
         for statement in imports_of(name, path, modules)
-        if statement.name.split(".")[0] in forbidden
+        if _within(statement.name, forbidden)
     }
     return [f"{importer} (line {line}) imports {name}" for importer, line, name in sorted(found)]
 
@@ -204,6 +211,25 @@ def test_udfserve_imports_neither_services_nor_spark_client() -> None:
     found = imports_from("udfserve", ["services", "spark_client"])
 
     assert not found, "expected no import of services or spark_client in udfserve:\n" + "\n".join(found)
+
+
+SERVER = "services.model_server"
+
+
+def test_the_servers_request_core_imports_no_front_end() -> None:
+    """Front ends decode and encode around the core; the core knows none of them."""
+    found = imports_from(f"{SERVER}.core", [f"{SERVER}.frontends"])
+
+    assert not found, "expected no import of a front end in the request core:\n" + "\n".join(found)
+
+
+def test_the_servers_observability_imports_no_front_end_and_no_request_lifecycle() -> None:
+    found = imports_from(
+        f"{SERVER}.observability",
+        [f"{SERVER}.frontends", f"{SERVER}.core.request_lifecycle", f"{SERVER}.core.batching"],
+    )
+
+    assert not found, "expected metrics to depend on nothing that reports to them:\n" + "\n".join(found)
 
 
 def test_the_walk_sees_lazy_relative_and_type_checking_imports_and_prints_a_cycle(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 from services.model_server.core.in_flight import InFlightRequests
 from services.model_server.core.job_context import JobContext
 from services.model_server.core.model_table import ModelTable, ServedModel
-from services.model_server.frontends.streaming import Pending
+from services.model_server.core.pending import Pending
 from services.model_server.observability.metrics import ModelMetrics, ServerMetrics
 from udfserve.runtime.tensor_conversion import answer_bytes_at_least, check_answer_size
 from udfserve.runtime.tensor_spec import TensorSpec, zeros

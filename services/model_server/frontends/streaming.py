@@ -17,7 +17,9 @@ import asyncio
 import functools
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, TypeVar
+
+from services.model_server.core.pending import Pending
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -25,17 +27,6 @@ R = TypeVar("R")
 MAX_IN_FLIGHT_PER_STREAM = 64
 """Requests of one stream processed at once; beyond it the server stops reading the stream
 and HTTP/2 flow control pushes back on the client."""
-
-
-class Pending(NamedTuple, Generic[R]):
-    """An answer known once ``future`` is done: ``finish(future)`` makes it, on the event loop.
-
-    ``finish`` is called exactly once, also when the future was cancelled because the stream
-    closed first (its answer is then dropped; it may raise ``CancelledError``), so that it can
-    release what the request held."""
-
-    future: asyncio.Future[Any]
-    finish: Callable[[asyncio.Future[Any]], R]
 
 
 async def answer_inline(

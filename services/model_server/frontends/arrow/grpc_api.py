@@ -19,10 +19,11 @@ import pyarrow as pa
 
 from services.model_server.core.job_context import JobContext, parse_job_context
 from services.model_server.core.model_table import ModelInfo
+from services.model_server.core.pending import Pending
 from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
 from services.model_server.errors import failure_status
 from services.model_server.frontends.arrow.shared_memory import SharedMemoryRefused, StreamRegions
-from services.model_server.frontends.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
+from services.model_server.frontends.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_inline
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch

@@ -35,10 +35,10 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as kpb
 
 from services.model_server.core.job_context import parse_job_context
+from services.model_server.core.pending import Pending
 from services.model_server.frontends.kserve.answers import DecodedHead, Failure, TensorAnswer
 from services.model_server.frontends.kserve.native import load_frontend_module
 from services.model_server.frontends.kserve.servicer import KServeServicer
-from services.model_server.frontends.streaming import Pending
 from services.model_server.security import AUTHORIZATION_HEADER, token_matches
 
 logger = logging.getLogger(__name__)

@@ -33,6 +33,7 @@ from tritonclient.grpc import service_pb2_grpc as kpb_grpc
 import udfserve
 from services.model_server.core.job_context import JobContext, parse_job_context
 from services.model_server.core.model_table import LoadedModel
+from services.model_server.core.pending import Pending
 from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
 from services.model_server.frontends.kserve.answers import (
     Failure,
@@ -61,7 +62,7 @@ from services.model_server.frontends.kserve.tensors import (
     request_to_inputs,
     requested_outputs,
 )
-from services.model_server.frontends.streaming import MAX_IN_FLIGHT_PER_STREAM, Pending, answer_inline
+from services.model_server.frontends.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_inline
 from udfserve.runtime.errors import InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)
