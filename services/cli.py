@@ -6,22 +6,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections.abc import Sequence
 
 import udfserve
 from services.model_server import event_loop
 from services.model_server.config import ServerConfig
 from services.node.config import NodeConfig
+from services.process_setup import configure_logging
 from services.settings_cli import SettingsError, add_settings_arguments, settings_from_args
 
 logger = logging.getLogger("udfserve")
-
-LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d %(name)s] %(message)s"
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr, force=True)
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """Lifecycle of one model server process: listen, load every model once, serve, drain.
 
-``start_server`` binds every listener and returns the bound addresses (tests bind TCP port 0
-or a socket in a temporary folder); ``serve`` runs a started server until SIGTERM or SIGINT,
+``RunningServer.start`` binds every listener and returns the bound addresses (tests bind TCP
+port 0 or a socket in a temporary folder); ``serve`` runs a started server until SIGTERM or SIGINT,
 then stops accepting, answers every accepted request within the grace period and returns 0.
 The device must be pinned (``device.pin_device``) before this module loads a model.
 """
@@ -18,10 +18,9 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import FrameType
 
 import grpc
 import prometheus_client
@@ -40,6 +39,7 @@ from services.model_server.frontends.kserve.servicer import add_kserve_service
 from services.model_server.observability.gpu_metrics import GpuCollector
 from services.model_server.observability.metrics import ServerMetrics
 from services.model_server.security import TokenInterceptor, grpc_server_credentials
+from services.process_setup import stop_on_signals
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
@@ -85,22 +85,6 @@ class _UvicornWithoutSignals(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
-
-
-@contextlib.contextmanager
-def stop_on_signals(on_signal: Callable[[int], None]) -> Iterator[None]:
-    """Route SIGTERM and SIGINT to ``on_signal`` in the event loop; restore the old handlers after."""
-    loop = asyncio.get_running_loop()
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        loop.call_soon_threadsafe(on_signal, signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def shared_memory_folder(configured: Path | None) -> Path | None:

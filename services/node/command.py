@@ -13,6 +13,7 @@ from services.node.config import NodeConfig
 from services.node.devices import DeviceError, detect_gpus, plan_devices
 from services.node.lock import NodeLockHeld
 from services.node.supervisor import Supervisor
+from services.process_setup import configure_logging
 from services.settings_cli import settings_from_args
 
 logger = logging.getLogger("udfserve.node")
@@ -23,8 +24,6 @@ EXIT_LOCK_HELD = 3
 
 def run_node(args: argparse.Namespace) -> int:
     """Run the node supervisor until SIGTERM; the exit code (0 after a clean stop)."""
-    from services.cli import configure_logging
-
     config = settings_from_args(NodeConfig, args)
     configure_logging(config.log_level)
     detection = detect_gpus()

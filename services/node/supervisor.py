@@ -40,6 +40,7 @@ from services.node.config import NodeConfig
 from services.node.devices import DeviceSlot, GpuDetection
 from services.node.lock import NodeLock
 from services.node.targets import server_target, supervisor_target, write_targets
+from services.process_setup import stop_on_signals
 from udfserve.discovery import NodeDiscovery, ServerEntry, ServerState, write_discovery
 
 logger = logging.getLogger(__name__)
@@ -117,28 +118,25 @@ class Supervisor:
             config.supervisor_http_host, config.supervisor_http_port, self.metrics, self.health
         )
         self._admin.start()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
-        logger.info(
-            "node %s: %s; serving on %s; discovery file %s; supervisor http://%s",
-            config.node,
-            self.detection.describe(),
-            ", ".join(s.device.device for s in self.slots),
-            config.discovery_path,
-            self._admin.address,
-        )
         try:
-            self._publish()
-            tasks = [
-                asyncio.create_task(self._run_slot(slot), name=slot.device.device) for slot in self.slots
-            ]
-            for task in tasks:
-                task.add_done_callback(self._on_slot_done)
-            await self._stopping.wait()
-            await self._stop_servers(tasks)
+            with stop_on_signals(self._on_signal):
+                logger.info(
+                    "node %s: %s; serving on %s; discovery file %s; supervisor http://%s",
+                    config.node,
+                    self.detection.describe(),
+                    ", ".join(s.device.device for s in self.slots),
+                    config.discovery_path,
+                    self._admin.address,
+                )
+                self._publish()
+                tasks = [
+                    asyncio.create_task(self._run_slot(slot), name=slot.device.device) for slot in self.slots
+                ]
+                for task in tasks:
+                    task.add_done_callback(self._on_slot_done)
+                await self._stopping.wait()
+                await self._stop_servers(tasks)
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
             self._closed = True
             config.discovery_path.unlink(missing_ok=True)
             config.targets_path.unlink(missing_ok=True)

@@ -23,11 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("services", "spark_client", "udfserve")
 
-KNOWN_CYCLES = {
-    # Known, to be removed: `udfserve node` (services.cli) runs services.node.command, which takes
-    # configure_logging from services.cli. The logging set-up belongs in a module both import.
-    frozenset({"services.cli", "services.node.command"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 """Cycles as the sets of modules that form them; each must still exist, so fixing one means
 removing it here."""
 
