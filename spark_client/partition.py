@@ -5,7 +5,9 @@ placement; the server is dialled (unix socket first); the batches stream to it. 
 be reached, or fails mid-stream, the batches it has not answered go to the node's next ready
 server, else to the CPU fallback, in order, followed by the rest of the partition. A server that
 failed is left alone for ``circuit_reset_s`` (``circuit.py``); after that the next batch probes
-it, and once it answers again the rest of the partition goes back to it. A batch a server
+it, and once it answers again the rest of the partition goes back to it. A server the node's
+discovery file announces in its place (restarted: a new pid) is tried at the next batch, unix
+socket first, however long the failed one's circuits stay open. A batch a server
 answered is never computed again, so each row is answered exactly once.
 """
 
@@ -31,6 +33,7 @@ from spark_client.routing import (
     NoServerFound,
     Route,
     TaskPlacement,
+    discovery_stamp,
     fallback_problem,
     fallback_repository,
     resolve_route,
@@ -111,6 +114,7 @@ class _PartitionRunner:
         self._metadata = auth_metadata(job.config) + context.metadata()
         self._failure = _Failure()
         self._quiet_until_s = float("-inf")
+        self._quiet_stamp: tuple[int, int, int] | None = None  # the discovery file the quiet is about
         self._failed_since_last_batch: set[str] = set()  # a target is probed once per batch at most
         self._route: Route | None = None
         self._on_cpu = False
@@ -159,11 +163,18 @@ class _PartitionRunner:
 
     # -- the server path -------------------------------------------------------------------
     def _usable_target(self) -> str | None:
-        """The first target whose circuit lets a batch through, or None (the CPU takes the next batch)."""
+        """The first target whose circuit lets a batch through, or None (the CPU takes the next batch).
+
+        While every circuit is open (or no server is listed) nothing is dialled until the first
+        may be probed, unless the node rewrites its discovery file meanwhile: a server it
+        announces (restarted, or ready at last) is tried at the next batch.
+        """
         now = self._breakers.now()
-        if now < self._quiet_until_s:
+        stamp = discovery_stamp(self._config, self._environ)
+        if now < self._quiet_until_s and stamp == self._quiet_stamp:
             return None
         reset_s = self._config.circuit_reset_s
+        self._quiet_stamp = stamp
         try:
             route = resolve_route(self._config, self._environ, self._placement)
         except NoServerFound as exc:
@@ -174,15 +185,19 @@ class _PartitionRunner:
         self._route = route
         candidates = route.targets + route.alternates
         for target in candidates:
-            if target not in self._failed_since_last_batch and self._breakers.allows(target, reset_s):
+            if target not in self._failed_since_last_batch and self._breakers.allows(
+                target, reset_s, route.server_of(target)
+            ):
                 return target
         if self._failed_since_last_batch.issuperset(candidates):
             return None  # every target failed for this very batch: the CPU answers it, the next one probes
-        self._quiet_until_s = min(self._breakers.reopens_at(t, reset_s) for t in candidates)
+        self._quiet_until_s = min(
+            self._breakers.reopens_at(t, reset_s, route.server_of(t)) for t in candidates
+        )
         if not self._failure.kind:  # a failure of an earlier task of this worker opened the circuits
             target = route.targets[0]
             self._failure.tried.append(target)
-            self._failure.kind = self._breakers.reason(target) or "circuit_open"
+            self._failure.kind = self._breakers.reason(target, route.server_of(target)) or "circuit_open"
             self._failure.cause = (
                 f"{target} failed in an earlier task of this Python worker ({self._failure.kind}); it is "
                 f"probed again {reset_s:g} s after that (circuit_reset_s)"
@@ -213,7 +228,7 @@ class _PartitionRunner:
         addresses = self._route.addresses_of(target) if whole_server and self._route else (target,)
         for address in addresses:
             self._failed_since_last_batch.add(address)
-            self._breakers.failed(address, kind)
+            self._breakers.failed(address, kind, self._route.server_of(address) if self._route else None)
         self._stats.add_server_failure(kind)
         self._failure.cause, self._failure.kind = cause, kind
 

@@ -6,7 +6,8 @@ variable (read at task time); the node's discovery file. From the discovery file
 which Spark assigned GPUs takes the server of its first GPU; any other task takes the ready
 servers in device order, round-robin by partition id. The unix socket is dialled before the
 TCP port (the TCP port is dialled when the socket cannot be connected to). The node's other ready
-servers follow as alternates, for when the chosen one fails.
+servers follow as alternates, for when the chosen one fails. Each target found in the file
+carries the identity of its process (``Route.server_of``), for the circuit breakers.
 
 Everything here is a pure function of the config, the environment mapping and the task's
 placement, so it is tested without Spark and nothing leaks from one task into the next.
@@ -82,12 +83,19 @@ class Route:
     """The gRPC targets of one server, in the order to dial them, and how they were found.
 
     ``alternate_servers`` are the targets of the node's other ready servers, one tuple per
-    server, to try when this one fails.
+    server, to try when this one fails. ``servers`` names the process behind each target found
+    in the discovery file (its pid there), so that a circuit opened by a process that has since
+    been restarted does not hold back its successor.
     """
 
     targets: tuple[str, ...]
     origin: str
     alternate_servers: tuple[tuple[str, ...], ...] = ()
+    servers: tuple[tuple[str, str], ...] = ()
+
+    def server_of(self, target: str) -> str | None:
+        """The identity of the process behind ``target`` (None when the discovery file gives none)."""
+        return dict(self.servers).get(target)
 
     @property
     def alternates(self) -> tuple[str, ...]:
@@ -174,7 +182,25 @@ def resolve_route(config: ClientConfig, environ: Mapping[str, str], placement: T
         targets=targets,
         origin=f"discovery file {path}, server {server.device}",
         alternate_servers=tuple(server for server in alternate_servers if server),
+        servers=tuple(
+            (target, f"pid {entry.pid}")
+            for entry in ready
+            if entry.pid is not None
+            for target in entry.grpc_targets()
+        ),
     )
+
+
+def discovery_stamp(config: ClientConfig, environ: Mapping[str, str]) -> tuple[int, int, int] | None:
+    """What changes whenever the node rewrites its discovery file (file, time, size); None when
+    the route does not come from the file, or there is none. Cheap enough to ask at every batch."""
+    if config.address or environ.get(ADDRESS_ENV):
+        return None
+    try:
+        found = discovery_path(config, environ).stat()
+    except OSError:
+        return None
+    return (found.st_ino, found.st_mtime_ns, found.st_size)
 
 
 def choose_server(discovery: NodeDiscovery, placement: TaskPlacement, path: Path | str) -> ServerEntry:

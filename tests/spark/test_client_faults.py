@@ -1,5 +1,6 @@
 """Faults met by a running Spark job, with real processes: a server drained by SIGTERM, a server
-the node supervisor restarts, a server too slow for the client's deadline.
+the node supervisor restarts (the client goes back to it, through its unix socket), a server too
+slow for the client's deadline.
 
 Each job runs in one partition through ``arrow_predictor`` inside the test's own ``mapInArrow``
 function, whose input ``gate`` acts at a given row before the predictor reads it: it signals the
@@ -278,6 +279,48 @@ def test_a_server_restarted_by_the_node_supervisor_takes_the_partition_back_from
         "connect_failed",
         "no_server",
     }
+
+
+def test_a_server_restarted_by_the_node_supervisor_is_dialled_through_its_unix_socket_again(
+    spark: SparkSession, node: Path, example_repository: Path
+) -> None:
+    """The killed server's circuits (its socket and its old TCP port) stay open for ten minutes;
+    the server announced in its place gets the partition back through the same socket at once,
+    not through its new TCP port."""
+    rows, kill_at, resume_at, rows_per_request = 40_000, 10_000, 20_000, 2_000
+    killed = read_discovery(node).servers[0]
+    assert killed.pid is not None and killed.tcp_address is not None
+    predictor = arrow_predictor(
+        "tabular_mlp",
+        config=ClientConfig(
+            discovery_file=str(node),
+            rows_per_request=rows_per_request,
+            model_repository=str(example_repository),
+            circuit_reset_s=600,
+        ),
+    )
+    killed_pid = killed.pid
+
+    def kill_server() -> None:
+        import os
+        import signal
+
+        os.kill(killed_pid, signal.SIGKILL)
+
+    def wait_for_the_restart() -> None:
+        wait_for_ready_server(node, other_than=killed_pid)
+
+    result = run_gated(spark, rows, predictor, {kill_at: kill_server, resume_at: wait_for_the_restart})
+    stats = predictor.stats()
+    restarted = read_discovery(node).servers[0]
+    restarted_rows = app_sample(
+        restarted.http_address or "", "udfserve_app_rows_total", spark.sparkContext.applicationId
+    )
+
+    check_every_row_once(result, rows, example_repository)
+    assert restarted.pid != killed_pid and restarted.tcp_address != killed.tcp_address
+    assert restarted_rows >= rows - resume_at - rows_per_request, "the partition stayed on the CPU"
+    assert set(stats.rows_by_address) == {f"unix://{restarted.unix_socket}"}, "a TCP port was dialled"
 
 
 # -- a server slower than the client's deadline --------------------------------------------------

@@ -1,4 +1,5 @@
-"""Circuit breakers: open on failure, half-open after the reset delay, closed by a success."""
+"""Circuit breakers: open on failure, half-open after the reset delay, closed by a success, and
+closed for the server that replaced the one that failed."""
 
 from __future__ import annotations
 
@@ -57,3 +58,17 @@ def test_a_zero_delay_lets_every_batch_probe() -> None:
     breakers = CircuitBreakers(Clock())
     breakers.failed("a:1", "connect_failed")
     assert breakers.allows("a:1", reset_s=0)
+
+
+def test_a_circuit_stays_open_for_the_server_that_failed() -> None:
+    breakers = CircuitBreakers(Clock())
+    breakers.failed("unix:///server-sim0.sock", "stream_closed", server="pid 10")
+    assert not breakers.allows("unix:///server-sim0.sock", reset_s=600, server="pid 10")
+    assert breakers.reason("unix:///server-sim0.sock", server="pid 10") == "stream_closed"
+
+
+def test_a_circuit_opened_by_a_server_is_closed_for_the_one_announced_in_its_place() -> None:
+    breakers = CircuitBreakers(Clock())
+    breakers.failed("unix:///server-sim0.sock", "stream_closed", server="pid 10")
+    assert breakers.state("unix:///server-sim0.sock", reset_s=600, server="pid 11") == "closed"
+    assert breakers.reason("unix:///server-sim0.sock", server="pid 11") is None

@@ -225,6 +225,21 @@ def test_a_discovery_file_without_ready_servers_is_no_server(tmp_path: Path) -> 
         resolve_route(ClientConfig(discovery_file=str(path)), {}, TaskPlacement())
 
 
+def test_each_target_from_the_discovery_file_is_known_by_its_servers_pid(tmp_path: Path) -> None:
+    path = tmp_path / "d.json"
+    servers = [gpu_server(0).model_copy(update={"pid": 10}), gpu_server(1).model_copy(update={"pid": 11})]
+    write_discovery(path, NodeDiscovery(servers=servers))
+    route = resolve_route(ClientConfig(discovery_file=str(path)), {}, TaskPlacement())
+    assert [route.server_of(target) for target in route.targets + route.alternates] == [
+        "pid 10", "pid 10", "pid 11", "pid 11",
+    ]  # fmt: skip
+
+
+def test_a_configured_address_is_known_by_no_server_identity() -> None:
+    route = resolve_route(ClientConfig(address="127.0.0.1:7500"), {}, TaskPlacement())
+    assert route.server_of("127.0.0.1:7500") is None
+
+
 def test_no_ready_server_is_explained_with_why_a_server_failed_its_start(tmp_path: Path) -> None:
     path = tmp_path / "d.json"
     problem = "server pid 7 serves no model: model repository /models/m holds no servable model"
