@@ -36,7 +36,7 @@ from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import encode_batch
 
 PROMETHEUS_LABELS = {"instance", "job"}
-GPU_METRICS_SOURCE = ROOT / "services" / "model_server" / "gpu_metrics.py"
+GPU_METRICS_SOURCE = ROOT / "services" / "model_server" / "observability" / "gpu_metrics.py"
 
 
 def dashboard_queries() -> list[tuple[str, str, str]]:

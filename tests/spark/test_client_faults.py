@@ -216,6 +216,31 @@ def node(example_repository: Path) -> Iterator[Path]:
         supervisor.wait(timeout=60)
 
 
+def kill_and_await_restart(node: Path, killed_pid: int, kill_at: int, resume_at: int) -> dict[int, object]:
+    """Gate actions: SIGKILL the server at row ``kill_at``; at ``resume_at``, wait until the node
+    announces the server it started in its place."""
+
+    def kill_server() -> None:
+        import os
+        import signal
+
+        os.kill(killed_pid, signal.SIGKILL)
+
+    def wait_for_the_restart() -> None:
+        wait_for_ready_server(node, other_than=killed_pid)
+
+    return {kill_at: kill_server, resume_at: wait_for_the_restart}
+
+
+def restarted_server_rows(spark: SparkSession, node: Path) -> tuple[ServerEntry, float]:
+    """The node's first server as announced now, and the rows it answered for this application."""
+    restarted = read_discovery(node).servers[0]
+    rows = app_sample(
+        restarted.http_address or "", "udfserve_app_rows_total", spark.sparkContext.applicationId
+    )
+    return restarted, rows
+
+
 def wait_for_ready_server(path: Path, other_than: int | None) -> ServerEntry:
     """The node's ready server, once its pid differs from ``other_than``."""
     import time
@@ -251,21 +276,9 @@ def test_a_server_restarted_by_the_node_supervisor_takes_the_partition_back_from
     )
     killed_pid = killed.pid
 
-    def kill_server() -> None:
-        import os
-        import signal
-
-        os.kill(killed_pid, signal.SIGKILL)
-
-    def wait_for_the_restart() -> None:
-        wait_for_ready_server(node, other_than=killed_pid)
-
-    result = run_gated(spark, rows, predictor, {kill_at: kill_server, resume_at: wait_for_the_restart})
+    result = run_gated(spark, rows, predictor, kill_and_await_restart(node, killed_pid, kill_at, resume_at))
     stats = predictor.stats()
-    restarted = read_discovery(node).servers[0]
-    restarted_rows = app_sample(
-        restarted.http_address or "", "udfserve_app_rows_total", spark.sparkContext.applicationId
-    )
+    restarted, restarted_rows = restarted_server_rows(spark, node)
 
     check_every_row_once(result, rows, example_repository)
     assert restarted.pid != killed_pid
@@ -301,21 +314,9 @@ def test_a_server_restarted_by_the_node_supervisor_is_dialled_through_its_unix_s
     )
     killed_pid = killed.pid
 
-    def kill_server() -> None:
-        import os
-        import signal
-
-        os.kill(killed_pid, signal.SIGKILL)
-
-    def wait_for_the_restart() -> None:
-        wait_for_ready_server(node, other_than=killed_pid)
-
-    result = run_gated(spark, rows, predictor, {kill_at: kill_server, resume_at: wait_for_the_restart})
+    result = run_gated(spark, rows, predictor, kill_and_await_restart(node, killed_pid, kill_at, resume_at))
     stats = predictor.stats()
-    restarted = read_discovery(node).servers[0]
-    restarted_rows = app_sample(
-        restarted.http_address or "", "udfserve_app_rows_total", spark.sparkContext.applicationId
-    )
+    restarted, restarted_rows = restarted_server_rows(spark, node)
 
     check_every_row_once(result, rows, example_repository)
     assert restarted.pid != killed_pid and restarted.tcp_address != killed.tcp_address
