@@ -17,6 +17,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# grpcio 1.80 to 1.85 (grpc/grpc#43055): in a process whose gRPC channels are active, a child
+# forked through subprocess's ``preexec_fn`` (PySpark starts its JVM that way) can die before it
+# execs: the EventEngine's fork handling restarts a poller in the child, which then finds its
+# epoll descriptor closed by ``close_fds``. The test process holds channels when the Spark fixture
+# starts the JVM, and on a busy machine about one start in ten died (JAVA_GATEWAY_EXITED, with
+# "epoll_wait error: Bad file descriptor" in the JVM's log). The gRPC experiment off here is that
+# fork handling; set before any gRPC import, it reaches the servers this process starts too,
+# none of which forks. docs/spark_client.md gives drivers the same advice.
+os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_fork")
+
 _TIERS = {
     "unit": "unit",
     "backend": "integration",
