@@ -17,10 +17,11 @@ from spark_client.config import ClientConfig
 from spark_client.errors import ClientSetupError
 
 AUTHORIZATION_KEY = "authorization"
-Metadata = tuple[tuple[str, str], ...]
+CallMetadata = tuple[tuple[str, str], ...]
+"""gRPC call metadata: the headers of one call, as grpcio takes them ((key, value) pairs)."""
 
 
-def auth_metadata(config: ClientConfig) -> Metadata:
+def auth_metadata(config: ClientConfig) -> CallMetadata:
     """``authorization: Bearer <token>`` when a token is configured, else nothing."""
     if config.auth_token is not None:
         token = config.auth_token.get_secret_value().strip()

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from spark_client.errors import ModelNotFound, ServerUnavailable
-from spark_client.metadata import ModelSpec, spec_from_tensors
+from spark_client.model_spec import ModelSpec, spec_from_tensors
 
 logger = logging.getLogger(__name__)
 

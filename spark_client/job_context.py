@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from udfserve.job_metadata import MAX_VALUE_CHARS, METADATA_PREFIX
+from udfserve.spark_job_keys import MAX_VALUE_CHARS, METADATA_PREFIX
 
 JOB_GROUP_PROPERTY = "spark.jobGroup.id"
 JOB_DESCRIPTION_PROPERTY = "spark.job.description"

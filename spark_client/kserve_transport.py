@@ -33,9 +33,9 @@ import pyarrow as pa
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from spark_client.config import ClientConfig
-from spark_client.credentials import Metadata
+from spark_client.credentials import CallMetadata
 from spark_client.errors import ModelMetadataError, RequestRejected
-from spark_client.metadata import ModelSpec, Tensor
+from spark_client.model_spec import ModelSpec, Tensor
 from spark_client.transport import PredictStream, Reply, StreamBroken
 from udfserve.kserve_codec import (
     NUMPY_DTYPE_OF,
@@ -93,7 +93,12 @@ def _tensor(spec: TensorSpec, model: str) -> Tensor:
 
 
 def describe_kserve_model(
-    channel: grpc.Channel, target: str, model: str, version: int, timeout_s: float, metadata: Metadata = ()
+    channel: grpc.Channel,
+    target: str,
+    model: str,
+    version: int,
+    timeout_s: float,
+    metadata: CallMetadata = (),
 ) -> KServeModel:
     """The model's tensors from ``ModelMetadata``, refined by ``ModelConfig`` where the server has it.
 
@@ -153,7 +158,7 @@ class KServeWire:
     """Each batch a unary ``ModelInfer`` call; the answers come back as ``Reply`` events."""
 
     def __init__(
-        self, channel: grpc.Channel, model: KServeModel, config: ClientConfig, metadata: Metadata = ()
+        self, channel: grpc.Channel, model: KServeModel, config: ClientConfig, metadata: CallMetadata = ()
     ) -> None:
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         self._model = model
@@ -229,7 +234,7 @@ def _error_reply(batch_id: int, error: BaseException) -> Reply | StreamBroken:
 
 
 def kserve_stream(
-    channel: grpc.Channel, target: str, model: KServeModel, config: ClientConfig, metadata: Metadata = ()
+    channel: grpc.Channel, target: str, model: KServeModel, config: ClientConfig, metadata: CallMetadata = ()
 ) -> PredictStream:
     """A ``PredictStream`` over KServe v2."""
     return PredictStream(KServeWire(channel, model, config, metadata), target, model.name, config)

@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 
 from spark_client.convert import match_inputs
-from spark_client.metadata import ModelSpec, Tensor
+from spark_client.model_spec import ModelSpec, Tensor
 from spark_client.rechunk import Pieces
 
 PandasInput: TypeAlias = pd.Series | pd.DataFrame

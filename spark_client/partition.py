@@ -27,7 +27,7 @@ from spark_client.config import ClientConfig
 from spark_client.credentials import auth_metadata
 from spark_client.errors import RemotePredictError, ServerUnavailable
 from spark_client.job_context import SparkJobContext
-from spark_client.metadata import ModelSpec
+from spark_client.model_spec import ModelSpec
 from spark_client.protocols import open_stream
 from spark_client.routing import (
     NoServerFound,

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from spark_client.config import ClientConfig
-from spark_client.credentials import Metadata
+from spark_client.credentials import CallMetadata
 from spark_client.errors import ClientSetupError
-from spark_client.metadata import ModelSpec
+from spark_client.model_spec import ModelSpec
 from spark_client.transport import PredictStream, arrow_stream, connect
 
 
@@ -25,7 +25,9 @@ class DescribedModel:
     max_rows_per_request: int = 0
 
 
-def describe_model(target: str, config: ClientConfig, model: str, metadata: Metadata = ()) -> DescribedModel:
+def describe_model(
+    target: str, config: ClientConfig, model: str, metadata: CallMetadata = ()
+) -> DescribedModel:
     """The model as the server at ``target`` describes it; raises ``ConnectFailed`` as ``connect``."""
     if config.protocol == "kserve":
         kserve = _kserve()
@@ -36,7 +38,7 @@ def describe_model(target: str, config: ClientConfig, model: str, metadata: Meta
     return DescribedModel(spec)
 
 
-def open_stream(target: str, config: ClientConfig, model: str, metadata: Metadata = ()) -> PredictStream:
+def open_stream(target: str, config: ClientConfig, model: str, metadata: CallMetadata = ()) -> PredictStream:
     """A connected ``PredictStream`` to ``target``; raises ``ConnectFailed`` as ``connect``."""
     if config.protocol == "kserve":
         kserve = _kserve()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from spark_client.metadata import ModelSpec, Tensor
+from spark_client.model_spec import ModelSpec, Tensor
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType

@@ -32,9 +32,9 @@ import grpc
 import pyarrow as pa
 
 from spark_client.config import ClientConfig
-from spark_client.credentials import Metadata, channel_credentials, uses_tls
+from spark_client.credentials import CallMetadata, channel_credentials, uses_tls
 from spark_client.errors import AuthenticationFailed, ModelMetadataError, ModelNotFound, RequestRejected
-from spark_client.metadata import ModelSpec, spec_from_tensors
+from spark_client.model_spec import ModelSpec, spec_from_tensors
 from spark_client.shared_memory import SharedMemoryPayloads
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
@@ -145,8 +145,8 @@ def connect(
     target: str,
     config: ClientConfig,
     model: str,
-    metadata: Metadata = (),
-    describe: Callable[[grpc.Channel, str, str, int, float, Metadata], Described] | None = None,
+    metadata: CallMetadata = (),
+    describe: Callable[[grpc.Channel, str, str, int, float, CallMetadata], Described] | None = None,
 ) -> tuple[grpc.Channel, Described]:
     """A channel to ``target`` whose server has ``model`` ready, and the model as ``describe`` tells it.
 
@@ -183,7 +183,12 @@ def connect(
 
 
 def fetch_model_spec(
-    channel: grpc.Channel, target: str, model: str, version: int, timeout_s: float, metadata: Metadata = ()
+    channel: grpc.Channel,
+    target: str,
+    model: str,
+    version: int,
+    timeout_s: float,
+    metadata: CallMetadata = (),
 ) -> ModelSpec:
     """The model's inputs and outputs as the server describes them (``GetModelMetadata``)."""
     stub = pb_grpc.InferenceStub(channel)
@@ -531,7 +536,7 @@ class ArrowWire:
         target: str,
         model: str,
         config: ClientConfig,
-        metadata: Metadata = (),
+        metadata: CallMetadata = (),
         payloads: SharedMemoryPayloads | None = None,
     ) -> None:
         self._stub = pb_grpc.InferenceStub(channel)
@@ -644,7 +649,7 @@ def _reply(response: pb.PredictResponse) -> Reply:
 
 
 def arrow_stream(
-    channel: grpc.Channel, target: str, model: str, config: ClientConfig, metadata: Metadata = ()
+    channel: grpc.Channel, target: str, model: str, config: ClientConfig, metadata: CallMetadata = ()
 ) -> PredictStream:
     """A ``PredictStream`` over udfserve's Arrow protocol, with its payloads in shared memory when
     the server is on this node (a unix socket), the config allows it and the server has not

@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql import types as T
 
 from spark_client.convert import answer_to_spark_columns, arrow_to_request, match_inputs
-from spark_client.metadata import ModelSpec, Tensor
+from spark_client.model_spec import ModelSpec, Tensor
 from spark_client.pandas_convert import answer_to_pandas, pandas_pieces, pandas_to_request, series_to_arrow
 from spark_client.return_types import spark_return_type
 

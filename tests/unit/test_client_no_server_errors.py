@@ -10,7 +10,7 @@ import pytest
 from spark_client.circuit import CircuitBreakers
 from spark_client.config import ClientConfig
 from spark_client.errors import ModelMetadataError, ServerUnavailable
-from spark_client.metadata import spec_from_tensors
+from spark_client.model_spec import spec_from_tensors
 from spark_client.partition import PredictJob, predict_partition
 from spark_client.routing import ADDRESS_ENV, TaskPlacement
 from spark_client.udf import describe_in_driver

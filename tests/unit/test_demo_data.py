@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import Row
 
 from services.demo_data import FREE_DIMENSION, SAMPLE_VALUES, describe_inputs, format_value, values_per_row
-from spark_client.metadata import Tensor
+from spark_client.model_spec import Tensor
 
 
 def test_a_tensor_input_gets_a_flat_array_of_its_shapes_size() -> None:

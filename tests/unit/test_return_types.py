@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import types as T
 
-from spark_client.metadata import ModelSpec, Tensor
+from spark_client.model_spec import ModelSpec, Tensor
 from spark_client.return_types import check_return_type, spark_return_type
 
 VECTOR = ModelSpec("tabular", 1, (Tensor("x", "float32", (4,)),), (Tensor("p", "float32", (8,)),))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from udfserve.job_metadata import MAX_VALUE_CHARS, METADATA_PREFIX, NUMERIC_KEYS
+from udfserve.spark_job_keys import MAX_VALUE_CHARS, METADATA_PREFIX, NUMERIC_KEYS
 
 logger = logging.getLogger(__name__)
 
