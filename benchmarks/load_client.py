@@ -73,8 +73,10 @@ def run_client_load(spec: LoadSpec) -> LoadResult:
     """The Spark client's stream for ``duration_s``: latency is from the moment the stream takes a
     batch (and sends it) to the moment it yields that batch's answer, in order."""
     from benchmarks.processes import percentile
+    from spark_client.arrow_wire import arrow_stream
+    from spark_client.channels import connect
     from spark_client.config import ClientConfig
-    from spark_client.transport import HeldBatch, arrow_stream, connect
+    from spark_client.transport import HeldBatch
     from udfserve.shared_memory import ipc_stream_size
 
     config = ClientConfig(

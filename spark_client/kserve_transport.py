@@ -36,7 +36,8 @@ from spark_client.config import ClientConfig
 from spark_client.credentials import CallMetadata
 from spark_client.errors import ModelMetadataError, RequestRejected
 from spark_client.model_spec import ModelSpec, Tensor
-from spark_client.transport import PredictStream, Reply, StreamBroken
+from spark_client.transport import PredictStream
+from spark_client.wire import Reply, StreamBroken
 from udfserve.kserve_codec import (
     NUMPY_DTYPE_OF,
     KServeCodecError,

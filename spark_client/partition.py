@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from spark_client.channels import ConnectFailed, forget_channel
 from spark_client.circuit import BREAKERS, CircuitBreakers
 from spark_client.config import ClientConfig
 from spark_client.credentials import auth_metadata
@@ -39,7 +40,7 @@ from spark_client.routing import (
     resolve_route,
 )
 from spark_client.stats import ClientStats
-from spark_client.transport import ConnectFailed, HeldBatch, PredictStream, StreamFailed, forget_channel
+from spark_client.transport import HeldBatch, PredictStream, StreamFailed
 
 logger = logging.getLogger(__name__)
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
+from spark_client.arrow_wire import arrow_stream
+from spark_client.channels import connect
 from spark_client.config import ClientConfig
 from spark_client.credentials import CallMetadata
 from spark_client.errors import ClientSetupError
 from spark_client.model_spec import ModelSpec
-from spark_client.transport import PredictStream, arrow_stream, connect
+from spark_client.transport import PredictStream
 
 
 @dataclass(frozen=True)

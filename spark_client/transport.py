@@ -21,52 +21,26 @@ import heapq
 import itertools
 import logging
 import queue
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol, TypeVar
 
 import grpc
 import pyarrow as pa
 
 from spark_client.config import ClientConfig
-from spark_client.credentials import CallMetadata, channel_credentials, uses_tls
-from spark_client.errors import AuthenticationFailed, ModelMetadataError, ModelNotFound, RequestRejected
-from spark_client.model_spec import ModelSpec, spec_from_tensors
-from spark_client.shared_memory import SharedMemoryPayloads
-from udfserve.protocol import inference_pb2 as pb
-from udfserve.protocol import inference_pb2_grpc as pb_grpc
-from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
+from spark_client.errors import AuthenticationFailed, ModelNotFound, RequestRejected
+from spark_client.wire import (
+    AUTH_ERROR_CODES,
+    CLIENT_TOO_LARGE_TEXT,
+    END,
+    USER_ERROR_CODES,
+    Reply,
+    StreamBroken,
+    Wire,
+)
 
 logger = logging.getLogger(__name__)
-
-USER_ERROR_CODES = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.NOT_FOUND,
-        grpc.StatusCode.OUT_OF_RANGE,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.UNIMPLEMENTED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.UNAUTHENTICATED,
-    }
-)
-"""Answers that mean the request is wrong: the task fails with the server's message."""
-
-AUTH_ERROR_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
-"""Refusals of the client's credentials: a configuration error, never a reason to fall back."""
-
-_CODES_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
-
-ChannelKey = tuple[str, int, tuple[str | None, ...]]
-_channels: dict[ChannelKey, grpc.Channel] = {}
-_channels_lock = threading.Lock()
-
-
-class ConnectFailed(ConnectionError):
-    """No connection to the target within the connect timeout."""
 
 
 @dataclass
@@ -89,178 +63,6 @@ class StreamFailed(Exception):
         self.reason = reason
         self.kind = kind
         self.held = held
-
-
-def _channel_key(target: str, config: ClientConfig) -> ChannelKey:
-    tls = (
-        (
-            config.tls_root_certificates_file,
-            config.tls_client_certificate_file,
-            config.tls_client_key_file,
-            config.tls_server_name,
-        )
-        if uses_tls(target, config)
-        else ()
-    )
-    return (target, config.max_message_bytes, tls)
-
-
-def channel_for(target: str, config: ClientConfig) -> grpc.Channel:
-    """The worker process's channel to ``target``, created once and reused by every later task.
-
-    TCP targets get TLS when the config names any TLS file; unix sockets stay plaintext.
-    """
-    key = _channel_key(target, config)
-    with _channels_lock:
-        channel = _channels.get(key)
-        if channel is None:
-            options: list[tuple[str, int | str]] = [
-                ("grpc.max_send_message_length", config.max_message_bytes),
-                ("grpc.max_receive_message_length", config.max_message_bytes),
-                ("grpc.keepalive_time_ms", 30_000),
-                ("grpc.keepalive_permit_without_calls", 0),
-            ]
-            if uses_tls(target, config):
-                if config.tls_server_name:
-                    options.append(("grpc.ssl_target_name_override", config.tls_server_name))
-                channel = grpc.secure_channel(target, channel_credentials(config), options=options)
-            else:
-                channel = grpc.insecure_channel(target, options=options)
-            _channels[key] = channel
-        return channel
-
-
-def forget_channel(target: str, config: ClientConfig) -> None:
-    """Drop a failed channel so the next task dials afresh instead of waiting out gRPC's back-off."""
-    with _channels_lock:
-        channel = _channels.pop(_channel_key(target, config), None)
-    if channel is not None:
-        channel.close()
-
-
-Described = TypeVar("Described")
-
-
-def connect(
-    target: str,
-    config: ClientConfig,
-    model: str,
-    metadata: CallMetadata = (),
-    describe: Callable[[grpc.Channel, str, str, int, float, CallMetadata], Described] | None = None,
-) -> tuple[grpc.Channel, Described]:
-    """A channel to ``target`` whose server has ``model`` ready, and the model as ``describe`` tells it.
-
-    Asking for the model's metadata is the connection check: it fails fast when nothing
-    listens, and it proves the server can answer for this model before any batch is sent.
-    ``describe`` is the protocol's way of asking (default: the Arrow protocol's
-    ``fetch_model_spec``). Raises ``ConnectFailed`` with the reason, ``AuthenticationFailed``
-    when the server refuses the client's token or certificate, or ``ModelNotFound`` when it has
-    no such model (another server of the node loads the same repository: none is tried).
-    """
-    ask: Callable[..., Any] = describe or fetch_model_spec
-    if target.startswith("unix:"):
-        path = Path(target.removeprefix("unix:").removeprefix("//"))
-        if not path.exists():
-            raise ConnectFailed(f"{target}: socket file {path} does not exist")
-    channel = channel_for(target, config)
-    try:
-        described = ask(channel, target, model, config.model_version, config.connect_timeout_s, metadata)
-    except ModelMetadataError as exc:
-        forget_channel(target, config)
-        if exc.code in {c.name for c in AUTH_ERROR_CODES}:
-            raise AuthenticationFailed(
-                f"{exc}; set ClientConfig.auth_token or auth_token_file (Spark conf "
-                "spark.udfserve.authToken or spark.udfserve.authTokenFile) to the server's token",
-                exc.code,
-            ) from None
-        if exc.code == grpc.StatusCode.NOT_FOUND.name:
-            version = f" version {config.model_version}" if config.model_version else ""
-            raise ModelNotFound(
-                f"model {model!r}{version} does not exist on the server at {target}: {exc.details}"
-            ) from None
-        raise ConnectFailed(str(exc)) from None
-    return channel, described
-
-
-def fetch_model_spec(
-    channel: grpc.Channel,
-    target: str,
-    model: str,
-    version: int,
-    timeout_s: float,
-    metadata: CallMetadata = (),
-) -> ModelSpec:
-    """The model's inputs and outputs as the server describes them (``GetModelMetadata``)."""
-    stub = pb_grpc.InferenceStub(channel)
-    try:
-        meta = stub.GetModelMetadata(
-            pb.ModelMetadataRequest(model=model, version=version), timeout=timeout_s, metadata=metadata
-        )
-    except grpc.RpcError as exc:
-        raise ModelMetadataError(
-            f"server {target} could not describe model {model!r} (version {version or 'default'}): "
-            f"{exc.code().name}: {exc.details()}",
-            exc.code().name,
-            exc.details() or "",
-        ) from None
-    if meta.state != pb.MODEL_STATE_READY:
-        state = pb.ModelState.Name(meta.state)
-        raise ModelMetadataError(
-            f"server {target}: model {model!r} is {state}, expected MODEL_STATE_READY"
-            + (f": {meta.error}" if meta.error else "")
-        )
-    return spec_from_tensors(
-        meta.name,
-        meta.version,
-        [(t.name, t.dtype, t.shape) for t in meta.inputs],
-        [(t.name, t.dtype, t.shape) for t in meta.outputs],
-    )
-
-
-@dataclass
-class Reply:
-    """A server's answer to one batch, whatever the protocol: a result, or an error with its code."""
-
-    batch_id: int
-    result: pa.RecordBatch | None = None
-    code: grpc.StatusCode | None = None
-    message: str = ""
-    unreadable: str = ""
-    """Set when the answer could not be read: the reason (the stream fails, ``bad_answer``)."""
-    resend: bool = False
-    """The server computed nothing and will serve the same batch sent another way: send it again."""
-
-
-class StreamBroken(Exception):
-    """The call itself ended with a status (the connection reset, the server killed)."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-
-CLIENT_TOO_LARGE_TEXT = "Sent message larger than max"
-"""How gRPC words its refusal to send a message over ``grpc.max_send_message_length``."""
-
-
-class Wire(Protocol):
-    """How one protocol carries a partition's batches; ``PredictStream`` does the rest.
-
-    ``open`` starts the call; from then on the wire puts ``Reply``, ``StreamBroken`` or ``END``
-    (the server closed a stream normally) into ``events``, from any thread. ``send`` encodes the
-    batch when it is sent, so that only the Arrow batch is held while it waits for its answer.
-    """
-
-    def open(self, events: queue.Queue[object]) -> None: ...
-
-    def send(self, batch_id: int, batch: pa.RecordBatch) -> None: ...
-
-    def finish(self) -> bool:
-        """No more batches: end the call; True when it ended cleanly."""
-        ...
-
-    def cancel(self) -> None: ...
 
 
 @dataclass
@@ -290,9 +92,6 @@ class _Closing:
 
     reason: str
     kind: str
-
-
-END = object()
 
 
 class PredictStream:
@@ -526,153 +325,3 @@ class PredictStream:
 
 
 # -- the Arrow protocol ------------------------------------------------------------------------
-class ArrowWire:
-    """udfserve's own protocol: one bidirectional ``Predict`` stream of Arrow IPC payloads, inline
-    or, given ``payloads``, in the node's shared memory (``SharedMemoryPayloads``)."""
-
-    def __init__(
-        self,
-        channel: grpc.Channel,
-        target: str,
-        model: str,
-        config: ClientConfig,
-        metadata: CallMetadata = (),
-        payloads: SharedMemoryPayloads | None = None,
-    ) -> None:
-        self._stub = pb_grpc.InferenceStub(channel)
-        self._target = target
-        self._model = model
-        self._version = config.model_version
-        self._end_timeout_s = config.connect_timeout_s
-        self._metadata = metadata
-        self._payloads = payloads
-        self._outbox: queue.Queue[pb.PredictRequest | None] = queue.Queue()
-        self._events: queue.Queue[object] | None = None
-        self._call: Any = None
-
-    def open(self, events: queue.Queue[object]) -> None:
-        self._events = events
-        self._call = self._stub.Predict(_drain(self._outbox), metadata=self._metadata)
-        threading.Thread(target=self._read_responses, args=(self._call, events), daemon=True).start()
-
-    def send(self, batch_id: int, batch: pa.RecordBatch) -> None:
-        request = pb.PredictRequest(model=self._model, version=self._version, batch_id=batch_id)
-        regions = self._payloads.place(batch_id, batch) if self._payloads is not None else None
-        if regions is None:
-            request.arrow_ipc = encode_batch(batch)
-        else:
-            request.input_region.CopyFrom(regions[0])
-            request.output_region.CopyFrom(regions[1])
-        self._outbox.put(request)
-
-    def finish(self) -> bool:
-        """Half-close, then let the server close the stream."""
-        self._outbox.put(None)
-        assert self._events is not None
-        try:
-            event = self._events.get(timeout=self._end_timeout_s)
-        except queue.Empty:
-            return False
-        finally:
-            self._close_payloads()
-        return event is END
-
-    def cancel(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-        self._outbox.put(None)
-        self._close_payloads()
-
-    def _close_payloads(self) -> None:
-        if self._payloads is not None:
-            self._payloads.close()
-
-    def _read_responses(self, call: Iterator[pb.PredictResponse], events: queue.Queue[object]) -> None:
-        """Decode each answer on this thread, so the task's thread only pairs and yields them."""
-        try:
-            for response in call:
-                events.put(self._reply(response))
-        except grpc.RpcError as exc:
-            events.put(StreamBroken(exc.code(), exc.details() or ""))
-        except Exception as exc:  # the task's thread must hear of it, not wait out its deadline
-            failure = f"reading the answers failed: {type(exc).__name__}: {exc}"
-            events.put(StreamBroken(grpc.StatusCode.UNKNOWN, failure))
-        else:
-            events.put(END)
-
-    def _reply(self, response: pb.PredictResponse) -> Reply:
-        payloads = self._payloads
-        # Only a batch this stream put in shared memory can be refused for it: anything else so
-        # flagged is an error answer like any other, never a reason to resend without end.
-        if response.shared_memory_refused and payloads is not None and payloads.release(response.batch_id):
-            if payloads.placing:
-                payloads.placing = False
-                _refused_shared_memory[self._target] = time.monotonic()
-                logger.warning(
-                    "%s cannot use this node's shared memory (%s); batches to it travel inline",
-                    self._target,
-                    response.error.message,
-                )
-            return Reply(response.batch_id, resend=True)
-        if payloads is None:
-            return _reply(response)
-        if response.output_region_bytes:
-            try:
-                result = payloads.answer(response.batch_id, response.output_region_bytes)
-            except ValueError as exc:  # ArrowPayloadError, or a size the file cannot hold
-                return Reply(response.batch_id, unreadable=str(exc))
-            return Reply(response.batch_id, result=result)
-        payloads.release(response.batch_id)
-        reply = _reply(response)
-        if reply.result is not None:
-            payloads.learn_answer_size(reply.result.num_rows, len(response.arrow_ipc))
-        return reply
-
-
-def _drain(outbox: queue.Queue[pb.PredictRequest | None]) -> Iterator[pb.PredictRequest]:
-    """The request side of the call: what the client puts in ``outbox``, until None."""
-    while True:
-        request = outbox.get()
-        if request is None:
-            return
-        yield request
-
-
-def _reply(response: pb.PredictResponse) -> Reply:
-    if response.HasField("error"):
-        code = _CODES_BY_NUMBER.get(response.error.code, grpc.StatusCode.UNKNOWN)
-        return Reply(response.batch_id, code=code, message=response.error.message)
-    try:
-        return Reply(response.batch_id, result=decode_batch(response.arrow_ipc, "PredictResponse.arrow_ipc"))
-    except ArrowPayloadError as exc:
-        return Reply(response.batch_id, unreadable=str(exc))
-
-
-def arrow_stream(
-    channel: grpc.Channel, target: str, model: str, config: ClientConfig, metadata: CallMetadata = ()
-) -> PredictStream:
-    """A ``PredictStream`` over udfserve's Arrow protocol, with its payloads in shared memory when
-    the server is on this node (a unix socket), the config allows it and the server has not
-    refused it lately."""
-    payloads = None
-    if _may_use_shared_memory(target, config):
-        payloads = SharedMemoryPayloads(
-            Path(config.shared_memory_dir), config.max_in_flight, config.shared_memory_group_access
-        )
-    wire = ArrowWire(channel, target, model, config, metadata, payloads)
-    return PredictStream(wire, target, model, config)
-
-
-SHARED_MEMORY_RETRY_S = 300.0
-"""After a server refused this process's shared memory, how long its streams go inline before
-trying again (the server may be restarted with another --shared-memory-dir)."""
-_refused_shared_memory: dict[str, float] = {}
-
-
-def _may_use_shared_memory(target: str, config: ClientConfig) -> bool:
-    if not config.shared_memory or not target.startswith("unix:"):
-        return False
-    refused_at = _refused_shared_memory.get(target)
-    if refused_at is not None and time.monotonic() - refused_at < SHARED_MEMORY_RETRY_S:
-        return False
-    return Path(config.shared_memory_dir).is_dir()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import pyarrow as pa
 
+from spark_client.channels import ConnectFailed
 from spark_client.config import ClientConfig
 from spark_client.convert import answer_to_spark_columns, arrow_to_request, match_inputs
 from spark_client.credentials import auth_metadata
@@ -41,7 +42,6 @@ from spark_client.routing import (
 )
 from spark_client.stats import ClientStats, new_accumulator
 from spark_client.task import answer_partition
-from spark_client.transport import ConnectFailed
 from spark_client.worker_check import check_python_workers, worker_modules
 
 if TYPE_CHECKING:

@@ -17,8 +17,10 @@ import pytest
 from server_harness import batch_of, metric_value, module_server, request, scrape, stream_predict
 
 from services.model_server.launcher import ServerProcess
+from spark_client.arrow_wire import arrow_stream
+from spark_client.channels import connect
 from spark_client.config import ClientConfig
-from spark_client.transport import HeldBatch, PredictStream, arrow_stream, connect
+from spark_client.transport import HeldBatch, PredictStream
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import decode_batch

@@ -30,11 +30,11 @@ from spark_data import feature_column, feature_values, reference_outputs, stacke
 
 from services.model_server.launcher import ServerProcess, launch_server
 from spark_client import ClientConfig, arrow_predictor, remote_predict
+from spark_client.channels import connect
 from spark_client.circuit import CircuitBreakers
 from spark_client.partition import PredictJob, predict_partition
 from spark_client.routing import TaskPlacement
 from spark_client.stats import ClientStats
-from spark_client.transport import connect
 from spark_client.udf import ArrowPredictor
 from udfserve.discovery import NodeDiscovery, ServerEntry, read_discovery, write_discovery
 from udfserve.protocol import inference_pb2_grpc as pb_grpc

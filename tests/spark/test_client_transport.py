@@ -16,13 +16,13 @@ import pytest
 from spark_data import feature_values
 
 from services.model_server.launcher import ServerProcess
+from spark_client.channels import connect
 from spark_client.circuit import CircuitBreakers
 from spark_client.config import ClientConfig
 from spark_client.errors import ServerUnavailable
 from spark_client.partition import PredictJob, predict_partition
 from spark_client.routing import TaskPlacement
 from spark_client.stats import ClientStats
-from spark_client.transport import connect
 
 MODEL = "slow_sum"
 
