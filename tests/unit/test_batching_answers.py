@@ -5,7 +5,6 @@ future of a request cut into chunks."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -36,13 +35,6 @@ class Answers:
 
     def on_request_answered(self, model: str, queue_s: float, compute_s: float) -> None:
         self.answered.append((queue_s, compute_s))
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    new_loop = asyncio.new_event_loop()
-    yield new_loop
-    new_loop.close()
 
 
 def chunks_of(loop: asyncio.AbstractEventLoop, *sizes: int) -> list[Chunk]:

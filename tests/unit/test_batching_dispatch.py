@@ -9,11 +9,10 @@ and stay running until the test finishes them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import pytest
 
 from services.model_server.core.batching.dispatch import Dispatcher, ReturningCohort
 from services.model_server.core.batching.observers import Reports
@@ -132,14 +131,6 @@ class Batches:
             self.submit(value)
         self.clock.run_soon()
         self.finish()
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    """Only for the requests' futures: it never runs."""
-    new_loop = asyncio.new_event_loop()
-    yield new_loop
-    new_loop.close()
 
 
 # -- the returning cohort, alone ------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -52,13 +51,6 @@ class Answers(BatchesOnly):
 
     def on_request_answered(self, model: str, queue_s: float, compute_s: float) -> None:
         self.answered.append((queue_s, compute_s))
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    new_loop = asyncio.new_event_loop()
-    yield new_loop
-    new_loop.close()
 
 
 def answered_chunk(loop: asyncio.AbstractEventLoop, queued_s_ago: float, compute_s: float) -> Chunk:

@@ -4,20 +4,12 @@ which chunks a batch takes, and chunks whose caller went away."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from services.model_server.core.batching.queue import Chunk, RequestQueue, rows_of
 from services.model_server.errors import QueueFull
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    new_loop = asyncio.new_event_loop()
-    yield new_loop
-    new_loop.close()
 
 
 def rows(*values: float, width: int | None = None) -> dict[str, np.ndarray]:
