@@ -14,15 +14,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
+from idle_stream import IdleStream
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
@@ -37,7 +36,6 @@ from spark_client.routing import TaskPlacement
 from spark_client.stats import ClientStats
 from spark_client.udf import ArrowPredictor
 from udfserve.discovery import NodeDiscovery, ServerEntry, read_discovery, write_discovery
-from udfserve.protocol import inference_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.slow
 
@@ -111,24 +109,6 @@ def wait_until_draining(http_address: str) -> None:
                 return
         time.sleep(0.02)  # a short look between checks of another process's state
     raise AssertionError(f"the server at {http_address} did not start draining")
-
-
-class IdleStream:
-    """An open, idle Predict stream: a draining server keeps serving (and its /metrics answering)
-    until its open streams end or its grace period runs out, so the test can read its totals."""
-
-    def __init__(self, target: str) -> None:
-        self._done = threading.Event()
-        self._channel = grpc.insecure_channel(target)
-        requests = iter(lambda: self._done.wait() and None, None)  # yields nothing, ends when done
-        self._call = pb_grpc.InferenceStub(self._channel).Predict(requests)
-        self._reader = threading.Thread(target=lambda: list(self._call), daemon=True)
-        self._reader.start()
-
-    def close(self) -> None:
-        self._done.set()
-        self._reader.join(timeout=30)
-        self._channel.close()
 
 
 def test_sigterm_mid_job_the_draining_server_answers_what_it_accepted_and_another_server_the_rest(
