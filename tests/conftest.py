@@ -17,15 +17,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# grpcio 1.80 to 1.85 (grpc/grpc#43055): in a process whose gRPC channels are active, a child
-# forked through subprocess's ``preexec_fn`` (PySpark starts its JVM that way) can die before it
-# execs: the EventEngine's fork handling restarts a poller in the child, which then finds its
-# epoll descriptor closed by ``close_fds``. The test process holds channels when the Spark fixture
-# starts the JVM, and on a busy machine about one start in ten died (JAVA_GATEWAY_EXITED, with
-# "epoll_wait error: Bad file descriptor" in the JVM's log). The gRPC experiment off here is that
-# fork handling; set before any gRPC import, it reaches the servers this process starts too,
-# none of which forks. docs/spark_client.md gives drivers the same advice.
-os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_fork")
 
 _TIERS = {
     "unit": "unit",
@@ -73,3 +64,62 @@ def example_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=300,
     )
     return root
+
+
+# -- one local-mode SparkSession for every Spark test ----------------------------------------------
+# Its Python workers are not reused across tasks (``spark.python.worker.reuse=false``): a worker
+# that ran the CPU fallback in one test keeps TensorFlow imported, and the test proving that the
+# happy path never imports it must see a fresh worker. The JVM's stderr, which carries the Python
+# workers' stderr and so the client's warnings, goes to a log file the tests read.
+
+
+@pytest.fixture(scope="session")
+def spark_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spark") / "jvm-stderr.log"
+
+
+@pytest.fixture(scope="session")
+def spark(spark_log: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from pyspark.sql import SparkSession
+
+    runtime_dir = tmp_path_factory.mktemp(
+        "udfserve-runtime"
+    )  # no node discovery file unless a test writes one
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("udfserve-spark-client-tests")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.pyspark.driver.python", sys.executable)
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.worker.reuse", "false")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "1g")
+        .config("spark.executorEnv.UDFSERVE_RUNTIME_DIR", str(runtime_dir))
+    )
+    saved_stderr = os.dup(2)
+    try:
+        with open(spark_log, "ab") as log:
+            os.dup2(log.fileno(), 2)  # the JVM inherits it at launch; this process gets its own back
+        session = builder.getOrCreate()
+    finally:
+        os.dup2(saved_stderr, 2)
+        os.close(saved_stderr)
+    session.sparkContext.setLogLevel("WARN")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def spark_started_before_any_channel(request: pytest.FixtureRequest) -> None:
+    """Start the shared SparkSession before the first test, when a selected test uses it.
+
+    PySpark starts its JVM as a child forked with ``preexec_fn``. With grpcio 1.80 to 1.85
+    (grpc/grpc#43055) such a child of a process whose gRPC channels are active can die before it
+    execs (its log: ``epoll_wait error: Bad file descriptor``; the fixture: JAVA_GATEWAY_EXITED),
+    and by the Spark tests this process has talked to many servers: on a busy machine every Spark
+    test then failed at setup in about one run in three. Before the first test no channel exists.
+    """
+    if any("spark" in item.fixturenames for item in request.session.items):
+        request.getfixturevalue("spark")

@@ -1,14 +1,8 @@
-"""One local-mode SparkSession for every Spark test, real model servers, and reference outputs.
-
-The session's Python workers are not reused across tasks (``spark.python.worker.reuse=false``):
-a worker that ran the CPU fallback in one test keeps TensorFlow imported, and the test proving
-that the happy path never imports it must see a fresh worker. The JVM's stderr, which carries
-the Python workers' stderr and so the client's warnings, goes to a log file the tests read.
-"""
+"""Real model servers and reference outputs for the Spark tests (the SparkSession they share is
+started in tests/conftest.py, before any test opens a gRPC channel)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,44 +10,6 @@ from pathlib import Path
 import pytest
 
 from services.model_server.launcher import ServerProcess, launch_server
-
-
-@pytest.fixture(scope="session")
-def spark_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("spark") / "jvm-stderr.log"
-
-
-@pytest.fixture(scope="session")
-def spark(spark_log: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from pyspark.sql import SparkSession
-
-    runtime_dir = tmp_path_factory.mktemp(
-        "udfserve-runtime"
-    )  # no node discovery file unless a test writes one
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("udfserve-spark-client-tests")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.pyspark.driver.python", sys.executable)
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.python.worker.reuse", "false")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.memory", "1g")
-        .config("spark.executorEnv.UDFSERVE_RUNTIME_DIR", str(runtime_dir))
-    )
-    saved_stderr = os.dup(2)
-    try:
-        with open(spark_log, "ab") as log:
-            os.dup2(log.fileno(), 2)  # the JVM inherits it at launch; this process gets its own back
-        session = builder.getOrCreate()
-    finally:
-        os.dup2(saved_stderr, 2)
-        os.close(saved_stderr)
-    session.sparkContext.setLogLevel("WARN")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")
