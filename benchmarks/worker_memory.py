@@ -9,9 +9,15 @@ the same parquet files of the tabular model's input, against one ``udfserve serv
 runs, each Python worker's ``/proc/<pid>/smaps`` is read whenever its resident size reaches a new
 high, so the breakdown printed is the one at its peak; at the end of each partition the worker
 also reports from inside (its high-water mark, glibc's and pyarrow's allocators, the packages it
-imported). ``--baseline DIR`` adds ``remote_predict`` with the client of another source tree
-(``DIR/spark_client``), for before/after figures in the same run. Memory only: the machine's
-load makes no rows/s worth quoting, and none is printed.
+imported).
+
+Variants: ``floor``, the model-less pandas UDF of ``benchmarks.spark_e2e``; ``floor + client
+loaded``, the same function carrying ``remote_predict``'s job and importing its worker modules,
+sending nothing (what loading the client costs, apart from using it); ``remote_predict``, its
+pandas UDF's own function; and variants of it under other settings. ``--baseline DIR`` adds
+``remote_predict`` with the client of another source tree (``DIR/spark_client``), for
+before/after figures in the same run. Memory only: no rate is printed, as the runs are too short
+and too few to time.
 """
 
 from __future__ import annotations
@@ -42,14 +48,17 @@ logger = logging.getLogger(__name__)
 MODEL = "tabular_mlp"
 VARIANTS: dict[str, dict[str, Any]] = {
     "floor": {"remote": False},
+    "floor + client loaded": {"remote": False, "client": True},
     "remote_predict": {"remote": True},
     "remote_predict max_in_flight=1": {"remote": True, "config": {"max_in_flight": 1}},
     "floor system_allocator": {"remote": False, "env": {"ARROW_DEFAULT_MEMORY_POOL": "system"}},
     "remote_predict system_allocator": {"remote": True, "env": {"ARROW_DEFAULT_MEMORY_POOL": "system"}},
 }
 BASELINE = "remote_predict (baseline)"
-SHOWN = ("rss", "anonymous", "heap (brk)", "pyarrow", "pandas", "numpy", "grpc", "pydantic_core",
-         "pyspark", "python", "shared-memory files", "other packages", "other files", "anonymous pages")  # fmt: skip
+SHOWN = (
+    *("rss", "anonymous", "heap (brk)", "pyarrow", "pandas", "numpy", "grpc", "pydantic_core", "pyspark"),
+    *("python", "shared-memory files", "other packages", "other files", "anonymous pages"),
+)
 
 
 # -- in the child: one Spark application ---------------------------------------------------------
@@ -76,9 +85,13 @@ def _session(client_dir: str, executor_env: dict[str, str], batch_rows: int) -> 
     return session
 
 
-def _first_values(width: int) -> Any:
+def _first_values(width: int, job: Any = None) -> Any:
     """The floor: the first ``width`` values of each row, through the conversions of a pandas
-    UDF over arrays (``benchmarks.inworker.passthrough_pandas_udf``), in the iterator form."""
+    UDF over arrays (``benchmarks.inworker.passthrough_pandas_udf``), in the iterator form.
+
+    ``job``: a ``PredictJob`` the function carries to the worker, which also imports what
+    ``remote_predict``'s function imports there, and sends nothing: the client loaded, unused.
+    """
     from collections.abc import Iterator
 
     from benchmarks.inworker import passthrough_pandas_udf
@@ -86,6 +99,10 @@ def _first_values(width: int) -> Any:
     first_values = passthrough_pandas_udf(width)
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
+        if job is not None:
+            import spark_client.pandas_udf
+            import spark_client.protocols
+            import spark_client.task  # noqa: F401
         for series in batches:
             yield first_values(series)
 
@@ -136,15 +153,18 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     column, _, _, output_width = MODELS[MODEL]
     spark = _session(spec["client_dir"], spec["env"], spec["batch_rows"])
     frame = spark.read.parquet(spec["data"])
-    if spec["remote"]:
+    job = None
+    if spec["remote"] or spec["client"]:
         from spark_client import ClientConfig, remote_predict
-        from spark_client.pandas_udf import pandas_function
 
         config = ClientConfig.model_validate({"address": spec["address"], **spec["config"]})
         job = remote_predict(MODEL, config=config).job
+    if spec["remote"] and job is not None:
+        from spark_client.pandas_udf import pandas_function
+
         function = pandas_function(job, False)
     else:
-        function = _first_values(output_width)
+        function = _first_values(output_width, job)
     udf = pandas_udf(reported(function, spec["report_dir"]), returnType=ArrayType(FloatType()))  # type: ignore[call-overload]
     predicted = frame.withColumn("prediction", udf(column))
     from benchmarks.spark_job import _python_workers as workers
@@ -162,11 +182,14 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- in the parent: the variants, interleaved ----------------------------------------------------
-def _run_variant(name: str, data: Path, address: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+def _run_variant(
+    name: str, data: Path, address: str, args: argparse.Namespace, scratch: Path
+) -> dict[str, Any]:
     variant = VARIANTS.get(name, {"remote": True})
     report_dir = Path(tempfile.mkdtemp(prefix="reports-", dir=scratch))
     spec = {
         "remote": variant["remote"],
+        "client": variant.get("client", False),
         "config": variant.get("config", {}),
         "env": variant.get("env", {}),
         "client_dir": args.baseline if name == BASELINE else "",
@@ -207,7 +230,9 @@ def _row(name: str, result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--rows", type=int, default=300_000, help="rows of the tabular model's input")
     parser.add_argument("--files", type=int, default=4, help="parquet files, hence Spark partitions")
@@ -248,7 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, runs in results.items():
         for result in runs:
             print(_row(name, result))
-    packages = {name: set().union(*(r["packages"] for run in runs for r in run["reports"])) for name, runs in results.items()}
+    packages = {
+        name: set().union(*(r["packages"] for run in runs for r in run["reports"]))
+        for name, runs in results.items()
+    }
     floor = packages.get("floor", set())
     for name, imported in packages.items():
         if name != "floor" and floor:
