@@ -5,7 +5,8 @@ endpoint (on the same port as its Arrow service) or a real Triton Inference Serv
 use the generated service definitions and messages that ``tritonclient.grpc`` ships (the ones
 its ``InferenceServerClient`` is built on), over the client's own channel, so TLS, the bearer
 token, the message limits and the channel reuse are those of the Arrow protocol; the tensors
-are built and read by ``udfserve.kserve_codec``, which the server side uses too.
+are built and read by ``kserve_messages`` with the tensor rules of ``udfserve.kserve_tensors``,
+which the server side uses too.
 
 Each batch is one unary ``ModelInfer`` call, not a ``ModelStreamInfer`` stream: Triton answers a
 stream's failed request with a message and no status code, while a unary call ends with the
@@ -35,18 +36,16 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from spark_client.config import ClientConfig
 from spark_client.credentials import CallMetadata
 from spark_client.errors import ModelMetadataError, RequestRejected
-from spark_client.model_spec import ModelSpec, Tensor
-from spark_client.transport import PredictStream
-from spark_client.wire import Reply, StreamBroken
-from udfserve.kserve_codec import (
-    NUMPY_DTYPE_OF,
-    KServeCodecError,
-    TensorSpec,
+from spark_client.kserve_messages import (
     arrow_batch_to_infer_request,
     infer_response_to_arrow,
     specs_from_config,
     specs_from_metadata,
 )
+from spark_client.model_spec import ModelSpec, Tensor
+from spark_client.transport import PredictStream
+from spark_client.wire import Reply, StreamBroken
+from udfserve.kserve_tensors import NUMPY_DTYPE_OF, KServeCodecError, TensorSpec
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,14 @@ def describe_model(
 
 
 def open_stream(target: str, config: ClientConfig, model: str, metadata: CallMetadata = ()) -> PredictStream:
-    """A connected ``PredictStream`` to ``target``; raises ``ConnectFailed`` as ``connect``."""
+    """A connected ``PredictStream`` to ``target``; raises ``ConnectFailed`` as ``connect``.
+
+    The metadata call inside ``connect`` is here the readiness check (the server is up, accepts
+    the token and has the model), and the Arrow protocol's answer to it is not kept: the job's
+    columns were fixed by ``describe_model`` when the UDF was built, and every answer is checked
+    against them as it arrives (``partition._conform_one``). The KServe wire does keep its
+    answer, because it builds each request from the peer's declared inputs.
+    """
     if config.protocol == "kserve":
         kserve = _kserve()
         channel, kserve_model = connect(target, config, model, metadata, kserve.describe_kserve_model)

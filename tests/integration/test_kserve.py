@@ -36,7 +36,11 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from services.model_server.launcher import ServerProcess, launch_server
-from udfserve.kserve_codec import arrow_batch_to_infer_request, infer_response_to_arrow, specs_from_config
+from spark_client.kserve_messages import (
+    arrow_batch_to_infer_request,
+    infer_response_to_arrow,
+    specs_from_config,
+)
 
 SMALL_QUEUE_ROWS = 8
 

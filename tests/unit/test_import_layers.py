@@ -5,7 +5,8 @@ lazy imports of the CPU fallback and of the backends), or under ``TYPE_CHECKING`
 import b`` counts as an import of the module ``a.b`` when there is one, else of ``a``; relative
 imports are resolved against the importing module's package.
 
-The layers: ``udfserve`` is what both sides share and imports neither side; ``spark_client``
+The layers: ``udfserve`` is what both sides share and imports neither side (nor ``tritonclient``,
+which only the KServe client's two modules import); ``spark_client``
 never imports ``services`` (its CPU fallback runs ``udfserve.runtime``, as the server does); in
 the model server, the request core (``core/``) imports no front end (``frontends/``) and the
 metrics (``observability/``) import neither; and no module takes part in an import cycle.
@@ -207,6 +208,29 @@ def test_udfserve_imports_neither_services_nor_spark_client() -> None:
     found = imports_from("udfserve", ["services", "spark_client"])
 
     assert not found, "expected no import of services or spark_client in udfserve:\n" + "\n".join(found)
+
+
+def test_udfserve_never_imports_tritonclient() -> None:
+    """The shared layer runs in every executor; ``tritonclient`` is the KServe extra's, not the base's."""
+    found = imports_from("udfserve", ["tritonclient"])
+
+    assert not found, "expected no import of tritonclient in udfserve:\n" + "\n".join(found)
+
+
+KSERVE_CLIENT_MODULES = {"spark_client.kserve_transport", "spark_client.kserve_messages"}
+
+
+def test_in_spark_client_only_the_kserve_wire_and_its_messages_import_tritonclient() -> None:
+    found = [
+        line
+        for line in imports_from("spark_client", ["tritonclient"])
+        if line.split()[0] not in KSERVE_CLIENT_MODULES
+    ]
+
+    assert not found, (
+        f"expected tritonclient imported in spark_client only by {sorted(KSERVE_CLIENT_MODULES)}:\n"
+        + "\n".join(found)
+    )
 
 
 SERVER = "services.model_server"

@@ -11,7 +11,7 @@ BYTES tensor, raw (each element a 4-byte little-endian length and its bytes, as 
 it) or in ``contents.bytes_contents``; BYTES for a numeric input, or numbers for a string input,
 are refused naming the input and both datatypes. Outputs are answered as raw contents.
 
-The conversions themselves are ``udfserve.kserve_codec``'s, the rules the Spark client also uses.
+The conversions themselves are ``udfserve.kserve_tensors``'s, the rules the Spark client also uses.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TypeAlias
 import numpy as np
 from tritonclient.grpc import service_pb2 as kpb
 
-from udfserve import kserve_codec as codec
+from udfserve import kserve_tensors as codec
 from udfserve.runtime.errors import BackendFault, InvalidInput
 from udfserve.runtime.tensor_spec import TensorSpec, numpy_dtype
 
