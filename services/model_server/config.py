@@ -108,6 +108,12 @@ class ServerConfig(BaseSettings):
     auth_token_file: Path | None = Field(
         default=None, description="read the token from this file instead of --auth-token"
     )
+    trust_savedmodels: bool = Field(
+        default=True,
+        description="serve TensorFlow SavedModels; a SavedModel's graph can read and write files with "
+        "the server's permissions when it loads and runs, so --no-trust-savedmodels refuses them (Keras "
+        "files are still served, loaded in safe mode) for a repository whose writers are not all trusted",
+    )
     max_tracked_apps: int = Field(
         default=64,
         ge=1,
