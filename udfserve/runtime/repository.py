@@ -234,7 +234,9 @@ def _refuse_outside(root: Path, path: Path) -> None:
         resolved = path.resolve()
         inside = resolved.is_relative_to(root.resolve())
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
-        raise _Unservable(f"cannot resolve {path}: {exc}") from exc
+        raise _Unservable(
+            f"cannot resolve {path}: {exc}; expected a file or folder that resolves inside the repository"
+        ) from exc
     if not inside:
         raise _Unservable(
             f"{path} resolves to {resolved}, outside the repository {root}; expected every file of a "
