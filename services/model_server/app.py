@@ -39,6 +39,7 @@ from services.model_server.frontends.kserve.servicer import add_kserve_service
 from services.model_server.observability.gpu_metrics import GpuCollector
 from services.model_server.observability.metrics import ServerMetrics
 from services.model_server.security import TokenInterceptor, grpc_server_credentials
+from services.model_server.unix_socket import bind_private_unix_socket
 from services.process_setup import stop_on_signals
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 
@@ -167,14 +168,13 @@ class RunningServer:
                         "(a server still running); stop it, or give this server another --socket"
                     )
                 config.socket.unlink()  # a stale socket of a previous run of this server
-            self._bind(f"unix:{config.socket}")  # local only: the socket's file mode protects it
+            # local only: the socket's file mode protects it, from the moment it appears
+            bind_private_unix_socket(config.socket, int(config.socket_mode, 8), self._bind)
             unix_socket = str(config.socket)
         if config.port is not None:
             port = self._bind(f"{config.host}:{config.port}", grpc_server_credentials(config))
             tcp_address = f"{config.host}:{port}"
         await self.grpc_server.start()
-        if config.socket is not None:
-            os.chmod(config.socket, int(config.socket_mode, 8))
         kserve_address = None
         if self.kserve_native is not None:
             kserve_address = f"{config.host}:{self.kserve_native.start()}"

@@ -100,6 +100,12 @@ class ServerConfig(BaseSettings):
         default=False,
         description="accept plaintext listeners on non-loopback addresses (the operator's explicit choice)",
     )
+    allow_unauthenticated_remote: bool = Field(
+        default=False,
+        description="accept a TLS inference listener on a non-loopback --host that authenticates no client "
+        "(neither --auth-token nor --tls-client-ca-file): anyone who reaches the port may run the models "
+        "(the operator's explicit choice)",
+    )
     auth_token: SecretStr | None = Field(
         default=None,
         description="require 'authorization: Bearer <token>' for inference and model endpoints "
@@ -107,6 +113,12 @@ class ServerConfig(BaseSettings):
     )
     auth_token_file: Path | None = Field(
         default=None, description="read the token from this file instead of --auth-token"
+    )
+    trust_savedmodels: bool = Field(
+        default=True,
+        description="serve TensorFlow SavedModels; a SavedModel's graph can read and write files with "
+        "the server's permissions when it loads and runs, so --no-trust-savedmodels refuses them (Keras "
+        "files are still served, loaded in safe mode) for a repository whose writers are not all trusted",
     )
     max_tracked_apps: int = Field(
         default=64,
@@ -234,6 +246,31 @@ class ServerConfig(BaseSettings):
                     f"refusing a plaintext listener on a non-loopback address ({', '.join(remote)}): give "
                     "--tls-cert-file and --tls-key-file, or --allow-insecure-remote to accept it explicitly"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _authenticated_remote_inference(self) -> ServerConfig:
+        """TLS proves the server to its clients, not the clients to the server: an inference
+        listener beyond loopback needs a token or client certificates, or the operator's word."""
+        authenticates = (
+            self.auth_token is not None
+            or self.auth_token_file is not None
+            or self.tls_client_ca_file is not None
+        )
+        if not self.tls_enabled or authenticates or self.allow_unauthenticated_remote:
+            return self
+        remote = [
+            f"--host {self.host} ({flag})"
+            for flag, port in (("--port", self.port), ("--kserve-port", self.kserve_port))
+            if port is not None and not is_loopback(self.host)
+        ]
+        if remote:
+            raise ValueError(
+                f"refusing a TLS inference listener on a non-loopback address that authenticates no client "
+                f"({', '.join(remote)}): anyone who reaches it could run the models; give --auth-token "
+                "(or --auth-token-file) or --tls-client-ca-file, or --allow-unauthenticated-remote to "
+                "accept it explicitly"
+            )
         return self
 
     @property

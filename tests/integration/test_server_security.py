@@ -115,6 +115,44 @@ def test_a_plaintext_client_cannot_talk_to_a_tls_listener(tls_server: ServerProc
         predict_one(channel)
 
 
+def tls_flags(pki: Path) -> list[str]:
+    return ["--tls-cert-file", str(pki / "server.pem"), "--tls-key-file", str(pki / "server.key")]
+
+
+def test_a_tls_listener_beyond_loopback_authenticating_no_client_is_refused_naming_the_choices(
+    example_repository: Path, pki: Path
+) -> None:
+    result = serve_command_exit(
+        example_repository, "--host", "0.0.0.0", "--port", "0", "--http-port", "off", *tls_flags(pki)
+    )
+
+    assert result.returncode == 2
+    assert "--host 0.0.0.0 (--port)" in result.stderr and "authenticates no client" in result.stderr
+    for choice in ("--auth-token", "--tls-client-ca-file", "--allow-unauthenticated-remote"):
+        assert choice in result.stderr
+
+
+def test_a_tls_listener_beyond_loopback_authenticating_no_client_serves_when_the_operator_says_so(
+    example_repository: Path, pki: Path, tmp_path: Path
+) -> None:
+    server_only = grpc.ssl_channel_credentials(root_certificates=(pki / "ca.pem").read_bytes())
+    process = launch_server(
+        example_repository,
+        port=0,
+        http_port=None,
+        extra_args=[
+            "--models", "tabular_mlp", "--host", "0.0.0.0", *tls_flags(pki), "--allow-unauthenticated-remote"
+        ],
+        log_path=tmp_path / "server.log",
+        health_credentials=server_only,
+    )  # fmt: skip
+    try:
+        with grpc.secure_channel(tls_target(process), server_only) as channel:
+            assert not predict_one(channel).HasField("error")
+    finally:
+        process.terminate()
+
+
 @pytest.fixture(scope="module")
 def token_server(example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("token")

@@ -1,4 +1,5 @@
-"""Listeners beyond loopback need TLS or the operator's explicit --allow-insecure-remote."""
+"""Listeners beyond loopback need TLS or the operator's explicit --allow-insecure-remote; inference
+listeners beyond loopback also need a way to authenticate clients, or --allow-unauthenticated-remote."""
 
 from __future__ import annotations
 
@@ -31,11 +32,62 @@ def test_a_server_on_all_interfaces_is_accepted_when_the_operator_says_so() -> N
     assert config.host == "0.0.0.0"
 
 
-def test_a_server_on_all_interfaces_with_tls_is_accepted() -> None:
+TLS = {"tls_cert_file": Path("c.pem"), "tls_key_file": Path("k.pem")}
+
+
+def test_a_server_on_all_interfaces_with_tls_and_a_token_is_accepted() -> None:
+    config = ServerConfig(model_repository=Path("/m"), host="0.0.0.0", auth_token="t", **TLS)
+    assert config.tls_enabled
+
+
+def test_a_server_on_all_interfaces_with_tls_and_a_token_file_is_accepted() -> None:
+    config = ServerConfig(model_repository=Path("/m"), host="0.0.0.0", auth_token_file=Path("t"), **TLS)
+    assert config.tls_enabled
+
+
+def test_a_server_on_all_interfaces_with_mutual_tls_is_accepted() -> None:
     config = ServerConfig(
-        model_repository=Path("/m"), host="0.0.0.0", tls_cert_file=Path("c.pem"), tls_key_file=Path("k.pem")
+        model_repository=Path("/m"), host="0.0.0.0", tls_client_ca_file=Path("ca.pem"), **TLS
     )
     assert config.tls_enabled
+
+
+def test_a_server_on_all_interfaces_with_tls_authenticating_no_client_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ValidationError) as raised:
+        ServerConfig(model_repository=Path("/m"), host="0.0.0.0", **TLS)
+    message = str(raised.value)
+    assert "--host 0.0.0.0 (--port)" in message
+    assert "authenticates no client" in message
+    for choice in ("--auth-token", "--tls-client-ca-file", "--allow-unauthenticated-remote"):
+        assert choice in message
+
+
+def test_a_native_kserve_port_on_all_interfaces_authenticating_no_client_is_refused_too() -> None:
+    with pytest.raises(ValidationError, match=r"--host 0\.0\.0\.0 \(--kserve-port\)"):
+        ServerConfig(
+            model_repository=Path("/m"),
+            host="0.0.0.0",
+            port=None,
+            socket=Path("/s.sock"),
+            kserve_frontend="native",
+            kserve_port=0,
+            **TLS,
+        )
+
+
+def test_a_server_on_all_interfaces_authenticating_no_client_is_accepted_when_the_operator_says_so() -> None:
+    config = ServerConfig(
+        model_repository=Path("/m"), host="0.0.0.0", allow_unauthenticated_remote=True, **TLS
+    )
+    assert config.allow_unauthenticated_remote
+
+
+def test_a_server_on_loopback_with_tls_needs_no_client_authentication() -> None:
+    assert ServerConfig(model_repository=Path("/m"), **TLS).tls_enabled
+
+
+def test_a_tls_admin_app_beyond_loopback_with_inference_on_loopback_needs_no_client_authentication() -> None:
+    assert ServerConfig(model_repository=Path("/m"), http_host="0.0.0.0", **TLS).tls_enabled
 
 
 def test_a_certificate_without_its_key_is_refused() -> None:

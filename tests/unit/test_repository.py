@@ -188,6 +188,118 @@ def test_symlinked_model_folder_inside_the_repository_is_served(tmp_path: Path) 
     assert sorted(source.name for source in scan.sources) == ["alias", "real"]
 
 
+def repository_and_outside(tmp_path: Path) -> tuple[Path, Path]:
+    """A repository folder, and a folder beside it (outside it) holding files a symlink may name."""
+    root, outside = tmp_path / "repo", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    return root, outside
+
+
+def test_a_model_file_symlinked_outside_the_repository_is_a_failure_naming_it_and_its_target(
+    tmp_path: Path,
+) -> None:
+    root, outside = repository_and_outside(tmp_path)
+    (outside / "model.keras").write_bytes(b"not read")
+    version_dir = make_model(root, "m") / "1"
+    (version_dir / "model.keras").symlink_to(outside / "model.keras")
+
+    scan = scan_repository(root)
+
+    assert scan.sources == ()
+    message = scan.failures["m"]
+    assert f"{version_dir / 'model.keras'} resolves to {outside / 'model.keras'}" in message
+    assert f"outside the repository {root}" in message
+
+
+def test_a_config_yaml_symlinked_outside_the_repository_is_a_failure_and_is_not_read(
+    tmp_path: Path,
+) -> None:
+    root, outside = repository_and_outside(tmp_path)
+    (outside / "secret").write_text("max_batch_size: [not, yaml, of, a, config\n", encoding="utf-8")
+    model_dir = make_model(root, "m")
+    (model_dir / "config.yaml").symlink_to(outside / "secret")
+
+    message = scan_repository(root).failures["m"]
+
+    assert f"{model_dir / 'config.yaml'} resolves to {outside / 'secret'}, outside the repository" in message
+    assert "YAML" not in message  # refused before it was parsed: nothing of the file is echoed
+
+
+def test_a_savedmodel_folder_symlinked_outside_the_repository_is_a_failure(tmp_path: Path) -> None:
+    root, outside = repository_and_outside(tmp_path)
+    (outside / "variables").mkdir()
+    version_dir = make_model(root, "m") / "1"
+    (version_dir / "saved_model.pb").write_bytes(b"")
+    (version_dir / "variables").symlink_to(outside / "variables", target_is_directory=True)
+
+    message = scan_repository(root).failures["m"]
+
+    assert f"{version_dir / 'variables'} resolves to {outside / 'variables'}, outside" in message
+
+
+def test_a_file_nested_in_a_savedmodel_folder_symlinked_outside_is_a_failure(tmp_path: Path) -> None:
+    root, outside = repository_and_outside(tmp_path)
+    (outside / "weights").write_bytes(b"")
+    version_dir = make_model(root, "m") / "1"
+    (version_dir / "saved_model.pb").write_bytes(b"")
+    (version_dir / "variables").mkdir()
+    (version_dir / "variables" / "variables.index").symlink_to(outside / "weights")
+
+    message = scan_repository(root).failures["m"]
+
+    assert f"{version_dir / 'variables' / 'variables.index'} resolves to {outside / 'weights'}" in message
+
+
+def test_a_model_file_symlinked_inside_the_repository_is_served(tmp_path: Path) -> None:
+    shared = tmp_path / ".shared"  # hidden: not a model itself
+    shared.mkdir()
+    (shared / "model.keras").write_bytes(b"")
+    version_dir = make_model(tmp_path, "m") / "1"
+    (version_dir / "model.keras").symlink_to(shared / "model.keras")
+
+    assert only_source(tmp_path).path == version_dir
+
+
+def test_a_symlink_loop_in_a_model_is_a_failure_naming_it(tmp_path: Path) -> None:
+    version_dir = make_model(tmp_path, "m") / "1"
+    (version_dir / "a").symlink_to(version_dir / "b")
+    (version_dir / "b").symlink_to(version_dir / "a")
+
+    message = scan_repository(tmp_path).failures["m"]
+
+    assert str(version_dir) in message
+
+
+def test_a_savedmodel_is_a_failure_naming_the_setting_when_savedmodels_are_not_trusted(
+    tmp_path: Path,
+) -> None:
+    version_dir = make_model(tmp_path, "m") / "1"
+    (version_dir / "saved_model.pb").write_bytes(b"")
+
+    message = scan_repository(tmp_path, trust_savedmodels=False).failures["m"]
+
+    assert str(version_dir / "saved_model.pb") in message
+    assert "SavedModels are not trusted (--no-trust-savedmodels)" in message
+    assert "read and write files" in message
+
+
+def test_a_savedmodel_is_served_when_savedmodels_are_trusted(tmp_path: Path) -> None:
+    version_dir = make_model(tmp_path, "m") / "1"
+    (version_dir / "saved_model.pb").write_bytes(b"")
+
+    assert only_source(tmp_path).path == version_dir
+
+
+def test_a_keras_model_is_served_when_savedmodels_are_not_trusted(tmp_path: Path) -> None:
+    version_dir = make_model(tmp_path, "m") / "1"
+    (version_dir / "model.keras").write_bytes(b"")
+
+    scan = scan_repository(tmp_path, trust_savedmodels=False)
+
+    assert [source.path for source in scan.sources] == [version_dir]
+
+
 def test_only_limits_the_scan_to_the_named_models(tmp_path: Path) -> None:
     make_model(tmp_path, "a")
     make_model(tmp_path, "b", config="version: 9\n")

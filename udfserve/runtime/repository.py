@@ -4,6 +4,13 @@ Scanning never imports a framework and never raises for one bad model: every fol
 cannot be served becomes a ``failures`` entry naming the file at fault, so the server can start
 with the models that are fine and report the rest. Loading goes through the backend named by
 the model's config.
+
+Whoever can write the repository chooses what the server runs, and nothing else: every file the
+server reads for a model (its config.yaml, every file of the version it serves) must resolve
+inside the repository, so a symlink cannot make the server load (and answer with) a file it can
+read elsewhere. A TensorFlow SavedModel is a graph that may itself read and write files when it
+runs; ``trust_savedmodels=False`` refuses SavedModels for repositories not every writer of which
+is trusted.
 """
 
 from __future__ import annotations
@@ -51,8 +58,14 @@ def resolve_model_dir(root: Path, name: str) -> Path:
     return model_dir
 
 
-def scan_repository(root: Path, only: Sequence[str] = ()) -> RepositoryScan:
-    """List every servable model under ``root`` (or only the ones named), without loading any."""
+def scan_repository(
+    root: Path, only: Sequence[str] = (), *, trust_savedmodels: bool = True
+) -> RepositoryScan:
+    """List every servable model under ``root`` (or only the ones named), without loading any.
+
+    ``trust_savedmodels=False`` makes a model whose version folder holds a SavedModel a failure:
+    its graph could run file operations with the server's permissions (``SAVEDMODEL_REFUSED``).
+    """
     root = Path(root)
     if not root.exists():
         raise FileNotFoundError(f"model repository {root} does not exist")
@@ -73,7 +86,7 @@ def scan_repository(root: Path, only: Sequence[str] = ()) -> RepositoryScan:
     sources = []
     for name in names:
         try:
-            sources.append(_read_model(root, name))
+            sources.append(_read_model(root, name, trust_savedmodels))
         except _Unservable as exc:
             logger.warning("model %s cannot be served: %s", name, exc)
             failures[name] = str(exc)
@@ -169,11 +182,12 @@ def _model_folder_names(root: Path) -> list[str]:
     return names
 
 
-def _read_model(root: Path, name: str) -> ModelSource:
+def _read_model(root: Path, name: str, trust_savedmodels: bool) -> ModelSource:
     try:
         model_dir = resolve_model_dir(root, name)
     except ValueError as exc:
         raise _Unservable(f"{root / name}: {exc}") from exc
+    _refuse_outside(root, model_dir / CONFIG_FILE_NAME)
     config = _read_config(model_dir / CONFIG_FILE_NAME)
     if config.name is not None and config.name != name:
         raise _Unservable(
@@ -193,13 +207,59 @@ def _read_model(root: Path, name: str) -> ModelSource:
             f"{model_dir / CONFIG_FILE_NAME} pins version {config.version}, "
             f"but {model_dir} has versions {list(versions)}"
         )
+    version_dir = model_dir / str(version)
+    _refuse_files_outside(root, version_dir)
+    if not trust_savedmodels and (version_dir / SAVED_MODEL_FILE).exists():
+        raise _Unservable(f"{version_dir / SAVED_MODEL_FILE}: {SAVEDMODEL_REFUSED}")
     return ModelSource(
         name=name,
         version=version,
-        path=model_dir / str(version),
+        path=version_dir,
         config=config,
         available_versions=versions,
     )
+
+
+SAVEDMODEL_REFUSED = (
+    "a TensorFlow SavedModel, refused because SavedModels are not trusted (--no-trust-savedmodels): "
+    "its graph can read and write files with the server's permissions when it loads and runs; "
+    "expected a Keras file (model.keras), or --trust-savedmodels for a repository whose every "
+    "writer is trusted"
+)
+
+
+def _refuse_outside(root: Path, path: Path) -> None:
+    """Refuse ``path`` when it resolves outside ``root`` (a symlink leaving the repository)."""
+    try:
+        resolved = path.resolve()
+        inside = resolved.is_relative_to(root.resolve())
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+        raise _Unservable(
+            f"cannot resolve {path}: {exc}; expected a file or folder that resolves inside the repository"
+        ) from exc
+    if not inside:
+        raise _Unservable(
+            f"{path} resolves to {resolved}, outside the repository {root}; expected every file of a "
+            "model inside the repository (symlinks within it are followed)"
+        )
+
+
+def _refuse_files_outside(root: Path, version_dir: Path) -> None:
+    """Refuse a version folder any entry of which (a model file, a SavedModel's ``variables/``
+    or ``assets/`` and what they hold) resolves outside ``root``. Symlinked folders inside the
+    repository are walked too, so what the backend reads is exactly what was checked here."""
+    folders = [version_dir]
+    seen: set[Path] = set()
+    while folders:
+        folder = folders.pop()
+        real = folder.resolve()
+        if real in seen:  # a symlink back to a folder walked already
+            continue
+        seen.add(real)
+        for entry in folder.iterdir():
+            _refuse_outside(root, entry)
+            if entry.is_dir():
+                folders.append(entry)
 
 
 def _read_config(path: Path) -> ModelConfig:

@@ -99,7 +99,11 @@ class ModelTable:
     # -- loading ---------------------------------------------------------------------------
     def scan(self) -> None:
         """Read the repository layout; models that cannot be served are marked failed now."""
-        scan = scan_repository(self._config.model_repository, self._config.models)
+        scan = scan_repository(
+            self._config.model_repository,
+            self._config.models,
+            trust_savedmodels=self._config.trust_savedmodels,
+        )
         for source in scan.sources:
             self._models[source.name] = ServedModel(
                 name=source.name, source=source, metrics=self._metrics.for_model(source.name)
