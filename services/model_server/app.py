@@ -3,6 +3,9 @@
 ``RunningServer.start`` binds every listener and returns the bound addresses (tests bind TCP
 port 0 or a socket in a temporary folder); ``serve`` runs a started server until SIGTERM or SIGINT,
 then stops accepting, answers every accepted request within the grace period and returns 0.
+It drains the same way, and returns ``EXIT_UNRECOVERABLE``, when a fault leaves it unable
+to serve (a model's batcher broke for good): health turns NOT_SERVING at once, and a supervisor
+restarts the process, the only way to serve that model again.
 The device must be pinned (``device.pin_device``) before this module loads a model.
 """
 
@@ -46,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+EXIT_UNRECOVERABLE = 70
+"""The exit code after an unrecoverable fault (sysexits' EX_SOFTWARE): restart the process."""
 
 
 @dataclass(frozen=True)
@@ -324,6 +329,15 @@ async def serve(config: ServerConfig) -> int:
         logger.info("received %s", signal.Signals(signum).name)
         stop.set()
 
+    def on_fault(reason: str) -> None:
+        logger.error(
+            "unrecoverable fault: %s; draining, then exiting with code %d for a fresh process to serve",
+            reason,
+            EXIT_UNRECOVERABLE,
+        )
+        stop.set()
+
+    server.models.on_fault = on_fault
     with stop_on_signals(on_signal):
         try:
             await server.start()
@@ -333,4 +347,4 @@ async def serve(config: ServerConfig) -> int:
             return 2
         await stop.wait()
         await server.drain_and_stop()
-    return 0
+    return EXIT_UNRECOVERABLE if server.models.fault else 0
