@@ -14,6 +14,10 @@ Between changes the discovery file is rewritten every ``--discovery-heartbeat-s`
 ``updated_at`` is the heartbeat): readers take a file older than ``--discovery-stale-after-s``
 for absent, so the servers of a node killed whole are not dialled at dead sockets.
 
+Every server holds the read end of one pipe whose write end only the supervisor holds
+(``--lifeline-fd``): when the supervisor dies, even by SIGKILL, the kernel closes it and every
+server drains and exits on its own, so none is left running as an orphan.
+
 SIGTERM or SIGINT: every server is marked "stopping" and sent SIGTERM (it drains within its
 grace period), SIGKILL follows if one is still alive 5 s after the grace period; then the
 discovery and targets files are removed, the lock is released, and the process exits 0.
@@ -101,6 +105,8 @@ class Supervisor:
         self._closed = False
         self._exit_code = 0
         self._admin: AdminServer | None = None
+        self._lifeline: tuple[int, int] | None = None
+        """The pipe (read end, write end) whose read end every server watches (``lifeline.py``)."""
 
     async def run(self) -> int:
         """Take the node's lock (NodeLockHeld if another supervisor has it), serve, clean up."""
@@ -117,6 +123,7 @@ class Supervisor:
         executor = ThreadPoolExecutor(max_workers=2 * len(self.slots) + 4, thread_name_prefix="supervisor")
         loop.set_default_executor(executor)
         config.runtime_dir.mkdir(parents=True, exist_ok=True)
+        lifeline = self._lifeline = os.pipe()  # both ends close on exec: a server gets only what it is passed
         self._admin = AdminServer(
             config.supervisor_http_host, config.supervisor_http_port, self.metrics, self.health
         )
@@ -149,6 +156,8 @@ class Supervisor:
             for slot in self.slots:
                 slot.ready_file.unlink(missing_ok=True)  # left behind by a server that was killed
             self._admin.stop()
+            for fd in lifeline:  # the servers are gone: nobody watches it any more
+                os.close(fd)
             executor.shutdown(wait=False)
         logger.info("node supervisor stopped")
         return self._exit_code
@@ -252,6 +261,7 @@ class Supervisor:
             log_path=slot.log_path,
             wait=False,
             ready_file=slot.ready_file,
+            lifeline_fd=self._lifeline[0] if self._lifeline is not None else None,
         )
         logger.info("started model server on %s: pid %d", slot.device.device, process.pid)
         return process
