@@ -2,7 +2,9 @@
 
 In order: the UDF's own ``address``; the Spark conf ``spark.udfserve.address`` (read in the
 driver when the UDF is built, see ``apply_spark_conf``); the executor's ``UDFSERVE_ADDRESS``
-variable (read at task time); the node's discovery file. From the discovery file, a task to
+variable (read at task time); the node's discovery file, unless its supervisor's heartbeat
+stopped (``read_live_discovery``: a file older than its ``stale_after_s`` is taken for absent,
+so the servers of a node killed whole are not dialled). From the discovery file, a task to
 which Spark assigned GPUs takes the server of its first GPU; any other task takes the ready
 servers in device order, round-robin by partition id. The unix socket is dialled before the
 TCP port (the TCP port is dialled when the socket cannot be connected to). The node's other ready
@@ -27,6 +29,7 @@ from udfserve.discovery import (
     ServerEntry,
     default_discovery_path,
     read_discovery,
+    read_live_discovery,
 )
 
 logger = logging.getLogger(__name__)
@@ -162,7 +165,7 @@ def resolve_route(config: ClientConfig, environ: Mapping[str, str], placement: T
         return Route(targets=(target,), origin=f"environment variable {ADDRESS_ENV}")
     path = discovery_path(config, environ)
     try:
-        discovery = read_discovery(path)
+        discovery = read_live_discovery(path)
     except DiscoveryError as exc:
         raise NoServerFound(
             f"no address configured (ClientConfig.address, {SPARK_CONF_ADDRESS}, {ADDRESS_ENV}) and {exc}"
@@ -234,7 +237,8 @@ def fallback_repository(config: ClientConfig, environ: Mapping[str, str]) -> tup
     """Where the CPU fallback loads the model from, and how that was decided.
 
     The config's (or the Spark conf's) ``model_repository`` wins; else the repository the
-    node's servers load, as the discovery file says. Raises ``LookupError`` naming both.
+    node's servers load, as the discovery file says. Raises ``LookupError`` naming both. A
+    stale file still names the repository: the files outlive the servers that died.
     """
     if config.model_repository:
         return Path(config.model_repository), "the configured model_repository"

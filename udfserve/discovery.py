@@ -4,6 +4,13 @@ The node supervisor (``udfserve node``) writes it; the Spark client reads it to 
 server local to its executor. It is JSON, replaced atomically (write to a temporary file in
 the same folder, then ``os.replace``), so a reader never sees half a file.
 
+The supervisor rewrites it at every change and at least every ``heartbeat_s`` seconds, each
+time with the wall-clock time in ``updated_at``, and says in ``stale_after_s`` how old a file
+may get before readers take it for absent (``read_live_discovery``): a supervisor killed with
+its servers (SIGKILL, a node's power) cannot remove the file, and its ready servers would
+otherwise be dialled at dead sockets forever. Wall-clock time, not a pid, because readers
+may run in other PID namespaces (containers) than the supervisor; one node shares one clock.
+
 Where it lives, in order: an explicit path; the ``UDFSERVE_DISCOVERY_FILE`` environment
 variable; ``<runtime dir>/discovery.json`` where the runtime dir is ``UDFSERVE_RUNTIME_DIR``
 or ``/tmp/udfserve``. Callers pass the environment in (a mapping) so that nothing here reads
@@ -80,11 +87,30 @@ class NodeDiscovery(BaseModel):
         default=None, description="the repository the servers load; the CPU fallback reads it too"
     )
     metrics_targets_file: str | None = None
-    updated_at: float = Field(default_factory=time.time)
+    updated_at: float = Field(
+        default_factory=time.time,
+        description="when the supervisor last wrote the file (seconds since the epoch)",
+    )
+    heartbeat_s: float | None = Field(
+        default=None, description="the supervisor rewrites the file at least this often (seconds)"
+    )
+    stale_after_s: float | None = Field(
+        default=None,
+        description="a file whose updated_at is older than this (seconds) is taken for absent: its "
+        "supervisor is gone; None (a supervisor without a heartbeat): never",
+    )
     servers: list[ServerEntry] = Field(default_factory=list)
 
     def ready_servers(self) -> list[ServerEntry]:
         return [s for s in self.servers if s.state == "ready"]
+
+    def age_s(self, now: float) -> float:
+        """Seconds since the supervisor last wrote the file (negative after a clock step back)."""
+        return now - self.updated_at
+
+    def is_stale(self, now: float) -> bool:
+        """Whether the heartbeat stopped: older than ``stale_after_s`` at wall-clock time ``now``."""
+        return self.stale_after_s is not None and self.age_s(now) > self.stale_after_s
 
 
 def default_discovery_path(environ: Mapping[str, str]) -> Path:
@@ -109,6 +135,21 @@ def read_discovery(path: Path) -> NodeDiscovery:
         return NodeDiscovery.model_validate_json(raw)
     except ValidationError as exc:
         raise DiscoveryError(f"discovery file {path} is not valid: {exc}") from exc
+
+
+def read_live_discovery(path: Path, now: float | None = None) -> NodeDiscovery:
+    """Like ``read_discovery``, and a file whose heartbeat stopped counts as absent: its servers
+    died with their supervisor. ``now`` is the wall-clock time to judge by (default: now)."""
+    discovery = read_discovery(path)
+    now = time.time() if now is None else now
+    if discovery.is_stale(now):
+        raise DiscoveryError(
+            f"discovery file {path} is stale: written {discovery.age_s(now):.1f} s ago by the supervisor "
+            f"(pid {discovery.supervisor_pid}) of node {discovery.node or '?'}, which refreshes it every "
+            f"{discovery.heartbeat_s} s; a file older than {discovery.stale_after_s} s is taken for "
+            "absent (its supervisor and servers are gone; is `udfserve node` running on this node?)"
+        )
+    return discovery
 
 
 def write_discovery(path: Path, discovery: NodeDiscovery) -> None:

@@ -3,6 +3,10 @@
 ``RunningServer.start`` binds every listener and returns the bound addresses (tests bind TCP
 port 0 or a socket in a temporary folder); ``serve`` runs a started server until SIGTERM or SIGINT,
 then stops accepting, answers every accepted request within the grace period and returns 0.
+It drains the same way, and returns 0, when the process that started it dies (``--lifeline-fd``,
+``lifeline.py``), and returns ``EXIT_UNRECOVERABLE`` after draining when a fault leaves it unable
+to serve (a model's batcher broke for good): health turns NOT_SERVING at once, and a supervisor
+restarts the process, the only way to serve that model again.
 The device must be pinned (``device.pin_device``) before this module loads a model.
 """
 
@@ -36,6 +40,7 @@ from services.model_server.frontends.arrow.grpc_api import InferenceServicer
 from services.model_server.frontends.http_api import create_admin_app
 from services.model_server.frontends.kserve.native_bridge import NativeKServeFrontend
 from services.model_server.frontends.kserve.servicer import add_kserve_service
+from services.model_server.lifeline import watch_lifeline
 from services.model_server.observability.gpu_metrics import GpuCollector
 from services.model_server.observability.metrics import ServerMetrics
 from services.model_server.security import TokenInterceptor, grpc_server_credentials
@@ -47,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+EXIT_UNRECOVERABLE = 70
+"""The exit code after an unrecoverable fault (sysexits' EX_SOFTWARE): restart the process."""
 
 
 @dataclass(frozen=True)
@@ -324,8 +331,23 @@ async def serve(config: ServerConfig) -> int:
         logger.info("received %s", signal.Signals(signum).name)
         stop.set()
 
+    def on_fault(reason: str) -> None:
+        logger.error(
+            "unrecoverable fault: %s; draining, then exiting with code %d for a fresh process to serve",
+            reason,
+            EXIT_UNRECOVERABLE,
+        )
+        stop.set()
+
+    def on_parent_gone() -> None:
+        logger.warning("the process that started this server is gone (--lifeline-fd closed); draining")
+        stop.set()
+
+    server.models.on_fault = on_fault
     with stop_on_signals(on_signal):
         try:
+            if config.lifeline_fd is not None:
+                watch_lifeline(config.lifeline_fd, on_parent_gone)
             await server.start()
         except OSError as exc:  # an address or socket this server cannot take: the message says which
             logger.error("refusing to start: %s", exc)
@@ -333,4 +355,4 @@ async def serve(config: ServerConfig) -> int:
             return 2
         await stop.wait()
         await server.drain_and_stop()
-    return 0
+    return EXIT_UNRECOVERABLE if server.models.fault else 0

@@ -137,6 +137,13 @@ class ServerConfig(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="log level of the server: DEBUG, INFO, WARNING or ERROR"
     )
+    lifeline_fd: int | None = Field(
+        default=None,
+        ge=0,
+        description="inherited read end of a pipe whose write end the starting process holds: at its "
+        "end of file (that process died, even by SIGKILL) the server drains and exits as on SIGTERM; "
+        "`udfserve node` passes it to every server",
+    )
 
     @field_validator("auth_token")
     @classmethod

@@ -187,6 +187,7 @@ def launch_server(
     wait: bool = True,
     ready_file: Path | None = None,
     health_credentials: grpc.ChannelCredentials | None = None,
+    lifeline_fd: int | None = None,
 ) -> ServerProcess:
     """Start ``udfserve serve`` as a child; by default wait until its health service says SERVING
     (a child that does not is killed, and the wait's ``ServerStartError`` raised).
@@ -199,6 +200,9 @@ def launch_server(
 
     ``ready_file`` (default: a new temporary folder) is removed first: a child killed earlier
     leaves its file behind, and its addresses must not be taken for the new child's.
+
+    ``lifeline_fd``, the read end of a pipe whose write end this process keeps, is handed to the
+    child (``--lifeline-fd``, same number): the child drains and exits once this process is gone.
     """
     scratch_dir = None
     if ready_file is None:
@@ -213,14 +217,20 @@ def launch_server(
         port=port,
         http_port=http_port,
         ready_file=ready_file,
-        extra_args=extra_args,
+        extra_args=[*extra_args, *(["--lifeline-fd", str(lifeline_fd)] if lifeline_fd is not None else [])],
     )
     log: IO[bytes] | int = subprocess.DEVNULL
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "ab")  # noqa: SIM115 (the child owns it for its lifetime)
     try:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=server_env(env))
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=server_env(env),
+            pass_fds=() if lifeline_fd is None else (lifeline_fd,),
+        )
     finally:
         if not isinstance(log, int):
             log.close()

@@ -83,6 +83,18 @@ class NodeConfig(BaseSettings):
         description="host written into the Prometheus targets file (default: the bound host, or "
         "the host name when bound to 0.0.0.0)",
     )
+    discovery_heartbeat_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="rewrite the discovery file at least this often (seconds), so that readers can tell "
+        "a live node from the file of a killed one",
+    )
+    discovery_stale_after_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="readers take a discovery file older than this (seconds) for absent: the supervisor "
+        "and its servers are gone; at least twice --discovery-heartbeat-s",
+    )
     start_timeout_s: float = Field(default=180.0, gt=0, description="time a server has to become ready")
     restart_backoff_initial_s: float = Field(
         default=1.0, ge=0, description="delay before the first restart of a server that died"
@@ -178,6 +190,12 @@ class NodeConfig(BaseSettings):
                     "give the servers TLS through --server-args (--tls-cert-file, --tls-key-file) and keep "
                     "the supervisor on loopback, or accept them explicitly with --allow-insecure-remote"
                 )
+        if self.discovery_stale_after_s < 2 * self.discovery_heartbeat_s:
+            raise ValueError(
+                f"discovery_stale_after_s ({self.discovery_stale_after_s}) must be at least twice "
+                f"discovery_heartbeat_s ({self.discovery_heartbeat_s}): a heartbeat written a little "
+                "late must not make readers take a live node's file for absent"
+            )
         if self.restart_backoff_max_s < self.restart_backoff_initial_s:
             raise ValueError(
                 f"restart_backoff_max_s ({self.restart_backoff_max_s}) is below "

@@ -10,6 +10,13 @@ does not become ready (in time, or at all: one that finished loading with no mod
 says so in its ready file), is started again after a back-off that doubles up to a maximum and
 goes back to the initial delay once a server has stayed up long enough; the reason of its last
 failed start is in its discovery entry (``problem``) and in the supervisor's ``/health/ready``.
+Between changes the discovery file is rewritten every ``--discovery-heartbeat-s`` (its
+``updated_at`` is the heartbeat): readers take a file older than ``--discovery-stale-after-s``
+for absent, so the servers of a node killed whole are not dialled at dead sockets.
+
+Every server holds the read end of one pipe whose write end only the supervisor holds
+(``--lifeline-fd``): when the supervisor dies, even by SIGKILL, the kernel closes it and every
+server drains and exits on its own, so none is left running as an orphan.
 
 SIGTERM or SIGINT: every server is marked "stopping" and sent SIGTERM (it drains within its
 grace period), SIGKILL follows if one is still alive 5 s after the grace period; then the
@@ -98,6 +105,8 @@ class Supervisor:
         self._closed = False
         self._exit_code = 0
         self._admin: AdminServer | None = None
+        self._lifeline: tuple[int, int] | None = None
+        """The pipe (read end, write end) whose read end every server watches (``lifeline.py``)."""
 
     async def run(self) -> int:
         """Take the node's lock (NodeLockHeld if another supervisor has it), serve, clean up."""
@@ -114,6 +123,7 @@ class Supervisor:
         executor = ThreadPoolExecutor(max_workers=2 * len(self.slots) + 4, thread_name_prefix="supervisor")
         loop.set_default_executor(executor)
         config.runtime_dir.mkdir(parents=True, exist_ok=True)
+        lifeline = self._lifeline = os.pipe()  # both ends close on exec: a server gets only what it is passed
         self._admin = AdminServer(
             config.supervisor_http_host, config.supervisor_http_port, self.metrics, self.health
         )
@@ -134,7 +144,10 @@ class Supervisor:
                 ]
                 for task in tasks:
                     task.add_done_callback(self._on_slot_done)
+                heartbeat = asyncio.create_task(self._heartbeat(), name="the discovery heartbeat")
+                heartbeat.add_done_callback(self._on_slot_done)
                 await self._stopping.wait()
+                heartbeat.cancel()
                 await self._stop_servers(tasks)
         finally:
             self._closed = True
@@ -143,6 +156,8 @@ class Supervisor:
             for slot in self.slots:
                 slot.ready_file.unlink(missing_ok=True)  # left behind by a server that was killed
             self._admin.stop()
+            for fd in lifeline:  # the servers are gone: nobody watches it any more
+                os.close(fd)
             executor.shutdown(wait=False)
         logger.info("node supervisor stopped")
         return self._exit_code
@@ -214,6 +229,14 @@ class Supervisor:
                 await asyncio.wait_for(self._stopping.wait(), timeout=delay_s)
             delay_s = min(delay_s * 2, config.restart_backoff_max_s)
 
+    async def _heartbeat(self) -> None:
+        """Rewrite the discovery file every heartbeat, so that its age tells readers the
+        supervisor lives; a file that cannot be written stops the node, as at a change."""
+        while True:
+            await asyncio.sleep(self.config.discovery_heartbeat_s)
+            if not self._closed:
+                self._write_discovery()  # the targets file changes only with the servers' states
+
     def _launch(self, slot: ServerSlot) -> ServerProcess:
         config = self.config
         extra = [
@@ -238,6 +261,7 @@ class Supervisor:
             log_path=slot.log_path,
             wait=False,
             ready_file=slot.ready_file,
+            lifeline_fd=self._lifeline[0] if self._lifeline is not None else None,
         )
         logger.info("started model server on %s: pid %d", slot.device.device, process.pid)
         return process
@@ -303,17 +327,7 @@ class Supervisor:
         if self._closed:
             return
         config = self.config
-        entries = [slot.entry() for slot in self.slots]
-        write_discovery(
-            config.discovery_path,
-            NodeDiscovery(
-                node=config.node,
-                supervisor_pid=os.getpid(),
-                model_repository=str(config.model_repository),
-                metrics_targets_file=str(config.targets_path),
-                servers=entries,
-            ),
-        )
+        entries = self._write_discovery()
         targets = [
             server_target(entry, config.node, config.advertise_host)
             for entry in entries
@@ -322,3 +336,21 @@ class Supervisor:
         if self._admin is not None:
             targets.append(supervisor_target(self._admin.address, config.node, config.advertise_host))
         write_targets(config.targets_path, targets)
+
+    def _write_discovery(self) -> list[ServerEntry]:
+        """Rewrite the discovery file, stamped with the time now; the entries written."""
+        config = self.config
+        entries = [slot.entry() for slot in self.slots]
+        write_discovery(
+            config.discovery_path,
+            NodeDiscovery(
+                node=config.node,
+                supervisor_pid=os.getpid(),
+                model_repository=str(config.model_repository),
+                metrics_targets_file=str(config.targets_path),
+                heartbeat_s=config.discovery_heartbeat_s,
+                stale_after_s=config.discovery_stale_after_s,
+                servers=entries,
+            ),
+        )
+        return entries

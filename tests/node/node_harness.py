@@ -133,6 +133,19 @@ def stop_node(node: NodeProcess) -> None:
             raise AssertionError(f"server pid {entry.pid} outlived its supervisor; log:\n{node.log()}")
 
 
+def kill_if_still_running(pid: int | None, runtime_dir: Path) -> None:
+    """SIGKILL ``pid`` if it is still a server of the node in ``runtime_dir`` (its command line
+    names the folder): a pid that exited may since belong to another process."""
+    if pid is None:
+        return
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return
+    if str(runtime_dir).encode() in command:
+        os.kill(pid, signal.SIGKILL)
+
+
 def entry_for(discovery: NodeDiscovery, device: str) -> ServerEntry:
     matches = [s for s in discovery.servers if s.device == device]
     assert len(matches) == 1, f"expected one server on {device}, found {discovery.servers}"

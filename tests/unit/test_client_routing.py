@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -276,3 +277,39 @@ def test_every_address_of_a_server_is_known_as_that_server_s(node_file: Path) ->
         for target in server:
             assert route.addresses_of(target) == server
     assert route.addresses_of("127.0.0.1:1") == ("127.0.0.1:1",)  # no server of the route
+
+
+def test_a_discovery_file_whose_heartbeat_stopped_is_taken_for_absent(tmp_path: Path) -> None:
+    """A node killed whole (supervisor and servers, SIGKILL) leaves its file listing ready servers
+    at dead sockets; once it is older than the bound the supervisor wrote in it, no task dials them."""
+    path = tmp_path / "d.json"
+    written_at = time.time() - 30.0
+    stale = NodeDiscovery(
+        node="n1", updated_at=written_at, heartbeat_s=2.0, stale_after_s=10.0, servers=[gpu_server(0)]
+    )
+    write_discovery(path, stale)
+    with pytest.raises(
+        NoServerFound, match=rf"discovery file {path} is stale: written 3\d\.\d s ago .* older than 10.0 s"
+    ):
+        resolve_route(ClientConfig(discovery_file=str(path)), {}, TaskPlacement())
+
+
+def test_a_discovery_file_within_its_staleness_bound_routes(tmp_path: Path) -> None:
+    path = tmp_path / "d.json"
+    write_discovery(path, NodeDiscovery(heartbeat_s=2.0, stale_after_s=10.0, servers=[gpu_server(0)]))
+    route = resolve_route(ClientConfig(discovery_file=str(path)), {}, TaskPlacement())
+    assert route.targets[0] == "unix:///run/udfserve/gpu0.sock"
+
+
+def test_a_discovery_file_without_a_heartbeat_never_goes_stale(tmp_path: Path) -> None:
+    """The file of a supervisor that writes no heartbeat (no stale_after_s) keeps its meaning."""
+    path = tmp_path / "d.json"
+    write_discovery(path, NodeDiscovery(updated_at=0.0, servers=[gpu_server(0)]))
+    assert resolve_route(ClientConfig(discovery_file=str(path)), {}, TaskPlacement()).targets
+
+
+def test_a_stale_discovery_file_still_names_the_repository_for_the_cpu_fallback(tmp_path: Path) -> None:
+    """The model files outlive the servers that died: the fallback still finds them."""
+    path = tmp_path / "d.json"
+    write_discovery(path, NodeDiscovery(model_repository="/models", updated_at=0.0, stale_after_s=10.0))
+    assert fallback_repository(ClientConfig(discovery_file=str(path)), {})[0] == Path("/models")

@@ -75,3 +75,21 @@ def test_server_args_are_split_like_a_shell(tmp_path: Path) -> None:
     config = parse(["--model-repository", str(tmp_path), "--server-args=--inference-threads 2"])
 
     assert config.server_extra_args == ["--inference-threads", "2"]
+
+
+def test_a_staleness_bound_under_two_heartbeats_is_refused_naming_both(tmp_path: Path) -> None:
+    """A heartbeat written a little late must not make readers drop a live node."""
+    with pytest.raises(
+        SettingsError,
+        match=r"discovery_stale_after_s \(3.0\) must be at least twice discovery_heartbeat_s \(2.0\)",
+    ):
+        parse(
+            [
+                "--model-repository",
+                str(tmp_path),
+                "--discovery-heartbeat-s",
+                "2",
+                "--discovery-stale-after-s",
+                "3",
+            ]
+        )

@@ -8,6 +8,7 @@ stays listed as failed with its error; the others serve.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -88,6 +89,10 @@ class ModelTable:
         self.loading_done = asyncio.Event()
         self.draining = False
         self.on_state_change: Callable[[ServedModel], None] = lambda _model: None
+        self.fault = ""
+        """Why the process can no longer serve (a batcher broke for good); "" while it can."""
+        self.on_fault: Callable[[str], None] = lambda _reason: None
+        """Called once, with ``fault``, when it is set: the server must stop and be replaced."""
         self._parts = cpu_parts(config)
         self._calls_in_flight = CallsInFlight()
         self._parts_executor = (
@@ -166,6 +171,7 @@ class ModelTable:
                 executor=served.executor,
                 observer=self._metrics,
                 max_concurrent_batches=self._config.inference_threads,
+                on_broken=functools.partial(self._batcher_broke, source.name),
             )
             batcher.start()
             served.batcher = batcher
@@ -180,6 +186,12 @@ class ModelTable:
                 time.perf_counter() - started,
             )
         self.on_state_change(served)
+
+    def _batcher_broke(self, name: str, reason: str) -> None:
+        """A batcher failed for good; nothing short of a fresh process serves that model again."""
+        if not self.fault:
+            self.fault = f"the batcher of model {name!r} failed: {reason}"
+            self.on_fault(self.fault)
 
     async def stop(self, grace_period_s: float) -> None:
         """Finish queued work of every model within the grace period, then release threads."""
@@ -233,6 +245,11 @@ class ModelTable:
         """The model, ready to serve ``version`` (0: the served one); the right error otherwise.
         ``while_draining``: also while the server drains (for reads about the model, not requests)."""
         served = self.get(name)
+        if self.fault and not while_draining:
+            raise ModelUnavailable(
+                f"model {name!r}: the server is stopping after an unrecoverable fault ({self.fault}); "
+                "send the request elsewhere"
+            )
         if self.draining and not while_draining:
             raise ModelUnavailable(f"model {name!r}: the server is draining; send the request elsewhere")
         if served.state == "loading":

@@ -49,7 +49,8 @@ def create_admin_app(
 
     @app.get("/health/ready", response_model=Readiness, responses={503: {"model": Readiness}})
     async def ready(response: Response) -> Readiness:
-        """Ready once loading has finished, at least one model serves and the server is not draining.
+        """Ready once loading has finished, at least one model serves and the server is not draining
+        (nor stopping after an unrecoverable fault).
 
         A model that failed to load does not make the server unready (the others serve); it is
         listed under ``failed`` with its error. A server with no model to serve says why in
@@ -57,7 +58,9 @@ def create_admin_app(
         """
         states: dict[str, str] = {m.name: m.state for m in models.all()}
         failed = {m.name: m.error for m in models.all() if m.state == "failed"}
-        if models.draining:
+        if models.fault:
+            reason = f"unrecoverable fault, the server exits to be restarted: {models.fault}"
+        elif models.draining:
             reason = "draining"
         elif not models.loading_done.is_set():
             reason = "loading models"

@@ -10,8 +10,11 @@ the refusals of a stopping or failed batcher, and the drain that ``stop`` waits 
 - A request whose caller went away (its future was cancelled) is dropped before it runs.
 - ``stop`` refuses new requests, lets the queued and running ones finish within its grace period
   (the delay no longer applies), then answers the rest with ``ModelUnavailable``.
-- If dispatching itself fails (a fault of the batcher, not of the backend), every queued and
-  running request is answered ``ModelUnavailable`` and so is every later one.
+- If dispatching itself fails (a fault of the batcher, not of the backend: no thread can be
+  started for a call, no memory for a merged batch), the batcher is broken for good: every
+  queued and running request is answered ``ModelUnavailable`` at once, so is every later one,
+  and ``on_broken`` is told why, once; the server then stops serving and exits, for its
+  supervisor to start a fresh process (``app.serve``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -53,6 +57,7 @@ class DynamicBatcher:
         observer: BatchObserver | None = None,
         max_concurrent_batches: int = 1,
         max_queue_rows: int | None = None,
+        on_broken: Callable[[str], None] | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, received {max_batch_size}")
@@ -83,7 +88,9 @@ class DynamicBatcher:
         self._drained: asyncio.Future[None] | None = None
         self._stopping = False
         self._closed = False
-        self._broken = False
+        self._broken = ""
+        """Why the batcher is broken for good; "" while it serves."""
+        self._on_broken = on_broken
 
     @property
     def queued_rows(self) -> int:
@@ -133,7 +140,9 @@ class DynamicBatcher:
         if loop is None:
             raise RuntimeError(f"batcher of model '{self.model_name}' is not started")
         if self._broken:
-            raise ModelUnavailable(f"model '{self.model_name}': batcher failed; retry on another server")
+            raise ModelUnavailable(
+                f"model '{self.model_name}': its batcher failed ({self._broken}); retry on another server"
+            )
         rows = rows_of(inputs)
         queue = self._queue
         queue.admit(rows)
@@ -186,12 +195,27 @@ class DynamicBatcher:
             return
         try:
             self._dispatcher.start_due_batches()
-        except Exception:
+        except Exception as error:
             logger.exception("model '%s': batcher failed", self.model_name)
-            self._broken = True
-            unanswered = [*self._queue.chunks, *(chunk for batch in self._running for chunk in batch.chunks)]
-            self._fail(unanswered, ModelUnavailable(f"model '{self.model_name}': batcher failed"))
+            self._break(f"starting a batch failed: {type(error).__name__}: {error}")
         self._resolve_drained()
+
+    def _break(self, reason: str) -> None:
+        """Answer everything held ``ModelUnavailable`` now, refuse what comes, report once.
+
+        The running batches are forgotten too (a call that finishes later finds its batch
+        answered), so a drain waits for nothing the batcher holds."""
+        if self._broken:
+            return
+        self._broken = reason
+        self._dispatcher.cancel_timer()
+        running = list(self._running)
+        self._running.clear()
+        unanswered = [*self._queue.chunks, *(chunk for batch in running for chunk in batch.chunks)]
+        refusal = f"model '{self.model_name}': its batcher failed ({reason}); retry on another server"
+        self._fail(unanswered, ModelUnavailable(refusal))
+        if self._on_broken is not None:
+            self._on_broken(reason)
 
     def _on_batch_finished(self, batch: Batch) -> None:
         self._dispatcher.batch_finished(batch.chunks)
