@@ -7,11 +7,12 @@ batch. Answers are copied out of the file before it is reused, so a result the t
 never changes under it.
 
 A file's memory is reserved when it is made (``posix_fallocate``): a store through a mapping of
-a tmpfs that is full is a SIGBUS that kills the process, the client's as it writes a batch or the
-server's as it writes an answer, where a reservation that fails is a plain error and the batch
-travels inline. Rooms are therefore sized to what is expected, not generously: the input's to
-the batch, the answer's to what earlier answers took per row (a quarter of the input before the
-first one); an answer that does not fit comes inline, and later files are made to fit it.
+a tmpfs that is full is a SIGBUS that kills the process as it writes a batch, where a reservation
+that fails is a plain error and the batch travels inline. (The server never maps the file: it
+reads and writes it by copy, and an answer a full tmpfs cannot take comes inline.) Rooms are
+therefore sized to what is expected, not generously: the input's to the batch, the answer's to
+what earlier answers took per row (a quarter of the input before the first one); an answer that
+does not fit comes inline, and later files are made to fit it.
 
 A batch is written where its largest buffer (the values of a tensor column) starts on a 64-byte
 boundary of the file: the server then reads the values in place and hands them to TensorFlow,
@@ -19,7 +20,7 @@ which takes only memory aligned as its own allocator's without copying it. Where
 only on the batch's schema and row count, so it is found once per pair (by writing at 0 and
 looking) and kept.
 
-The server unlinks a file's name once it has mapped it; ``close`` unlinks whatever it has not
+The server unlinks a file's name once it has opened it; ``close`` unlinks whatever it has not
 seen (a stream that ends before its first answer), so no file outlives its stream.
 """
 

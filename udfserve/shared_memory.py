@@ -3,8 +3,9 @@
 A client on the server's node may put a request's Arrow IPC stream in a file of a shared-memory
 folder (a tmpfs) and send only where it lies (``SharedMemoryRegion``); the server writes the
 answer into a second range the client named. The payload then crosses no socket and no protobuf
-field: the client writes it once, the server reads it where it lies, and the answer comes back
-the same way, instead of the eight or nine copies a payload inside a gRPC message costs in Python.
+field: the client writes it once, the server copies it into its own memory (never mapping the
+client's file, which the client could truncate under it), and the answer comes back the same
+way, instead of the eight or nine copies a payload inside a gRPC message costs in Python.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pyarrow as pa
 FILE_PREFIX = "udfserve-"
 FILE_SUFFIX = ".shm"
 FILE_NAME_PATTERN = re.compile(r"^udfserve-[A-Za-z0-9_-]{8,64}\.shm$")
-"""The only names a server maps or unlinks: never another program's file in the folder."""
+"""The only names a server opens or unlinks: never another program's file in the folder."""
 
 DEFAULT_DIRECTORY = "/dev/shm"
 

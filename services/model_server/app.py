@@ -131,6 +131,7 @@ class RunningServer:
             self.requests,
             shared_memory_folder(config.shared_memory_dir),
             frozenset(config.shared_memory_uids),
+            max_region_bytes=config.shared_memory_max_request_bytes,
         )
         options = [
             ("grpc.max_receive_message_length", config.max_message_bytes),

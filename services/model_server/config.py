@@ -74,9 +74,17 @@ class ServerConfig(BaseSettings):
     )
     shared_memory_uids: Annotated[tuple[int, ...], NoDecode] = Field(
         default=(),
-        description="other users (uids, comma-separated) whose shared-memory files this server maps, "
+        description="other users (uids, comma-separated) whose shared-memory files this server reads, "
         "such as 185 for executors of the apache/spark images; their files must give this server's "
         "group read and write (the client's shared_memory_group_access)",
+    )
+    shared_memory_max_request_bytes: int = Field(
+        default=256 << 20,
+        ge=1 << 16,
+        le=1 << 40,
+        description="largest request a client may name in shared memory: the server copies each "
+        "request out of the client's file into its own memory, and refuses a larger one with "
+        "INVALID_ARGUMENT before copying",
     )
     grace_period_s: float = Field(
         default=10.0, ge=0.0, description="time to finish in-flight work on SIGTERM"

@@ -1,20 +1,32 @@
 """Payloads in the node's shared memory: the same answers as inline, files that never outlive a
-stream, and refusals that name the problem and lose no batch."""
+stream, refusals that name the problem and lose no batch, and a client that truncates, rewrites
+or unmaps its file, or fills the tmpfs, failing its own request only."""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import queue
 import secrets
-from collections.abc import Iterator, Sequence
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
-from server_harness import batch_of, metric_value, module_server, request, scrape, stream_predict
+from server_harness import (
+    batch_of,
+    metric_value,
+    module_server,
+    request,
+    running_server,
+    scrape,
+    stream_predict,
+)
 
 from services.model_server.launcher import ServerProcess
 from spark_client.arrow_wire import arrow_stream
@@ -48,18 +60,31 @@ def no_files_left_behind() -> Iterator[None]:
 class PayloadFile:
     """A file written by hand, as a client would: the request at 0, room for the answer after it."""
 
-    def __init__(self, batch: pa.RecordBatch, output_room: int = 1 << 20, name: str | None = None) -> None:
-        self.path = SHM / (name or f"udfserve-{secrets.token_hex(8)}.shm")
-        self.size = (1 << 22) + output_room
+    def __init__(
+        self,
+        batch: pa.RecordBatch,
+        output_room: int = 1 << 20,
+        name: str | None = None,
+        input_room: int = 1 << 22,
+        directory: Path = SHM,
+    ) -> None:
+        self.path = directory / (name or f"udfserve-{secrets.token_hex(8)}.shm")
+        self.size = input_room + output_room
         descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        os.ftruncate(descriptor, self.size)
+        os.ftruncate(descriptor, self.size)  # no reservation: the answer's room is a hole
         self.memory = mmap.mmap(descriptor, self.size)
         os.close(descriptor)
         self.view = memoryview(self.memory)
-        written = write_ipc_into(pa.py_buffer(self.view[: 1 << 22]), batch)
+        written = write_ipc_into(pa.py_buffer(self.view[:input_room]), batch)
         assert written is not None
         self.input = pb.SharedMemoryRegion(path=str(self.path), offset=0, size=written)
-        self.output = pb.SharedMemoryRegion(path=str(self.path), offset=1 << 22, size=output_room)
+        self.output = pb.SharedMemoryRegion(path=str(self.path), offset=input_room, size=output_room)
+
+    def unmap(self) -> None:
+        """What a client that is done with the file does: its mapping gone, only the server's
+        descriptor left (the file was closed when it was mapped)."""
+        self.view.release()
+        self.memory.close()
 
     def answer(self, response: pb.PredictResponse) -> pa.RecordBatch:
         start = self.output.offset
@@ -109,7 +134,7 @@ def test_an_answer_written_into_shared_memory_equals_the_inline_answer(
     assert payload_file.answer(response).equals(inline.outputs)
 
 
-def test_the_server_unlinks_a_file_once_it_has_mapped_it(
+def test_the_server_unlinks_a_file_once_it_has_opened_it(
     server: ServerProcess, payload_file: PayloadFile
 ) -> None:
     raw_predict(unix(server), [in_shared_memory(payload_file)])
@@ -211,7 +236,7 @@ def test_a_region_past_the_end_of_its_file_is_invalid_argument_naming_the_range(
     assert f"a file of {payload_file.size} bytes" in response.error.message
 
 
-def test_a_file_shrunk_after_the_server_mapped_it_is_refused_and_the_server_serves_on(
+def test_a_file_shrunk_after_the_server_opened_it_is_invalid_argument_naming_both_sizes(
     server: ServerProcess, payload_file: PayloadFile
 ) -> None:
     descriptor = os.open(payload_file.path, os.O_RDWR)  # the client's handle, kept past the unlink
@@ -230,10 +255,98 @@ def test_a_file_shrunk_after_the_server_mapped_it_is_refused_and_the_server_serv
         os.close(descriptor)
     assert not first.HasField("error")
     assert second.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-    assert "shrank to 4096 bytes" in second.error.message
+    assert f"holds 4096 bytes now, {payload_file.size} when this stream opened it" in second.error.message
     assert "expected the file to keep its size while the stream uses it" in second.error.message
+    assert_serves_another_client(server)
+
+
+BIG_ROWS = 1 << 16
+"""A request of 16 MiB: 65,536 rows of 64 float32 features."""
+
+
+def assert_serves_another_client(server: ServerProcess) -> None:
+    """The server is up and answers a new client on a channel of its own."""
+    assert server.process.poll() is None, f"the server exited with {server.process.returncode}"
     batch = batch_of({"features": features(3)})
-    assert stream_predict(server.grpc_target(), [request(MODEL, batch)])[0].code == grpc.StatusCode.OK
+    assert stream_predict(unix(server), [request(MODEL, batch)])[0].code == grpc.StatusCode.OK
+
+
+@contextlib.contextmanager
+def open_stream(
+    target: str,
+) -> Iterator[tuple[queue.Queue[pb.PredictRequest | None], Iterator[pb.PredictResponse]]]:
+    """A Predict stream whose requests the test puts in the queue, one at a time."""
+    outbox: queue.Queue[pb.PredictRequest | None] = queue.Queue()
+    with grpc.insecure_channel(target) as channel:
+        yield outbox, pb_grpc.InferenceStub(channel).Predict(iter(outbox.get, None), timeout=120)
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.001)  # a short look between checks of a file another process removes
+
+
+@contextlib.contextmanager
+def big_request_being_read(
+    server: ServerProcess,
+) -> Iterator[tuple[int, PayloadFile, Callable[[], pb.PredictResponse]]]:
+    """A 16 MiB request in shared memory that the server has opened (it removed the name) and not
+    answered yet: the client's descriptor of its file, the file, and what waits for the answer."""
+    big = PayloadFile(batch_of({"features": features(BIG_ROWS)}), output_room=4 << 20, input_room=17 << 20)
+    assert big.input.size >= 16 << 20
+    descriptor = os.open(big.path, os.O_RDWR)
+    try:
+        with open_stream(unix(server)) as (outbox, responses):
+            outbox.put(in_shared_memory(big))
+            wait_until(lambda: not big.path.exists(), f"the server to open {big.path}")
+            yield descriptor, big, lambda: next(responses)
+            outbox.put(None)
+    finally:
+        os.close(descriptor)
+        big.remove()
+
+
+def test_a_client_that_truncates_its_16_mib_file_while_the_server_reads_it_fails_only_that_request(
+    server: ServerProcess,
+) -> None:
+    with big_request_being_read(server) as (descriptor, big, answer):
+        os.ftruncate(descriptor, 0)
+        response = answer()
+    assert response.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert f"of {big.path}, which holds 0 bytes now, {big.size} when this stream opened it" in (
+        response.error.message
+    )
+    assert_serves_another_client(server)
+
+
+def test_a_client_that_rewrites_its_file_while_the_server_reads_it_fails_at_most_that_request(
+    server: ServerProcess,
+) -> None:
+    with big_request_being_read(server) as (descriptor, big, answer):
+        os.ftruncate(descriptor, 0)  # the content gone, the file as large as before: all zeros
+        os.ftruncate(descriptor, big.size)
+        response = answer()
+    if response.HasField("error"):  # read after the rewrite: zeros are no Arrow stream
+        assert response.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert "PredictRequest.input_region" in response.error.message
+    else:  # read before it: the batch the server checked is the one it computed
+        assert response.output_region_bytes > 0
+    assert_serves_another_client(server)
+
+
+def test_a_client_that_unmaps_its_file_after_sending_still_gets_its_answer(
+    server: ServerProcess, payload_file: PayloadFile
+) -> None:
+    with open_stream(unix(server)) as (outbox, responses):
+        outbox.put(in_shared_memory(payload_file))
+        payload_file.unmap()
+        response = next(responses)
+        outbox.put(None)
+    assert not response.HasField("error") and response.output_region_bytes > 0
+    assert_serves_another_client(server)
 
 
 def test_a_request_with_both_inline_bytes_and_a_region_is_invalid_argument(
@@ -298,3 +411,65 @@ def test_a_file_of_a_user_in_shared_memory_uids_is_answered_as_inline(
         unix(server_trusting_uid_185), [request(MODEL, batch_of({"features": features(300)}))]
     )[0]
     assert payload_file.answer(response).equals(inline.outputs)
+
+
+needs_mount = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+
+
+@pytest.fixture(scope="module")
+def small_tmpfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A tmpfs of 4 MiB, that a test can fill."""
+    folder = tmp_path_factory.mktemp("small-tmpfs")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(folder)])
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs at {folder}")
+    try:
+        yield folder.resolve()
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+@pytest.fixture(scope="module")
+def server_on_small_tmpfs(
+    small_tmpfs: Path, example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    with running_server(
+        example_repository,
+        socket_dir,
+        tmp_path_factory,
+        "shm-small",
+        ["--shared-memory-dir", str(small_tmpfs), "--models", MODEL],
+    ) as process:
+        yield process
+
+
+def fill(folder: Path) -> None:
+    """Write zeros into a file of ``folder`` until its file system is full."""
+    descriptor = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with contextlib.suppress(OSError):  # ENOSPC: full
+            while os.write(descriptor, bytes(64 << 10)):
+                pass
+    finally:
+        os.close(descriptor)
+
+
+@needs_mount
+def test_an_answer_that_a_full_tmpfs_cannot_take_comes_inline_and_the_server_serves_on(
+    server_on_small_tmpfs: ServerProcess, small_tmpfs: Path
+) -> None:
+    sparse = PayloadFile(
+        batch_of({"features": features(300)}), input_room=1 << 20, output_room=1 << 20, directory=small_tmpfs
+    )
+    try:
+        fill(small_tmpfs)  # the answer's room is a hole that the tmpfs has no page left for
+        [response] = raw_predict(unix(server_on_small_tmpfs), [in_shared_memory(sparse)])
+    finally:
+        (small_tmpfs / "filler").unlink()
+        sparse.remove()
+    assert not response.HasField("error") and response.output_region_bytes == 0
+    inline = stream_predict(
+        unix(server_on_small_tmpfs), [request(MODEL, batch_of({"features": features(300)}))]
+    )[0]
+    assert decode_batch(response.arrow_ipc).equals(inline.outputs)
+    assert_serves_another_client(server_on_small_tmpfs)

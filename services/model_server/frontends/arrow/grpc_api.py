@@ -1,7 +1,7 @@
 """The gRPC face of a model server: the Predict stream, model listing and metadata.
 
-A stream's batches are decoded from Arrow IPC (inline, or in the shared memory the stream
-mapped) and their answers encoded here; what happens to each request in between (admission,
+A stream's batches are decoded from Arrow IPC (inline, or read from the shared memory the stream
+names) and their answers encoded here; what happens to each request in between (admission,
 queueing, in-flight counting, observation) is ``request_lifecycle``'s, as for every protocol.
 A failed batch is answered with the status of ``errors.failure_status`` in its own
 ``PredictResponse.error``; the stream goes on for the others.
@@ -22,7 +22,11 @@ from services.model_server.core.model_table import ModelInfo
 from services.model_server.core.pending import Pending
 from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
 from services.model_server.errors import failure_status
-from services.model_server.frontends.arrow.shared_memory import SharedMemoryRefused, StreamRegions
+from services.model_server.frontends.arrow.shared_memory import (
+    DEFAULT_MAX_REGION_BYTES,
+    SharedMemoryRefused,
+    StreamRegions,
+)
 from services.model_server.frontends.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_inline
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
@@ -33,7 +37,6 @@ from udfserve.runtime.tensor_conversion import (
     outputs_to_batch,
 )
 from udfserve.runtime.tensor_spec import TensorSpec
-from udfserve.shared_memory import write_ipc_into
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +72,16 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         lifecycle: RequestLifecycle,
         shared_memory_dir: Path | None = None,
         shared_memory_uids: frozenset[int] = frozenset(),
+        max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
     ) -> None:
+        """``max_region_bytes``: the largest request a stream may name in shared memory (each is
+        copied into the server's memory)."""
         self._lifecycle = lifecycle
         self._models = lifecycle.models
         self._metrics = lifecycle.metrics
         self._shared_memory_dir = shared_memory_dir
         self._shared_memory_uids = shared_memory_uids
+        self._max_region_bytes = max_region_bytes
 
     def _stream_regions(self, context: grpc.aio.ServicerContext) -> StreamRegions:
         """What shared memory this stream may name: only a peer on the unix socket is on this node."""
@@ -84,7 +91,11 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             return StreamRegions(
                 None, "shared memory is served on the unix socket only (clients of this node)"
             )
-        return StreamRegions(self._shared_memory_dir, other_uids=self._shared_memory_uids)
+        return StreamRegions(
+            self._shared_memory_dir,
+            other_uids=self._shared_memory_uids,
+            max_region_bytes=self._max_region_bytes,
+        )
 
     # -- Predict -----------------------------------------------------------------------------
     async def Predict(
@@ -124,7 +135,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
 class _PredictStream(FrontEnd[pb.PredictRequest, pb.PredictResponse]):
     """The requests of one ``Predict`` stream: each batch decoded from its Arrow payload (inline
-    or in the shared memory the stream mapped), its answer encoded the same way."""
+    or read from the shared memory the stream names), its answer encoded the same way."""
 
     def __init__(self, lifecycle: RequestLifecycle, job: JobContext, regions: StreamRegions) -> None:
         self._lifecycle = lifecycle
@@ -156,7 +167,7 @@ class _PredictStream(FrontEnd[pb.PredictRequest, pb.PredictResponse]):
                     f"model {model!r}: the request carries both arrow_ipc and input_region; "
                     "expected the batch in exactly one of them"
                 )
-            payload: bytes | pa.Buffer = self._regions.bytes_of(
+            payload: bytes | pa.Buffer = self._regions.read(
                 message.input_region, "PredictRequest.input_region"
             )
             what = "PredictRequest.input_region"
@@ -176,8 +187,7 @@ class _PredictStream(FrontEnd[pb.PredictRequest, pb.PredictResponse]):
         assert served.source is not None
         answer = outputs_to_batch(outputs, request.outputs)
         if message.HasField("output_region"):
-            room = self._regions.bytes_of(message.output_region, "PredictRequest.output_region")
-            written = write_ipc_into(room, answer)
+            written = self._regions.write(message.output_region, "PredictRequest.output_region", answer)
             if written is not None:
                 version = served.source.version
                 return pb.PredictResponse(

@@ -1,15 +1,28 @@
-"""The shared-memory files one Predict stream names: checked, mapped once, read and written in place.
+"""The shared-memory files one Predict stream names: checked, opened once, read and written by copy.
 
 Only a client on this node can name a file here: the stream must come through the unix socket
 (whose file mode already limits who connects), the file must lie directly in the configured
 folder under a ``udfserve-*.shm`` name, be a regular file (no symbolic link followed) and belong
 to this server's user, or to one of the users the server was told to trust
 (``--shared-memory-uids``: executors that run as another user, which then create their files
-for their group, the server's, to read and write). Once mapped, its name is unlinked: the
-mappings of both sides keep the memory alive, and nothing is left in the folder when either side
-dies. Mappings are dropped with the stream; batches still reading from one keep it alive until
-they are gone. The file's descriptor stays open with its mapping (at most ``MAX_FILES_PER_STREAM``
-per stream), so that every use checks the file still holds the range it names.
+for their group, the server's, to read and write). Once opened, its name is unlinked: the
+descriptors of both sides keep the memory alive, and nothing is left in the folder when either
+side dies. Descriptors are closed with the stream (at most ``MAX_FILES_PER_STREAM`` per stream).
+
+The server never maps a client's file. A mapping of a file that its owner can truncate, or
+whose pages sit in a full tmpfs, faults (SIGBUS, the end of the process) at the first load or
+store past what the file still holds: every client of the node would lose its server to one
+client's mistake or malice. Requests are therefore read with ``preadv`` into memory of the
+server's own, and answers written with ``pwrite`` straight from the answer's buffers: a file that
+shrank gives a short read or a size check that fails, a full tmpfs gives ``ENOSPC``, and each is
+an error of that request only. The copy also keeps a client from changing a batch after the
+server checked it. It costs one copy of each request (the answer is copied once, as into a
+mapping), measured in docs/benchmarks.md ("Shared memory, read by copy"), and keeps what shared
+memory is for: no socket, no protobuf field, no gRPC buffer on the way.
+
+A read keeps the file's alignment: the request's bytes land at the same offset modulo 64 in the
+server's buffer as in the file, so the values the client aligned for TensorFlow stay aligned and
+are still handed to it without a further copy.
 
 A file the server cannot use is refused with ``SharedMemoryRefused`` before any row is computed,
 so the client resends the same batch inline and nothing is lost or answered twice.
@@ -18,23 +31,32 @@ so the client resends the same batch inline and nothing is lost or answered twic
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
-import mmap
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 import pyarrow as pa
 
 from udfserve.runtime.errors import InvalidInput, ServingError
-from udfserve.shared_memory import FILE_NAME_PATTERN
+from udfserve.shared_memory import FILE_NAME_PATTERN, ipc_stream_size
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 logger = logging.getLogger(__name__)
 
 MAX_FILES_PER_STREAM = 256
-"""Files one stream may map; a client replaces a file only when its batches outgrow it."""
+"""Files one stream may open; a client replaces a file only when its batches outgrow it."""
+ALIGNMENT_BYTES = 64
+"""The alignment TensorFlow needs to use memory without copying it (the client aligns to it)."""
+DEFAULT_MAX_REGION_BYTES = 256 << 20
+"""The largest request region read (``--shared-memory-max-request-bytes``): each is copied into
+the server's memory, and a sparse file may claim any size without holding it."""
 
 
 class Region(Protocol):
@@ -51,51 +73,112 @@ class SharedMemoryRefused(ServingError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+@dataclass(frozen=True)
+class _OpenFile:
+    path: Path
+    descriptor: int
+    size: int
+    """The file's size when the stream opened it: every region must lie inside it."""
+
+
 class StreamRegions:
     """The files of one stream, by the path the client named."""
 
     def __init__(
-        self, directory: Path | None, refusal: str = "", other_uids: frozenset[int] = frozenset()
+        self,
+        directory: Path | None,
+        refusal: str = "",
+        other_uids: frozenset[int] = frozenset(),
+        max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
     ) -> None:
         """``directory``: the shared-memory folder, None when this stream may not use one;
-        ``refusal`` then says why. ``other_uids``: users besides this server's whose files it maps."""
+        ``refusal`` then says why. ``other_uids``: users besides this server's whose files it
+        reads. ``max_region_bytes``: the largest request region the server copies."""
         self._directory = directory
         self._refusal = refusal
         self._other_uids = other_uids
-        self._maps: dict[str, tuple[int, memoryview]] = {}
-        """By the client's path: the file's descriptor, kept to see its size, and its mapping."""
+        self._max_region_bytes = max_region_bytes
+        self._files: dict[str, _OpenFile] = {}
+        self._warned_write = False
 
     def close(self) -> None:
-        for descriptor, _ in self._maps.values():
-            os.close(descriptor)
-        self._maps.clear()
+        for opened in self._files.values():
+            os.close(opened.descriptor)
+        self._files.clear()
 
-    def bytes_of(self, region: Region, field: str) -> pa.Buffer:
-        """The bytes of ``region``, zero-copy and writable: they are the client's file. ``field``
-        names the request's field in errors."""
-        entry = self._maps.get(region.path)
-        if entry is None:
-            entry = self._map(region.path, field)
-        descriptor, mapped = entry
-        end = region.offset + region.size
-        if end > len(mapped):
+    def read(self, region: Region, field: str) -> pa.Buffer:
+        """A copy of the bytes of ``region``, writable and at the file's alignment modulo 64.
+        ``field`` names the request's field in errors. A file that no longer holds the region
+        (its client shrank it) is ``InvalidInput`` naming the region and the size found."""
+        opened = self._opened(region, field)
+        if region.size > self._max_region_bytes:
             raise InvalidInput(
-                f"{field} names bytes {region.offset}..{end} of {region.path}, a file of {len(mapped)} "
+                f"{field} names {region.size} bytes of {opened.path}; expected at most "
+                f"{self._max_region_bytes} (the server's --shared-memory-max-request-bytes); send fewer rows "
+                "per request"
+            )
+        lead = region.offset % ALIGNMENT_BYTES
+        view = memoryview(pa.allocate_buffer(lead + region.size))  # 64-byte aligned, as the file
+        try:
+            got = _read_into(opened.descriptor, view, region.offset - lead)
+        except OSError as exc:
+            raise SharedMemoryRefused(
+                f"{field}: cannot read {opened.path} ({exc.strerror}); send the batch in arrow_ipc"
+            ) from None
+        if got < len(view):
+            raise self._shrunk(opened, region, field)
+        return pa.py_buffer(view[lead:])  # a view's slice stays writable, a Buffer's not
+
+    def write(self, region: Region, field: str, batch: pa.RecordBatch) -> int | None:
+        """Write ``batch`` as an Arrow IPC stream at the start of ``region``: the bytes written,
+        or None when it does not fit there or the file cannot take it (a full tmpfs): the answer
+        then goes inline. A file that shrank below the region is ``InvalidInput``."""
+        opened = self._opened(region, field)
+        needed = ipc_stream_size(batch)
+        if needed > region.size:
+            return None
+        if os.fstat(opened.descriptor).st_size < region.offset + needed:
+            raise self._shrunk(opened, region, field)
+        sink = _RegionSink(opened.descriptor, region.offset, region.size)
+        try:
+            with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), batch.schema) as writer:
+                writer.write_batch(batch)
+        except _RegionFull:  # a dictionary batch beyond its estimate
+            return None
+        except OSError as exc:
+            if not self._warned_write:  # once per stream: the client decides how often this happens
+                self._warned_write = True
+                logger.warning(
+                    "cannot write an answer into the shared-memory file %s (%s); this stream's answers "
+                    "that cannot be written there come inline",
+                    opened.path,
+                    exc.strerror,
+                )
+            return None
+        return sink.written
+
+    def _shrunk(self, opened: _OpenFile, region: Region, field: str) -> InvalidInput:
+        size = os.fstat(opened.descriptor).st_size
+        return InvalidInput(
+            f"{field} names bytes {region.offset}..{region.offset + region.size} of {opened.path}, which "
+            f"holds {size} bytes now, {opened.size} when this stream opened it; expected the file to "
+            "keep its size while the stream uses it"
+        )
+
+    def _opened(self, region: Region, field: str) -> _OpenFile:
+        """The file ``region`` names, opened once per stream, the region checked against its size."""
+        opened = self._files.get(region.path)
+        if opened is None:
+            opened = self._open(region.path, field)
+        end = region.offset + region.size
+        if end > opened.size:
+            raise InvalidInput(
+                f"{field} names bytes {region.offset}..{end} of {region.path}, a file of {opened.size} "
                 "bytes; expected a range inside the file"
             )
-        # A page of the mapping past the file's end faults (SIGBUS) and would kill the server: a
-        # file its client shrank since it was mapped is refused. (One shrunk while the server
-        # reads it still faults; see docs/deployment.md.)
-        size = os.fstat(descriptor).st_size
-        if end > size:
-            raise InvalidInput(
-                f"{field} names bytes {region.offset}..{end} of {region.path}, which shrank to {size} "
-                f"bytes after this stream mapped its {len(mapped)}; expected the file to keep its size "
-                "while the stream uses it"
-            )
-        return pa.py_buffer(mapped[region.offset : end])  # a view's slice stays writable, a Buffer's not
+        return opened
 
-    def _map(self, path_text: str, field: str) -> tuple[int, memoryview]:
+    def _open(self, path_text: str, field: str) -> _OpenFile:
         if self._directory is None:
             raise SharedMemoryRefused(f"{field}: {self._refusal}; send the batch in arrow_ipc")
         path = Path(path_text)
@@ -108,7 +191,7 @@ class StreamRegions:
                 f"{field} names {path_text!r}; expected a file udfserve-<8-64 letters, digits, _ or ->.shm "
                 f"directly in this server's shared-memory folder {self._directory}"
             )
-        if len(self._maps) >= MAX_FILES_PER_STREAM:
+        if len(self._files) >= MAX_FILES_PER_STREAM:
             raise InvalidInput(
                 f"{field} names a {MAX_FILES_PER_STREAM + 1}th shared-memory file on one stream; "
                 f"expected at most {MAX_FILES_PER_STREAM} (reuse files across batches)"
@@ -140,16 +223,56 @@ class StreamRegions:
                 )
             if info.st_size == 0:
                 raise InvalidInput(f"{field}: {path} is empty; expected the client's written file")
-            mapped = mmap.mmap(descriptor, info.st_size)
         except BaseException:
             os.close(descriptor)
             raise
-        # Both mappings keep the memory; the name must not outlive the stream. The client may have
-        # closed the file already: our mapping still holds the bytes. A sticky folder that is not
-        # ours keeps another user's file from us: its client removes the name when it is done.
+        # Both descriptors keep the memory; the name must not outlive the stream. The client may
+        # have closed the file already: our descriptor still holds the bytes. A sticky folder that
+        # is not ours keeps another user's file from us: its client removes the name when done.
         with contextlib.suppress(FileNotFoundError, PermissionError):
             os.unlink(path)
-        entry = descriptor, memoryview(mapped)
-        self._maps[path_text] = entry
-        logger.debug("mapped shared-memory file %s (%d bytes)", path, info.st_size)
-        return entry
+        opened = _OpenFile(path, descriptor, info.st_size)
+        self._files[path_text] = opened
+        logger.debug("opened shared-memory file %s (%d bytes)", path, info.st_size)
+        return opened
+
+
+def _read_into(descriptor: int, view: memoryview, offset: int) -> int:
+    """Read into all of ``view`` from ``offset`` of the file; the bytes read, fewer at its end."""
+    done = 0
+    while done < len(view):
+        got = os.preadv(descriptor, [view[done:]], offset + done)
+        if got == 0:
+            break
+        done += got
+    return done
+
+
+class _RegionFull(Exception):
+    """The answer outgrew its region."""
+
+
+class _RegionSink(io.RawIOBase):
+    """The answer's region of the file as a stream Arrow writes to: each piece goes to the file
+    with ``pwrite`` straight from Arrow's buffers, no copy on the way. Raises ``OSError``
+    (``ENOSPC``) when the tmpfs is full, ``_RegionFull`` past the region's end."""
+
+    def __init__(self, descriptor: int, offset: int, size: int) -> None:
+        super().__init__()
+        self._descriptor = descriptor
+        self._offset = offset
+        self._size = size
+        self.written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: ReadableBuffer) -> int:
+        view = memoryview(data).cast("B")
+        if self.written + len(view) > self._size:
+            raise _RegionFull
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self._descriptor, view[done:], self._offset + self.written + done)
+        self.written += done
+        return done
