@@ -10,6 +10,7 @@ import pytest
 from server_harness import batch_of, metric_value, request, scrape, stream_predict
 
 from services.model_server.launcher import ServerProcess
+from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol.arrow_ipc import encode_batch
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -206,3 +207,16 @@ def test_good_requests_streamed_between_bad_ids_are_all_answered(server: ServerP
     assert all(answers[i].code == grpc.StatusCode.OK for i in range(20))
     assert all(answers[100 + i].code == INVALID for i in range(20))
 
+
+def test_a_predict_message_that_does_not_parse_ends_the_stream_invalid(server: ServerProcess) -> None:
+    good = request("tabular_mlp", batch_of({"features": features(2)}), batch_id=1).SerializeToString()
+    with grpc.insecure_channel(f"unix://{server.unix_socket}") as channel:
+        stream = channel.stream_stream(
+            "/udfserve.v1.Inference/Predict", response_deserializer=pb.PredictResponse.FromString
+        )(iter([good, b"\x0a\x05ab"]), timeout=60)
+        answers = []
+        with pytest.raises(grpc.RpcError) as raised:
+            answers.extend(stream)
+    assert raised.value.code() == INVALID
+    assert "cannot be parsed as udfserve.v1.PredictRequest" in (raised.value.details() or "")
+    assert [answer.batch_id for answer in answers] == [1]
