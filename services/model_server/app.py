@@ -201,6 +201,7 @@ class RunningServer:
             uv_config = uvicorn.Config(
                 app,
                 log_level="warning",
+                log_config=None,  # uvicorn's lines go through the process's handler and its bounds
                 access_log=False,
                 lifespan="off",
                 **tls,  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ import logging
 
 import grpc
 
+from udfserve.log_text import error_line
 from udfserve.runtime.errors import ServingError
 
 logger = logging.getLogger(__name__)
@@ -38,9 +39,10 @@ class ModelUnavailable(ServingError):
 
 def failure_status(exc: Exception, what: str) -> tuple[grpc.StatusCode, str]:
     """The status and message one failed request is answered with: a ``ServingError``'s own, else
-    INTERNAL with the exception's text, logged with its traceback as the fault it is. ``what``
-    names the request in that log line."""
+    INTERNAL with the first line of the exception's text (``error_line``), logged with its
+    traceback as the fault it is. ``what`` names the request in that log line (client text in it
+    clipped by the caller)."""
     if isinstance(exc, ServingError):
         return exc.code, exc.message
     logger.error("unexpected failure answering %s", what, exc_info=(type(exc), exc, exc.__traceback__))
-    return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+    return grpc.StatusCode.INTERNAL, error_line(exc)
