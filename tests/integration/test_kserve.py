@@ -812,3 +812,23 @@ def test_an_id_beyond_the_embedding_table_is_invalid_naming_the_input_and_the_ro
     message = error.message()
     assert "'category'" in message and "row 1" in message and "[0, 15]" in message
     assert "File " not in message and "Traceback" not in message
+
+
+@pytest.mark.parametrize("where", ["output", "input"])
+def test_a_refusal_quoting_a_64_kib_name_keeps_its_status(kserve_server: ServerProcess, where: str) -> None:
+    """The message is cut: whole, it would exceed the 16 KiB of trailers a client accepts, and
+    reach it as RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT."""
+    message = arrow_batch_to_infer_request(batch_of({"features": features(2)}), "tabular_mlp")
+    if where == "output":
+        message.outputs.add(name="o" * (64 << 10))
+    else:
+        message.inputs[0].name = "i" * (64 << 10)
+    with (
+        grpc.insecure_channel(kserve_server.kserve_target()) as channel,
+        pytest.raises(grpc.RpcError) as raised,
+    ):
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(message, timeout=30)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = raised.value.details() or ""
+    assert details.startswith("model 'tabular_mlp': ") and details.endswith(" characters)")
+    assert len(details) < 2000
