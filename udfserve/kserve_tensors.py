@@ -83,7 +83,7 @@ _CONTENTS_FIELD = {
     "BYTES": "bytes_contents",
 }
 """The typed field of ``InferTensorContents`` each datatype uses (FP16 has none: raw only)."""
-_FIELD_DTYPE = {
+_FIELD_DTYPE: dict[str, np.dtype] = {
     "int_contents": np.dtype(np.int32),
     "int64_contents": np.dtype(np.int64),
     "uint_contents": np.dtype(np.uint32),
