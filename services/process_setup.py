@@ -12,12 +12,17 @@ import sys
 from collections.abc import Callable, Iterator
 from types import FrameType
 
+from services.log_limits import LogLimits
+
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d %(name)s] %(message)s"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def configure_logging(level: str) -> None:
+    """One format on stderr, within the bounds of ``log_limits``: line length and tracebacks."""
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr, force=True)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(LogLimits())
 
 
 @contextlib.contextmanager

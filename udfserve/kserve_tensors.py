@@ -83,6 +83,13 @@ _CONTENTS_FIELD = {
     "BYTES": "bytes_contents",
 }
 """The typed field of ``InferTensorContents`` each datatype uses (FP16 has none: raw only)."""
+_FIELD_DTYPE: dict[str, np.dtype] = {
+    "int_contents": np.dtype(np.int32),
+    "int64_contents": np.dtype(np.int64),
+    "uint_contents": np.dtype(np.uint32),
+    "uint64_contents": np.dtype(np.uint64),
+}
+"""The width of each integer field of ``InferTensorContents``, which holds any value of it."""
 
 _LITTLE_ENDIAN = np.little_endian
 _BYTES_LENGTH = struct.Struct("<I")
@@ -165,6 +172,17 @@ def tensor_from_contents(contents: Any, datatype: str, shape: Sequence[int], wha
         array = np.empty(count, dtype=object)
         array[:] = list(values)
         return array.reshape(tuple(shape))
+    if dtype.kind in "iu":
+        # the typed fields are 32 or 64 bits wide whatever the datatype: INT8 comes as int32s
+        wide = np.array(values, dtype=_FIELD_DTYPE[field])
+        info = np.iinfo(dtype)
+        if wide.size and (int(wide.min()) < info.min or int(wide.max()) > info.max):
+            bad = int(np.flatnonzero((wide < info.min) | (wide > info.max))[0])
+            raise KServeCodecError(
+                f"{what}: contents.{field} value {int(wide[bad])} (element {bad}) is outside the range of "
+                f"{datatype}; expected values in [{info.min}, {info.max}]"
+            )
+        return wide.astype(dtype).reshape(tuple(shape))
     return np.array(values, dtype=dtype).reshape(tuple(shape))
 
 

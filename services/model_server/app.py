@@ -40,6 +40,7 @@ from services.model_server.frontends.arrow.grpc_api import InferenceServicer
 from services.model_server.frontends.http_api import create_admin_app
 from services.model_server.frontends.kserve.native_bridge import NativeKServeFrontend
 from services.model_server.frontends.kserve.servicer import add_kserve_service
+from services.model_server.frontends.readable_requests import add_service
 from services.model_server.lifeline import watch_lifeline
 from services.model_server.observability.gpu_metrics import GpuCollector
 from services.model_server.observability.metrics import ServerMetrics
@@ -141,7 +142,7 @@ class RunningServer:
         self.auth_token = config.resolve_auth_token()
         interceptors = [TokenInterceptor(self.auth_token)] if self.auth_token else []
         self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors)
-        pb_grpc.add_InferenceServicer_to_server(self.servicer, self.grpc_server)
+        add_service(pb_grpc.add_InferenceServicer_to_server, self.servicer, self.grpc_server)
         self.kserve_servicer = add_kserve_service(self.grpc_server, self.requests)
         self.kserve_native: NativeKServeFrontend | None = None
         if config.kserve_frontend == "native":
@@ -208,6 +209,7 @@ class RunningServer:
             uv_config = uvicorn.Config(
                 app,
                 log_level="warning",
+                log_config=None,  # uvicorn's lines go through the process's handler and its bounds
                 access_log=False,
                 lifespan="off",
                 **tls,  # type: ignore[arg-type]

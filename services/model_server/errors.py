@@ -15,9 +15,16 @@ import logging
 
 import grpc
 
+from udfserve.log_text import clip, error_line
 from udfserve.runtime.errors import ServingError
 
 logger = logging.getLogger(__name__)
+
+STATUS_MESSAGE_CHARS = 1000
+"""The longest message a refusal carries. Messages quote what the client sent (names of inputs,
+outputs, columns); a gRPC status travels in the trailers, which clients accept up to 16 KiB
+(percent-encoded): a longer one reaches the client as RESOURCE_EXHAUSTED ("received metadata size
+exceeds hard limit") instead of its status."""
 
 
 class ModelNotFound(ServingError):
@@ -37,10 +44,11 @@ class ModelUnavailable(ServingError):
 
 
 def failure_status(exc: Exception, what: str) -> tuple[grpc.StatusCode, str]:
-    """The status and message one failed request is answered with: a ``ServingError``'s own, else
-    INTERNAL with the exception's text, logged with its traceback as the fault it is. ``what``
-    names the request in that log line."""
+    """The status and message one failed request is answered with: a ``ServingError``'s own (at
+    most ``STATUS_MESSAGE_CHARS``), else INTERNAL with the first line of the exception's text
+    (``error_line``), logged with its traceback as the fault it is. ``what`` names the request in
+    that log line (client text in it clipped by the caller)."""
     if isinstance(exc, ServingError):
-        return exc.code, exc.message
+        return exc.code, clip(exc.message, STATUS_MESSAGE_CHARS)
     logger.error("unexpected failure answering %s", what, exc_info=(type(exc), exc, exc.__traceback__))
-    return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+    return grpc.StatusCode.INTERNAL, error_line(exc)

@@ -5,6 +5,7 @@ message naming the model and the file."""
 from __future__ import annotations
 
 import math
+import re
 import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -264,6 +265,58 @@ def test_missing_input_is_invalid_input_naming_it(loaded: dict[str, LoadedModel]
 
     with pytest.raises(InvalidInput, match=r"missing input\(s\) \['category'\]"):
         model.predict(inputs)
+
+
+def test_an_input_feeding_an_embedding_takes_the_table_s_ids_as_its_range(
+    loaded: dict[str, LoadedModel],
+) -> None:
+    specs = {spec.name: spec for spec in loaded["multi_io"].inputs}
+    assert specs["category"].range == (0, 15)
+    assert specs["numeric"].range is None
+    assert all(spec.range is None for spec in loaded["text_hashing"].inputs)  # hashed before its table
+
+
+def test_a_range_declared_in_config_wins_over_the_model_s(
+    sources: dict[str, ModelSource], tmp_path: Path
+) -> None:
+    source = copy_model(
+        sources["multi_io"],
+        tmp_path,
+        "inputs:\n"
+        "  - {name: numeric, dtype: float32, shape: [8]}\n"
+        "  - {name: category, dtype: int32, range: [0, 7]}\n",
+    )
+    specs = {spec.name: spec for spec in load_model(source).inputs}
+    assert specs["category"].range == (0, 7)
+
+
+def savedmodel_of_multi_io(sources: dict[str, ModelSource], root: Path) -> LoadedModel:
+    """multi_io as a SavedModel: no Keras layers to read a range from, so its graph meets every id."""
+    model = keras.saving.load_model(sources["multi_io"].path / "model.keras", compile=False)
+    version_dir = root / "multi_io_savedmodel" / "1"
+    model.export(str(version_dir), format="tf_saved_model", verbose=False)
+    scan = scan_repository(root, only=["multi_io_savedmodel"])
+    assert scan.failures == {}
+    return load_model(scan.sources[0])
+
+
+@pytest.mark.parametrize("category", [99, np.iinfo(np.int32).max, np.iinfo(np.int32).min])
+def test_ids_the_graph_refuses_are_invalid_input_in_one_line_without_tensorflow_s_trace(
+    sources: dict[str, ModelSource], tmp_path: Path, category: int
+) -> None:
+    model = savedmodel_of_multi_io(sources, tmp_path)
+    assert all(spec.range is None for spec in model.inputs)
+    inputs = {"numeric": np.zeros((2, 8), np.float32), "category": np.array([1, category], np.int32)}
+
+    with pytest.raises(InvalidInput) as refused:
+        model.predict(inputs)
+
+    message = refused.value.message
+    # Keras's take wraps a negative id once (INT32_MIN comes back as INT32_MIN + 16)
+    assert (
+        re.search(r"indices\[1\] = -?\d+ is not in \[0, 16\)", message) and "'multi_io_savedmodel'" in message
+    )
+    assert "\n" not in message and "File " not in message and ".py" not in message and "{{" not in message
 
 
 def test_config_that_agrees_with_the_model_is_used(sources: dict[str, ModelSource], tmp_path: Path) -> None:

@@ -7,9 +7,10 @@ import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
-from server_harness import batch_of, request, stream_predict
+from server_harness import batch_of, metric_value, request, scrape, stream_predict
 
 from services.model_server.launcher import ServerProcess
+from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol.arrow_ipc import encode_batch
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -167,3 +168,55 @@ def test_a_bad_batch_among_good_ones_on_concurrent_streams_fails_alone(server: S
     for i in range(30):
         assert answers[i].code == grpc.StatusCode.OK and answers[i].outputs is not None
         assert answers[i].outputs.num_rows == 5 + i
+
+
+INT32 = np.iinfo(np.int32)
+
+
+def multi_io_batch(categories: list[int]) -> pa.RecordBatch:
+    return batch_of({"numeric": features(len(categories), 8), "category": np.array(categories, np.int32)})
+
+
+@pytest.mark.parametrize("category", [99, 1000, INT32.max, INT32.min])
+def test_an_id_beyond_the_embedding_table_is_invalid_naming_the_input_and_the_row(
+    server: ServerProcess, category: int
+) -> None:
+    answer = answer_to(server, "multi_io", multi_io_batch([3, 4, category]))
+    assert answer.code == INVALID
+    assert "'category'" in answer.message and "row 2" in answer.message and "[0, 15]" in answer.message
+    assert "File " not in answer.message and "Traceback" not in answer.message
+    assert_still_serving(server)
+
+
+def test_ids_beyond_the_embedding_table_never_reach_a_backend_call(server: ServerProcess) -> None:
+    """Refused before merging: a bad id can no longer fail a call it shares with other clients."""
+    assert server.http_address is not None
+    calls = "udfserve_batch_size_rows_count"
+    before = metric_value(scrape(server.http_address), calls, model="multi_io")
+    bad = [request("multi_io", multi_io_batch([1, 99 + i]), batch_id=i) for i in range(20)]
+    answers = stream_predict(f"unix://{server.unix_socket}", bad)
+    assert {answer.code for answer in answers.values()} == {INVALID}
+    assert metric_value(scrape(server.http_address), calls, model="multi_io") == before
+
+
+def test_good_requests_streamed_between_bad_ids_are_all_answered(server: ServerProcess) -> None:
+    good = [request("multi_io", multi_io_batch([i % 16] * 4), batch_id=i) for i in range(20)]
+    bad = [request("multi_io", multi_io_batch([1, 1000]), batch_id=100 + i) for i in range(20)]
+    interleaved = [message for pair in zip(good, bad, strict=True) for message in pair]
+    answers = stream_predict(f"unix://{server.unix_socket}", interleaved)
+    assert all(answers[i].code == grpc.StatusCode.OK for i in range(20))
+    assert all(answers[100 + i].code == INVALID for i in range(20))
+
+
+def test_a_predict_message_that_does_not_parse_ends_the_stream_invalid(server: ServerProcess) -> None:
+    good = request("tabular_mlp", batch_of({"features": features(2)}), batch_id=1).SerializeToString()
+    with grpc.insecure_channel(f"unix://{server.unix_socket}") as channel:
+        stream = channel.stream_stream(
+            "/udfserve.v1.Inference/Predict", response_deserializer=pb.PredictResponse.FromString
+        )(iter([good, b"\x0a\x05ab"]), timeout=60)
+        answers = []
+        with pytest.raises(grpc.RpcError) as raised:
+            answers.extend(stream)
+    assert raised.value.code() == INVALID
+    assert "cannot be parsed as udfserve.v1.PredictRequest" in (raised.value.details() or "")
+    assert [answer.batch_id for answer in answers] == [1]

@@ -687,3 +687,148 @@ def test_the_codec_sends_a_spark_string_column_as_bytes(
     np.testing.assert_allclose(
         column_to_numpy(answer.column("probabilities")), expected["probabilities"], rtol=1e-5, atol=1e-6
     )
+
+
+# -- hostile input: honest statuses --------------------------------------------------------------
+INT32 = np.iinfo(np.int32)
+LONG_VERSION = "9" * 5_000
+"""More digits than Python's int() reads (4,300): once answered INTERNAL or UNKNOWN."""
+
+
+def version_calls(stub: service_pb2_grpc.GRPCInferenceServiceStub) -> dict[str, object]:
+    return {
+        "ModelReady": lambda: stub.ModelReady(
+            service_pb2.ModelReadyRequest(name="tabular_mlp", version=LONG_VERSION), timeout=30
+        ),
+        "ModelMetadata": lambda: stub.ModelMetadata(
+            service_pb2.ModelMetadataRequest(name="tabular_mlp", version=LONG_VERSION), timeout=30
+        ),
+        "ModelConfig": lambda: stub.ModelConfig(
+            service_pb2.ModelConfigRequest(name="tabular_mlp", version=LONG_VERSION), timeout=30
+        ),
+        "ModelStatistics": lambda: stub.ModelStatistics(
+            service_pb2.ModelStatisticsRequest(name="tabular_mlp", version=LONG_VERSION), timeout=30
+        ),
+        "ModelInfer": lambda: stub.ModelInfer(
+            arrow_batch_to_infer_request(batch_of({"features": features(2)}), "tabular_mlp", LONG_VERSION),
+            timeout=30,
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "rpc", ["ModelReady", "ModelMetadata", "ModelConfig", "ModelStatistics", "ModelInfer"]
+)
+def test_a_model_version_of_thousands_of_digits_is_invalid_naming_the_field(
+    kserve_server: ServerProcess, rpc: str
+) -> None:
+    with grpc.insecure_channel(kserve_server.kserve_target()) as channel:
+        call = version_calls(service_pb2_grpc.GRPCInferenceServiceStub(channel))[rpc]
+        with pytest.raises(grpc.RpcError) as raised:
+            call()  # type: ignore[operator]
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = raised.value.details() or ""
+    assert "model_version" in details and "5000 characters" in details and len(details) < 400
+
+
+def test_a_streamed_model_version_of_thousands_of_digits_is_invalid_naming_the_field(
+    kserve_server: ServerProcess,
+) -> None:
+    message = arrow_batch_to_infer_request(
+        batch_of({"features": features(2)}), "tabular_mlp", LONG_VERSION, request_id="long"
+    )
+    with grpc.insecure_channel(kserve_server.grpc_target()) as channel:
+        answers = list(
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter([message]), timeout=30)
+        )
+    assert len(answers) == 1 and "model_version" in answers[0].error_message
+
+
+@pytest.mark.parametrize(
+    ("datatype", "field", "value", "bounds"),
+    [
+        ("INT8", "int_contents", 1000, "[-128, 127]"),
+        ("UINT8", "uint_contents", 300, "[0, 255]"),
+        ("INT16", "int_contents", 100000, "[-32768, 32767]"),
+        ("UINT16", "uint_contents", 70000, "[0, 65535]"),
+    ],
+)
+def test_typed_contents_outside_their_datatype_are_invalid_naming_the_tensor_the_datatype_and_the_range(
+    kserve_server: ServerProcess, datatype: str, field: str, value: int, bounds: str
+) -> None:
+    message = service_pb2.ModelInferRequest(model_name="multi_io")
+    numeric = message.inputs.add(name="numeric", datatype="FP32", shape=[1, 8])
+    numeric.contents.fp32_contents.extend([0.0] * 8)
+    category = message.inputs.add(name="category", datatype=datatype, shape=[1])
+    getattr(category.contents, field).append(value)
+    with (
+        grpc.insecure_channel(kserve_server.kserve_target()) as channel,
+        pytest.raises(grpc.RpcError) as raised,
+    ):
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(message, timeout=30)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = raised.value.details() or ""
+    assert "'category'" in details and datatype in details and bounds in details
+
+
+UNPARSEABLE = b"\x0a\x05ab"
+"""Field 1 declares 5 bytes and 2 follow: no message of any type parses from it."""
+
+
+@pytest.mark.parametrize("method", ["ModelInfer", "ModelMetadata", "ModelReady", "ModelStatistics"])
+def test_a_message_that_does_not_parse_is_invalid_argument(kserve_server: ServerProcess, method: str) -> None:
+    with grpc.insecure_channel(kserve_server.kserve_target()) as channel:
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        with pytest.raises(grpc.RpcError) as raised:
+            call(UNPARSEABLE, timeout=30)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"cannot be parsed as inference.{method}Request" in (raised.value.details() or "")
+
+
+def test_a_streamed_message_that_does_not_parse_ends_the_stream_invalid_after_the_answers_before_it(
+    kserve_server: ServerProcess,
+) -> None:
+    good = arrow_batch_to_infer_request(batch_of({"features": features(2)}), "tabular_mlp", request_id="good")
+    with grpc.insecure_channel(kserve_server.grpc_target()) as channel:
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+        )(iter([good.SerializeToString(), UNPARSEABLE]), timeout=30)
+        answers = []
+        with pytest.raises(grpc.RpcError) as raised:
+            answers.extend(stream)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert [answer.infer_response.id for answer in answers] == ["good"]
+
+
+@pytest.mark.parametrize("category", [16, 99, 1000, INT32.max, INT32.min, -1])
+def test_an_id_beyond_the_embedding_table_is_invalid_naming_the_input_and_the_row(
+    client: triton.InferenceServerClient, category: int
+) -> None:
+    numeric, categories = multi_io_inputs(3)
+    categories[1] = category
+    error = refusal(client, "multi_io", [tensor("numeric", numeric), tensor("category", categories)])
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    message = error.message()
+    assert "'category'" in message and "row 1" in message and "[0, 15]" in message
+    assert "File " not in message and "Traceback" not in message
+
+
+@pytest.mark.parametrize("where", ["output", "input"])
+def test_a_refusal_quoting_a_64_kib_name_keeps_its_status(kserve_server: ServerProcess, where: str) -> None:
+    """The message is cut: whole, it would exceed the 16 KiB of trailers a client accepts, and
+    reach it as RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT."""
+    message = arrow_batch_to_infer_request(batch_of({"features": features(2)}), "tabular_mlp")
+    if where == "output":
+        message.outputs.add(name="o" * (64 << 10))
+    else:
+        message.inputs[0].name = "i" * (64 << 10)
+    with (
+        grpc.insecure_channel(kserve_server.kserve_target()) as channel,
+        pytest.raises(grpc.RpcError) as raised,
+    ):
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(message, timeout=30)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = raised.value.details() or ""
+    assert details.startswith("model 'tabular_mlp': ") and details.endswith(" characters)")
+    assert len(details) < 2000

@@ -413,3 +413,30 @@ def test_specs_from_config_keep_input_dims_and_take_the_output_reshape() -> None
 def test_specs_from_config_refuse_a_model_that_does_not_batch() -> None:
     with pytest.raises(KServeCodecError, match="max_batch_size is 0"):
         specs_from_config(model_config_pb2.ModelConfig(name="m", max_batch_size=0))
+
+
+@pytest.mark.parametrize(
+    ("datatype", "field", "value", "bounds"),
+    [
+        ("INT8", "int_contents", 1000, "[-128, 127]"),
+        ("INT8", "int_contents", -1000, "[-128, 127]"),
+        ("UINT8", "uint_contents", 300, "[0, 255]"),
+        ("INT16", "int_contents", 100000, "[-32768, 32767]"),
+        ("UINT16", "uint_contents", 70000, "[0, 65535]"),
+    ],
+)
+def test_typed_contents_outside_the_datatype_are_refused_naming_the_tensor_the_datatype_and_the_range(
+    datatype: str, field: str, value: int, bounds: str
+) -> None:
+    contents = service_pb2.InferTensorContents()
+    getattr(contents, field).extend([1, value])
+    with pytest.raises(KServeCodecError) as refused:
+        tensor_from_contents(contents, datatype, [2], "input 'x'")
+    message = str(refused.value)
+    assert "input 'x'" in message and datatype in message and bounds in message and str(value) in message
+
+
+def test_typed_contents_within_a_narrow_datatype_keep_their_values() -> None:
+    contents = service_pb2.InferTensorContents(int_contents=[-128, 0, 127])
+    array = tensor_from_contents(contents, "INT8", [3], "input 'x'")
+    assert array.dtype == np.int8 and array.tolist() == [-128, 0, 127]

@@ -7,7 +7,7 @@ this way; the tensor conversion checks requests against it.
 from __future__ import annotations
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 FREE_DIM = -1
 """A dimension of a per-row shape whose length each batch gives (one length for all its rows)."""
@@ -37,6 +37,12 @@ class TensorSpec(BaseModel):
     name: str
     dtype: str = "float32"
     shape: tuple[int, ...] = Field(default=(), description="per-row shape, no batch dimension; -1 is free")
+    range: tuple[int, int] | None = Field(
+        default=None,
+        description="[min, max], both included: the only values an integer input takes (ids of an "
+        "embedding table of N rows: [0, N-1]); a request holding another is refused before it is "
+        "batched. Read from the model where an input feeds a Keras Embedding directly",
+    )
 
     @field_validator("dtype")
     @classmethod
@@ -44,6 +50,23 @@ class TensorSpec(BaseModel):
         if value not in SUPPORTED_DTYPES:
             raise ValueError(f"unsupported dtype {value!r}; expected one of {', '.join(SUPPORTED_DTYPES)}")
         return value
+
+    @model_validator(mode="after")
+    def _integer_range(self) -> TensorSpec:
+        if self.range is None:
+            return self
+        low, high = self.range
+        if not self.dtype.startswith(("int", "uint")):
+            raise ValueError(
+                f"tensor {self.name!r}: a range applies to integer dtypes only, not {self.dtype}"
+            )
+        info = np.iinfo(self.dtype)
+        if not info.min <= low <= high <= info.max:
+            raise ValueError(
+                f"tensor {self.name!r}: range [{low}, {high}] must be [min, max] with min <= max, within "
+                f"{self.dtype}'s [{info.min}, {info.max}]"
+            )
+        return self
 
 
 def numpy_dtype(dtype: str) -> np.dtype:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from udfserve.log_text import clip
 from udfserve.spark_job_keys import MAX_VALUE_CHARS, METADATA_PREFIX, NUMERIC_KEYS
 
 logger = logging.getLogger(__name__)
@@ -156,8 +157,8 @@ class SparkApplications:
             logger.warning(
                 "%s request: model=%s batch_id=%s code=%s seconds=%.3f %s",
                 "failed" if code != "OK" else "slow",
-                model,
-                batch_id,
+                clip(model),
+                clip(batch_id),
                 code,
                 seconds,
                 " ".join(f"{k}={v!r}" for k, v in job.log_fields().items()),

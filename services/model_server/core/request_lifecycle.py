@@ -37,6 +37,7 @@ from services.model_server.core.pending import Pending
 from services.model_server.observability.metrics import ModelMetrics, ServerMetrics
 from udfserve.runtime.tensor_conversion import answer_bytes_at_least, check_answer_size
 from udfserve.runtime.tensor_spec import TensorSpec, zeros
+from udfserve.runtime.value_ranges import check_ranges
 
 M = TypeVar("M")
 """The protocol's request message (what its front end reads when it answers)."""
@@ -161,7 +162,8 @@ class InferenceRequest(Generic[M, A]):
                 answer = self.front_end.answer(self, {spec.name: zeros(spec, 0) for spec in self.outputs})
                 self._observe("OK", 0)
                 return answer
-            assert served.batcher is not None
+            assert served.batcher is not None and served.model is not None
+            check_ranges(served.name, served.model.inputs, inputs)  # before merging: see value_ranges
             future = served.batcher.enqueue(inputs)
         except Exception as exc:
             return self.refuse(exc)

@@ -6,8 +6,9 @@ the first request pays no tracing, and calls from several worker threads are saf
 outputs are read from the model's signature unless config.yaml declares them, in which case the
 two must agree. Declared dtypes that differ from the model's are cast inside the graph; strings
 (``tf.string``, fed as object arrays of ``bytes``) and numbers never convert into each other.
-TensorFlow's own resource-exhausted error becomes ``DeviceOutOfMemory``, so the batcher can split
-the batch in halves without knowing the framework.
+TensorFlow's own errors become the runtime's (``tensorflow_errors``): resource-exhausted is
+``DeviceOutOfMemory``, so the batcher can split the batch in halves without knowing the framework;
+invalid-argument (values the graph refuses) is ``InvalidInput``, told without TensorFlow's trace.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import numpy as np
 import tensorflow as tf
 
 from udfserve.runtime import device
+from udfserve.runtime.backends.keras_ranges import embedding_ranges, with_ranges
 from udfserve.runtime.backends.tensorflow_calls import graph_caller, to_numpy, to_tensor
-from udfserve.runtime.errors import DeviceOutOfMemory, InvalidInput, ModelLoadError
+from udfserve.runtime.backends.tensorflow_errors import call_error
+from udfserve.runtime.errors import InvalidInput, ModelLoadError
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.tensor_spec import STRING_DTYPE, SUPPORTED_DTYPES, TensorSpec, zeros
 
@@ -85,6 +88,8 @@ class _Signature:
     outputs: tuple[TensorSpec, ...]
     call: Callable[[dict[str, tf.Tensor]], dict[str, tf.Tensor]]
     keepalive: Any = field(default=None, repr=False)
+    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """The values the model takes per integer input, where it implies them (``keras_ranges``)."""
 
 
 class TensorFlowModel:
@@ -132,11 +137,9 @@ class TensorFlowModel:
                     for spec, dtype in zip(self.inputs, self._input_dtypes, strict=True)
                 ]
             )
-        except tf.errors.ResourceExhaustedError as exc:
+        except tf.errors.OpError as exc:
             rows = len(inputs[self.inputs[0].name]) if self.inputs else 0
-            raise DeviceOutOfMemory(
-                f"model {self.name!r}: out of memory running {rows} rows: {_oom_line(exc.message)}"
-            ) from exc
+            raise call_error(self.name, rows, exc) from exc
         return {spec.name: to_numpy(results[spec.name]) for spec in self.outputs}
 
     def __repr__(self) -> str:
@@ -159,7 +162,9 @@ class TensorFlowBackend:
                 signature = _load_saved_model(artifact.parent)
             else:
                 signature = _load_keras(artifact)
-            inputs = _agreed_specs("input", source.config.inputs, signature.inputs)
+            inputs = with_ranges(
+                _agreed_specs("input", source.config.inputs, signature.inputs), signature.ranges
+            )
             outputs = _agreed_specs("output", source.config.outputs, signature.outputs)
             serve = _serving_function(signature, inputs, outputs)
             model = TensorFlowModel(
@@ -248,7 +253,14 @@ def _load_keras(path: Path) -> _Signature:
         TensorSpec(name=name, dtype=_dtype_name(t.dtype.name, f"output {name!r}"), shape=_row_shape(t.shape))
         for name, t in probe.structured_outputs.items()
     )
-    return _Signature(artifact=path, inputs=inputs, outputs=outputs, call=call, keepalive=model)
+    return _Signature(
+        artifact=path,
+        inputs=inputs,
+        outputs=outputs,
+        call=call,
+        keepalive=model,
+        ranges=embedding_ranges(model),
+    )
 
 
 def _load_saved_model(folder: Path) -> _Signature:
@@ -377,13 +389,6 @@ def _dtype_name(dtype: Any, what: str) -> str:
     if name not in SUPPORTED_DTYPES:
         raise _Mismatch(f"{what} has dtype {name}, which is not served; expected one of {SUPPORTED_DTYPES}")
     return name
-
-
-def _oom_line(message: str) -> str:
-    """The line of a resource-exhausted error that says what did not fit; TensorFlow wraps it in
-    a graph trace and a hint many lines long."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    return next((line for line in lines if line.startswith("OOM")), lines[0] if lines else "")
 
 
 def _zeros(specs: tuple[TensorSpec, ...], rows: int) -> dict[str, np.ndarray]:

@@ -19,6 +19,7 @@ import numpy as np
 from services.model_server.core.batching.observers import Reports
 from services.model_server.core.batching.queue import Arrays, Chunk
 from services.model_server.core.batching.row_limit import RowLimit
+from udfserve.log_text import error_line
 from udfserve.runtime.errors import BackendFault, InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def as_serving_error(model_name: str, error: BaseException) -> ServingError:
     if isinstance(error, ServingError):
         return error
     logger.error("model '%s': backend failed", model_name, exc_info=(type(error), error, error.__traceback__))
-    return BackendFault(f"model '{model_name}': backend failed: {type(error).__name__}: {error}")
+    return BackendFault(f"model '{model_name}': backend failed: {error_line(error)}")
 
 
 def joined(model_name: str, parts: list[Arrays], request_rows: int, limit_rows: int) -> Arrays:

@@ -21,6 +21,7 @@ from services.model_server.core.batching.answers import as_serving_error, joined
 from services.model_server.core.batching.observers import Reports
 from services.model_server.core.batching.queue import Arrays, Chunk
 from services.model_server.core.batching.row_limit import RowLimit
+from udfserve.log_text import clip
 from udfserve.runtime.errors import DeviceOutOfMemory, InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class Recovery:
                 "model '%s': a merged batch of %d requests failed (%s); running each alone",
                 self.model_name,
                 len(isolate),
-                next(piece.error for piece in pieces if piece.error is not None),
+                clip(str(next(piece.error for piece in pieces if piece.error is not None)), 500),
             )
             for chunk in isolate:
                 if not chunk.future.done():

@@ -28,6 +28,7 @@ from services.model_server.frontends.arrow.shared_memory import (
     StreamRegions,
 )
 from services.model_server.frontends.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_inline
+from udfserve.log_text import clip
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
@@ -204,7 +205,7 @@ class _PredictStream(FrontEnd[pb.PredictRequest, pb.PredictResponse]):
     ) -> tuple[grpc.StatusCode, pb.PredictResponse]:
         """The error answer to one batch: a ``ServingError`` with its status, anything else INTERNAL."""
         message = request.message
-        code, text = failure_status(exc, f"model {message.model!r} batch {message.batch_id}")
+        code, text = failure_status(exc, f"model '{clip(message.model)}' batch {message.batch_id}")
         response = pb.PredictResponse(
             batch_id=message.batch_id, error=pb.Error(code=code.value[0], message=text)
         )

@@ -20,6 +20,7 @@ from tritonclient.grpc import service_pb2 as kpb
 from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest
 from services.model_server.errors import QueueFull, failure_status
 from services.model_server.frontends.kserve.tensors import OutputTensor, outputs_to_tensors
+from udfserve.log_text import clip
 
 QUEUE_FULL_PREFIX = "Exceeds maximum queue size"
 """Triton's words for a full queue; clients of Triton recognise back-pressure by them."""
@@ -97,7 +98,7 @@ def _failure(head: RequestHead, exc: Exception) -> Failure:
     its status, anything else INTERNAL."""
     if isinstance(exc, QueueFull):
         return Failure(grpc.StatusCode.UNAVAILABLE, f"{QUEUE_FULL_PREFIX}: {exc.message}")
-    return Failure(*failure_status(exc, f"model {head.model_name!r} request {head.id!r}"))
+    return Failure(*failure_status(exc, f"model '{clip(head.model_name)}' request '{clip(head.id)}'"))
 
 
 class MessageAnswers(FrontEnd[RequestHead, MessageAnswer]):

@@ -10,6 +10,7 @@ from tritonclient.grpc import service_pb2 as kpb
 
 from services.model_server.core.model_table import ModelTable, ServedModel
 from services.model_server.frontends.kserve.tensors import DATATYPE_OF_DTYPE, advertised_dims, parse_version
+from udfserve.log_text import clip
 from udfserve.runtime.errors import InvalidInput
 from udfserve.runtime.tensor_spec import TensorSpec
 
@@ -100,7 +101,7 @@ def model_statistics(models: ModelTable, name: str, version: str) -> kpb.ModelSt
         chosen = [models.ready(name, parse_version(version, name), while_draining=True)]
     elif version:
         raise InvalidInput(
-            f"version {version!r} without a model name; expected a name with the version, "
+            f"version '{clip(version, 40)}' without a model name; expected a name with the version, "
             "or neither for every model"
         )
     else:

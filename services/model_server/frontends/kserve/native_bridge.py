@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 SERVICE = "inference.GRPCInferenceService"
 MODEL_INFER = f"/{SERVICE}/ModelInfer"
 UNAUTHENTICATED_MESSAGE = "missing or wrong token: send metadata 'authorization: Bearer <token>'"
-UNREADABLE = "the request cannot be parsed as an inference.{}; expected a serialized message of that type"
+UNREADABLE = "the request cannot be parsed as inference.{}; expected a serialized message of that type"
 
 FastCall = tuple[int, str, str, str, list[Any], list[str], list[tuple[str, str]]]
 """A decoded ModelInfer: call id, model, version, request id, inputs as (name, datatype, shape,
@@ -240,7 +240,7 @@ class NativeKServeFrontend:
         try:
             message = parse(payload)
         except DecodeError:
-            self._fail(call_id, grpc.StatusCode.INVALID_ARGUMENT, UNREADABLE.format(f"{name} request"))
+            self._fail(call_id, grpc.StatusCode.INVALID_ARGUMENT, UNREADABLE.format(f"{name}Request"))
             return
         try:
             response = await getattr(self._servicer, name)(message, context)

@@ -62,6 +62,7 @@ from services.model_server.frontends.kserve.tensors import (
     request_to_inputs,
     requested_outputs,
 )
+from services.model_server.frontends.readable_requests import add_service
 from services.model_server.frontends.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_inline
 from udfserve.runtime.errors import InvalidInput, ServingError
 
@@ -247,5 +248,5 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
 def add_kserve_service(server: grpc.aio.Server, lifecycle: RequestLifecycle) -> KServeServicer:
     """Serve the KServe v2 protocol from ``server``, beside the Arrow service."""
     servicer = KServeServicer(lifecycle)
-    kpb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    add_service(kpb_grpc.add_GRPCInferenceServiceServicer_to_server, servicer, server)
     return servicer

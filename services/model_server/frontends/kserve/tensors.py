@@ -24,6 +24,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as kpb
 
 from udfserve import kserve_tensors as codec
+from udfserve.log_text import clip
 from udfserve.runtime.errors import BackendFault, InvalidInput
 from udfserve.runtime.tensor_spec import TensorSpec, numpy_dtype
 
@@ -277,13 +278,20 @@ def requested_outputs(
     return tuple(chosen)
 
 
+MAX_VERSION_DIGITS = 18
+"""A version is a positive int64 in Triton's repository, at most 18 digits here: longer strings
+are refused before Python's int() (which refuses more than 4,300 digits with a ValueError)."""
+
+
 def parse_version(version: str, model: str) -> int:
-    """A request's version string as the model table takes it: 0 (the served one) for none."""
+    """A request's ``model_version`` (or ``version``) as the model table takes it: 0 (the served
+    one) for none; ``InvalidInput`` naming the field for anything but at most 18 digits."""
     if not version:
         return 0
-    if not (version.isascii() and version.isdigit()):
+    if not (version.isascii() and version.isdigit()) or len(version) > MAX_VERSION_DIGITS:
         raise InvalidInput(
-            f"model {model!r}: version {version!r} is not a version number; expected digits, or empty for "
-            "the served version"
+            f"model '{clip(model, 100)}': model_version {clip(version, 40)} ({len(version)} characters) is "
+            f"not a version number; expected at most {MAX_VERSION_DIGITS} digits, or empty for the served "
+            "version"
         )
     return int(version)
