@@ -36,6 +36,8 @@ from services.model_server.frontends.arrow.grpc_api import InferenceServicer
 from services.model_server.frontends.http_api import create_admin_app
 from services.model_server.frontends.kserve.native_bridge import NativeKServeFrontend
 from services.model_server.frontends.kserve.servicer import add_kserve_service
+from services.model_server.frontends.kserve.unary_budget import UnaryBudget
+from services.model_server.frontends.streaming import StreamBounds
 from services.model_server.observability.gpu_metrics import GpuCollector
 from services.model_server.observability.metrics import ServerMetrics
 from services.model_server.security import TokenInterceptor, grpc_server_credentials
@@ -119,10 +121,12 @@ class RunningServer:
         self.health = health.aio.HealthServicer()
         self.in_flight = InFlightRequests()
         self.requests = RequestLifecycle(self.models, self.metrics, self.in_flight, config.max_message_bytes)
+        stream_bounds = StreamBounds(config.max_stream_held_requests, config.max_stream_held_bytes)
         self.servicer = InferenceServicer(
             self.requests,
             shared_memory_folder(config.shared_memory_dir),
             frozenset(config.shared_memory_uids),
+            stream_bounds,
         )
         options = [
             ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -131,9 +135,16 @@ class RunningServer:
         ]
         self.auth_token = config.resolve_auth_token()
         interceptors = [TokenInterceptor(self.auth_token)] if self.auth_token else []
-        self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors)
+        self.grpc_server = grpc.aio.server(
+            options=options, interceptors=interceptors, maximum_concurrent_rpcs=config.max_concurrent_calls
+        )
         pb_grpc.add_InferenceServicer_to_server(self.servicer, self.grpc_server)
-        self.kserve_servicer = add_kserve_service(self.grpc_server, self.requests)
+        self.kserve_servicer = add_kserve_service(
+            self.grpc_server,
+            self.requests,
+            stream_bounds,
+            UnaryBudget(config.max_unary_held_bytes, self.metrics),
+        )
         self.kserve_native: NativeKServeFrontend | None = None
         if config.kserve_frontend == "native":
             self.kserve_native = NativeKServeFrontend(

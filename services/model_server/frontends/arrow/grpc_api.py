@@ -23,7 +23,7 @@ from services.model_server.core.pending import Pending
 from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
 from services.model_server.errors import failure_status
 from services.model_server.frontends.arrow.shared_memory import SharedMemoryRefused, StreamRegions
-from services.model_server.frontends.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_inline
+from services.model_server.frontends.streaming import DEFAULT_STREAM_BOUNDS, StreamBounds, answer_inline
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
@@ -69,8 +69,10 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         lifecycle: RequestLifecycle,
         shared_memory_dir: Path | None = None,
         shared_memory_uids: frozenset[int] = frozenset(),
+        stream_bounds: StreamBounds = DEFAULT_STREAM_BOUNDS,
     ) -> None:
         self._lifecycle = lifecycle
+        self._stream_bounds = stream_bounds
         self._models = lifecycle.models
         self._metrics = lifecycle.metrics
         self._shared_memory_dir = shared_memory_dir
@@ -94,7 +96,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         regions = self._stream_regions(context)
         stream = _PredictStream(self._lifecycle, job, regions)
         responses: AsyncIterator[pb.PredictResponse] = answer_inline(
-            request_iterator, stream.start, MAX_IN_FLIGHT_PER_STREAM
+            request_iterator, stream.start, self._stream_bounds, paused=self._metrics.streams_paused
         )
         self._metrics.streams_active.inc()
         try:

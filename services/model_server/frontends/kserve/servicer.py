@@ -62,7 +62,8 @@ from services.model_server.frontends.kserve.tensors import (
     request_to_inputs,
     requested_outputs,
 )
-from services.model_server.frontends.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_inline
+from services.model_server.frontends.kserve.unary_budget import UnaryBudget
+from services.model_server.frontends.streaming import StreamBounds, answer_inline
 from udfserve.runtime.errors import InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)
@@ -80,8 +81,12 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     UNIMPLEMENTED, as the generated base class does.
     """
 
-    def __init__(self, lifecycle: RequestLifecycle) -> None:
+    def __init__(
+        self, lifecycle: RequestLifecycle, stream_bounds: StreamBounds, unary_budget: UnaryBudget
+    ) -> None:
         self._lifecycle = lifecycle
+        self._stream_bounds = stream_bounds
+        self._unary_budget = unary_budget
         self._models = lifecycle.models
         self._plans: weakref.WeakKeyDictionary[LoadedModel, InputPlan] = weakref.WeakKeyDictionary()
         self._messages = MessageAnswers()
@@ -149,7 +154,21 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         self, request: kpb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> kpb.ModelInferResponse:
         """Checked and queued inline, then one await on the batcher's future: no task or
-        coroutine per request beyond the handler itself."""
+        coroutine per request beyond the handler itself. The call's message counts against the
+        server's ``UnaryBudget`` until it is answered; beyond it, RESOURCE_EXHAUSTED at once."""
+        size_bytes = request.ByteSize()
+        try:
+            self._unary_budget.take(size_bytes)
+        except ServingError as exc:
+            await context.abort(exc.code, exc.message)
+        try:
+            return await self._model_infer(request, context)
+        finally:
+            self._unary_budget.give_back(size_bytes)
+
+    async def _model_infer(
+        self, request: kpb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.ModelInferResponse:
         outcome = self.start(request, parse_job_context(context.invocation_metadata()))
         if isinstance(outcome, Pending):
             future, finish = outcome
@@ -171,8 +190,9 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[kpb.ModelInferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[kpb.ModelStreamInferResponse]:
-        """Requests of one stream run concurrently (up to ``MAX_IN_FLIGHT_PER_STREAM``) and are
-        answered as they complete; the response's ``id`` names the request."""
+        """Requests of one stream run concurrently and are answered as they complete (the
+        stream read while it holds less than its ``StreamBounds``); the response's ``id`` names
+        the request."""
         invocation = context.invocation_metadata()
         metadata = dict(invocation or ())
         stream = StreamAnswers(str(metadata.get(TRITON_GRPC_ERROR_HEADER, "")).lower() == "true")
@@ -182,7 +202,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             return self._start(request, job, stream)
 
         answers: AsyncIterator[StreamAnswer] = answer_inline(
-            request_iterator, start, MAX_IN_FLIGHT_PER_STREAM
+            request_iterator, start, self._stream_bounds, paused=self._lifecycle.metrics.streams_paused
         )
         async for answer in answers:
             if isinstance(answer, Failure):
@@ -244,8 +264,13 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         return plan
 
 
-def add_kserve_service(server: grpc.aio.Server, lifecycle: RequestLifecycle) -> KServeServicer:
+def add_kserve_service(
+    server: grpc.aio.Server,
+    lifecycle: RequestLifecycle,
+    stream_bounds: StreamBounds,
+    unary_budget: UnaryBudget,
+) -> KServeServicer:
     """Serve the KServe v2 protocol from ``server``, beside the Arrow service."""
-    servicer = KServeServicer(lifecycle)
+    servicer = KServeServicer(lifecycle, stream_bounds, unary_budget)
     kpb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     return servicer
