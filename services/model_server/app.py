@@ -36,7 +36,7 @@ from services.model_server.frontends.arrow.grpc_api import InferenceServicer
 from services.model_server.frontends.http_api import create_admin_app
 from services.model_server.frontends.kserve.native_bridge import NativeKServeFrontend
 from services.model_server.frontends.kserve.servicer import add_kserve_service
-from services.model_server.frontends.kserve.unary_budget import UnaryBudget
+from services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
 from services.model_server.frontends.streaming import StreamBounds
 from services.model_server.observability.gpu_metrics import GpuCollector
 from services.model_server.observability.metrics import ServerMetrics
@@ -132,9 +132,18 @@ class RunningServer:
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", 0),  # two servers must never share a port silently
+            # calls beyond --max-concurrent-calls wait unread in gRPC's queue, as many again at
+            # most: gRPC refuses the next ones RESOURCE_EXHAUSTED ("Too many pending requests")
+            ("grpc.server.max_pending_requests", config.max_concurrent_calls),
+            ("grpc.server.max_pending_requests_hard_limit", config.max_concurrent_calls),
         ]
         self.auth_token = config.resolve_auth_token()
-        interceptors = [TokenInterceptor(self.auth_token)] if self.auth_token else []
+        # the token is checked first (the outermost interceptor), before any message is read
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if self.auth_token:
+            interceptors.append(TokenInterceptor(self.auth_token))
+        unary_budget = UnaryBudget(config.max_unary_held_bytes, config.max_message_bytes, self.metrics)
+        interceptors.append(UnaryAdmission(unary_budget))
         self.grpc_server = grpc.aio.server(
             options=options, interceptors=interceptors, maximum_concurrent_rpcs=config.max_concurrent_calls
         )
@@ -143,7 +152,6 @@ class RunningServer:
             self.grpc_server,
             self.requests,
             stream_bounds,
-            UnaryBudget(config.max_unary_held_bytes, self.metrics),
         )
         self.kserve_native: NativeKServeFrontend | None = None
         if config.kserve_frontend == "native":

@@ -85,17 +85,17 @@ class ServerConfig(BaseSettings):
     max_unary_held_bytes: int = Field(
         default=256 << 20,
         ge=1 << 16,
-        description="bytes of unary KServe ModelInfer calls the server holds read and not yet answered; "
-        "a call beyond is refused RESOURCE_EXHAUSTED at once (one call is always admitted while "
-        "none is held)",
+        description="bytes of unary KServe ModelInfer calls the server holds, read or being read, and not "
+        "yet answered; a call is read once there is room for a message of --max-message-bytes "
+        "and waits unread until then (one call is always read while none is held)",
     )
     max_concurrent_calls: int = Field(
         default=1024,
         ge=1,
         le=1_000_000,
         description="gRPC calls (streams and unary calls, health checks included) the server handles "
-        "at once; calls beyond wait unread in gRPC's queue of the listener, which refuses them "
-        "RESOURCE_EXHAUSTED once it is full",
+        "at once; as many again wait unread in gRPC's queue, and calls beyond those are refused "
+        "RESOURCE_EXHAUSTED before anything of them is read",
     )
     shared_memory_dir: Path | None = Field(
         default=Path(DEFAULT_SHARED_MEMORY_DIRECTORY),

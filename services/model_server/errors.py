@@ -30,13 +30,6 @@ class QueueFull(ServingError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-class ServerOverloaded(ServingError):
-    """A call refused before it was admitted: the server holds as much of such calls as its
-    bounds allow (back-pressure, as a full queue; the client should retry later)."""
-
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
 class ModelUnavailable(ServingError):
     """The model is loading, failed to load, or the server is draining."""
 

@@ -1,12 +1,13 @@
 """What the server holds for calls before they are admitted: a call without the token is refused
-without its message being read, and unary calls hold at most the server's unary budget."""
+without its message being read, and unary calls are read only within the server's unary budget."""
 
 from __future__ import annotations
+
+import asyncio
 
 import grpc
 import pytest
 
-from services.model_server.errors import ServerOverloaded
 from services.model_server.frontends.kserve.unary_budget import UnaryBudget
 from services.model_server.observability.metrics import ServerMetrics
 from services.model_server.security import _refusing_handler
@@ -32,19 +33,64 @@ def test_the_refusal_of_a_call_without_the_token_reads_no_message(handler: grpc.
     assert refusal.response_streaming == handler.response_streaming
 
 
-def test_a_unary_call_is_admitted_while_none_is_held_whatever_its_size() -> None:
-    budget = UnaryBudget(1000, ServerMetrics("cpu"))
-    budget.take(5000)
-    assert budget.held_bytes == 5000
+def budget(limit_bytes: int, max_message_bytes: int) -> UnaryBudget:
+    return UnaryBudget(limit_bytes, max_message_bytes, ServerMetrics("cpu"))
 
 
-def test_a_unary_call_beyond_the_budget_is_refused_resource_exhausted_naming_the_flag() -> None:
-    budget = UnaryBudget(1000, ServerMetrics("cpu"))
-    budget.take(600)
-    with pytest.raises(ServerOverloaded, match="--max-unary-held-bytes") as raised:
-        budget.take(500)
-    assert raised.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert budget.held_bytes == 600
-    budget.give_back(600)
-    budget.take(500)
-    assert budget.held_bytes == 500
+async def settled(task: asyncio.Task[int]) -> bool:
+    """Whether ``task`` finished once the event loop had its turns."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+    return task.done()
+
+
+def test_a_unary_call_is_read_while_none_is_held_whatever_the_message_limit() -> None:
+    async def body() -> int:
+        unary = budget(1000, 5000)
+        return await asyncio.wait_for(unary.reserve(), timeout=8)
+
+    assert asyncio.run(body()) == 5000
+
+
+def test_a_unary_call_waits_unread_until_the_budget_has_room_for_a_message_of_the_limit() -> None:
+    async def body() -> None:
+        unary = budget(1000, 400)
+        first = await unary.reserve()
+        second = await unary.reserve()  # 800 of 1000 reserved
+        third = asyncio.ensure_future(unary.reserve())
+        assert not await settled(third)
+        first = unary.settle(first, 100)  # the first message was 100 bytes: 500 held
+        assert await settled(third)
+        assert unary.held_bytes == 900
+        fourth = asyncio.ensure_future(unary.reserve())
+        assert not await settled(fourth)
+        unary.release(first)
+        unary.release(second)
+        assert await settled(fourth)
+        unary.release(await third)
+        unary.release(await fourth)
+        assert unary.held_bytes == 0
+
+    asyncio.run(asyncio.wait_for(body(), timeout=8))
+
+
+def test_waiting_unary_calls_are_read_first_come_first_served_and_a_cancelled_one_is_skipped() -> None:
+    async def body() -> None:
+        unary = budget(100, 100)
+        held = await unary.reserve()
+        order: list[str] = []
+
+        async def call(name: str) -> int:
+            reserved = await unary.reserve()
+            order.append(name)
+            return reserved
+
+        waiting = {name: asyncio.ensure_future(call(name)) for name in ("a", "b", "c")}
+        await settled(waiting["c"])
+        waiting["a"].cancel()
+        unary.release(held)
+        unary.release(await waiting["b"])
+        unary.release(await waiting["c"])
+        assert order == ["b", "c"]
+
+    asyncio.run(asyncio.wait_for(body(), timeout=8))

@@ -182,14 +182,13 @@ class ServerMetrics:
         )
         self.unary_held_bytes = Gauge(
             "udfserve_unary_held_bytes",
-            "Bytes of unary KServe calls read and not yet answered (bounded by --max-unary-held-bytes).",
+            "Bytes of unary KServe calls reserved for reading or read and not yet answered (bounded "
+            "by --max-unary-held-bytes).",
             registry=registry,
         )
-        self.calls_refused = Counter(
-            "udfserve_calls_refused",
-            "Calls refused RESOURCE_EXHAUSTED before they were admitted, by the bound they would "
-            "have passed.",
-            ["bound"],
+        self.unary_calls_waiting = Gauge(
+            "udfserve_unary_calls_waiting",
+            "Unary KServe calls waiting, unread, for room in --max-unary-held-bytes.",
             registry=registry,
         )
         self.shared_memory_requests = Counter(

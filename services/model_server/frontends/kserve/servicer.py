@@ -62,7 +62,6 @@ from services.model_server.frontends.kserve.tensors import (
     request_to_inputs,
     requested_outputs,
 )
-from services.model_server.frontends.kserve.unary_budget import UnaryBudget
 from services.model_server.frontends.streaming import StreamBounds, answer_inline
 from udfserve.runtime.errors import InvalidInput, ServingError
 
@@ -81,12 +80,9 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     UNIMPLEMENTED, as the generated base class does.
     """
 
-    def __init__(
-        self, lifecycle: RequestLifecycle, stream_bounds: StreamBounds, unary_budget: UnaryBudget
-    ) -> None:
+    def __init__(self, lifecycle: RequestLifecycle, stream_bounds: StreamBounds) -> None:
         self._lifecycle = lifecycle
         self._stream_bounds = stream_bounds
-        self._unary_budget = unary_budget
         self._models = lifecycle.models
         self._plans: weakref.WeakKeyDictionary[LoadedModel, InputPlan] = weakref.WeakKeyDictionary()
         self._messages = MessageAnswers()
@@ -154,21 +150,8 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         self, request: kpb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> kpb.ModelInferResponse:
         """Checked and queued inline, then one await on the batcher's future: no task or
-        coroutine per request beyond the handler itself. The call's message counts against the
-        server's ``UnaryBudget`` until it is answered; beyond it, RESOURCE_EXHAUSTED at once."""
-        size_bytes = request.ByteSize()
-        try:
-            self._unary_budget.take(size_bytes)
-        except ServingError as exc:
-            await context.abort(exc.code, exc.message)
-        try:
-            return await self._model_infer(request, context)
-        finally:
-            self._unary_budget.give_back(size_bytes)
-
-    async def _model_infer(
-        self, request: kpb.ModelInferRequest, context: grpc.aio.ServicerContext
-    ) -> kpb.ModelInferResponse:
+        coroutine per request beyond the handler itself. Its message was read within the
+        server's ``UnaryBudget`` (``unary_budget.UnaryAdmission``)."""
         outcome = self.start(request, parse_job_context(context.invocation_metadata()))
         if isinstance(outcome, Pending):
             future, finish = outcome
@@ -268,9 +251,8 @@ def add_kserve_service(
     server: grpc.aio.Server,
     lifecycle: RequestLifecycle,
     stream_bounds: StreamBounds,
-    unary_budget: UnaryBudget,
 ) -> KServeServicer:
     """Serve the KServe v2 protocol from ``server``, beside the Arrow service."""
-    servicer = KServeServicer(lifecycle, stream_bounds, unary_budget)
+    servicer = KServeServicer(lifecycle, stream_bounds)
     kpb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     return servicer
