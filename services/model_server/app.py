@@ -37,7 +37,7 @@ from services.model_server.frontends.http_api import create_admin_app
 from services.model_server.frontends.kserve.native_bridge import NativeKServeFrontend
 from services.model_server.frontends.kserve.servicer import add_kserve_service
 from services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
-from services.model_server.frontends.streaming import StreamBounds
+from services.model_server.frontends.streaming import RawStreamRequests, StreamBounds
 from services.model_server.observability.gpu_metrics import GpuCollector
 from services.model_server.observability.metrics import ServerMetrics
 from services.model_server.security import TokenInterceptor, grpc_server_credentials
@@ -143,7 +143,7 @@ class RunningServer:
         if self.auth_token:
             interceptors.append(TokenInterceptor(self.auth_token))
         unary_budget = UnaryBudget(config.max_unary_held_bytes, config.max_message_bytes, self.metrics)
-        interceptors.append(UnaryAdmission(unary_budget))
+        interceptors += [UnaryAdmission(unary_budget), RawStreamRequests()]
         self.grpc_server = grpc.aio.server(
             options=options, interceptors=interceptors, maximum_concurrent_rpcs=config.max_concurrent_calls
         )

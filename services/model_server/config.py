@@ -78,9 +78,9 @@ class ServerConfig(BaseSettings):
     max_stream_held_bytes: int = Field(
         default=32 << 20,
         ge=1 << 16,
-        description="bytes (requests and their answers) one stream holds read and not yet answered onto "
-        "the wire; at it the server stops reading the stream (a stream holding nothing still "
-        "reads one message up to --max-message-bytes)",
+        description="bytes of the request messages one stream holds read and not yet answered onto the "
+        "wire; at it the server stops reading the stream (a stream holding nothing still reads "
+        "one message up to --max-message-bytes)",
     )
     max_unary_held_bytes: int = Field(
         default=256 << 20,

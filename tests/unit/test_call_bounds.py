@@ -9,8 +9,10 @@ import grpc
 import pytest
 
 from services.model_server.frontends.kserve.unary_budget import UnaryBudget
+from services.model_server.frontends.streaming import UnparseableRequest, parse_request
 from services.model_server.observability.metrics import ServerMetrics
 from services.model_server.security import _refusing_handler
+from udfserve.protocol import inference_pb2 as pb
 
 
 async def _unary(request: bytes, context: object) -> bytes:
@@ -94,3 +96,9 @@ def test_waiting_unary_calls_are_read_first_come_first_served_and_a_cancelled_on
         assert order == ["b", "c"]
 
     asyncio.run(asyncio.wait_for(body(), timeout=8))
+
+
+def test_a_stream_message_that_is_not_the_request_is_invalid_argument_naming_the_type() -> None:
+    with pytest.raises(UnparseableRequest, match=r"not a udfserve\.v1\.PredictRequest") as raised:
+        parse_request(pb.PredictRequest, b"\xff\xff\xff")
+    assert raised.value.code == grpc.StatusCode.INVALID_ARGUMENT

@@ -192,7 +192,7 @@ def test_the_stream_is_not_read_beyond_its_bound_of_bytes() -> None:
             requests,
             lambda r: "",
             StreamBounds(max_requests=100, max_bytes=250),
-            size_of=lambda message: 100 if isinstance(message, int) else 0,  # requests of 100 bytes
+            size_of=lambda _request: 100,
         )
         await anext(answers)
         await wait_until(lambda: len(read) == 3)

@@ -15,7 +15,10 @@ until its answer has been written to the transport, whether it waits for the bat
 answered at once (a refusal, an empty batch) or waits for the client to take its answer. At the
 bound the stream is not read any more: a client that never reads its answers stops being read
 itself (HTTP/2 flow control then holds its requests on its side), instead of the server keeping
-an answer for every request it sends.
+an answer for every request it sends. A request counts with the bytes gRPC read for it: the
+inference streams are served with their requests as those bytes (``RawStreamRequests``) and
+parse them in their reader (``parse_request``), since measuring a parsed protobuf message
+encodes it again.
 """
 
 from __future__ import annotations
@@ -27,18 +30,29 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+import grpc
+from google.protobuf.message import DecodeError, Message
+
 from services.model_server.core.pending import Pending
+from udfserve.runtime.errors import InvalidInput
 
 T = TypeVar("T")
 R = TypeVar("R")
+M = TypeVar("M", bound=Message)
+
+STREAM_METHODS = frozenset(
+    {"/udfserve.v1.Inference/Predict", "/inference.GRPCInferenceService/ModelStreamInfer"}
+)
+"""The inference streams, whose requests their reader takes as the bytes gRPC read."""
 
 
 @dataclass(frozen=True)
 class StreamBounds:
     """What one stream may hold at once: requests read whose answers are not yet written to the
-    transport, by count and by bytes (each request's message and its answer's). A request is
-    always read when the stream holds nothing, so one message up to the server's message limit
-    passes whatever ``max_bytes`` says."""
+    transport, by count and by the bytes of their messages. (An answer is bounded by the message
+    limit, and held only while its request counts.) A request is always read when the stream
+    holds nothing, so one message up to the server's message limit passes whatever ``max_bytes``
+    says."""
 
     max_requests: int = 64
     max_bytes: int = 32 << 20
@@ -61,21 +75,55 @@ class PausedStreams(Protocol):
     def dec(self) -> None: ...
 
 
-def message_bytes(message: object) -> int:
-    """The encoded size of a protobuf message; 0 for anything else (a status that ends a call)."""
-    byte_size = getattr(message, "ByteSize", None)
-    return int(byte_size()) if byte_size is not None else 0
+class UnparseableRequest(InvalidInput):
+    """A stream's message is not the protocol's request: the stream ends INVALID_ARGUMENT."""
+
+
+def parse_request(message_type: type[M], raw: bytes) -> M:
+    """``raw`` as a ``message_type``; ``UnparseableRequest`` naming the type when it is not one."""
+    try:
+        return message_type.FromString(raw)
+    except DecodeError as exc:
+        raise UnparseableRequest(
+            f"a message of {len(raw)} bytes on the stream is not a {message_type.DESCRIPTOR.full_name}: "
+            f"{exc}; expected the protocol's request message"
+        ) from None
+
+
+class RawStreamRequests(grpc.aio.ServerInterceptor):
+    """Serves the inference streams (``STREAM_METHODS``) with their requests as the bytes gRPC
+    read, not parsed: a stream counts what it holds in those bytes, and parses them itself."""
+
+    def __init__(self, methods: frozenset[str] = STREAM_METHODS) -> None:
+        self._methods = methods
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if (
+            handler is None
+            or handler.stream_stream is None
+            or handler_call_details.method not in self._methods
+        ):
+            return handler
+        return grpc.stream_stream_rpc_method_handler(
+            handler.stream_stream, response_serializer=handler.response_serializer
+        )
 
 
 async def answer_inline(
     requests: AsyncIterator[T],
     start: Callable[[T], R | Pending[R]],
     bounds: StreamBounds,
-    size_of: Callable[[Any], int] = message_bytes,
+    size_of: Callable[[T], int] = lambda _request: 0,
     paused: PausedStreams | None = None,
 ) -> AsyncIterator[R]:
     """Answers of ``requests`` in completion order; the stream is read only while it holds less
-    than ``bounds`` (requests and answers by ``size_of``, until their answers are written).
+    than ``bounds`` (requests, and their bytes by ``size_of``: none unless given, until their
+    answers are written).
 
     ``start(request)`` runs in the task that reads the stream and returns the answer, or a
     ``Pending`` one. It should not raise: an exception from it, from ``finish`` or from the
@@ -212,9 +260,7 @@ class _Answers(Generic[T, R]):
     def _deliver(self, answer: R, charge: int) -> None:
         if self._closed:
             return
-        answer_bytes = self._size_of(answer)
-        self.held_bytes += answer_bytes
-        self.ready.append((answer, charge + answer_bytes))
+        self.ready.append((answer, charge))
         self._wake_consumer()
 
     def written(self, charge: int) -> None:

@@ -23,7 +23,13 @@ from services.model_server.core.pending import Pending
 from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
 from services.model_server.errors import failure_status
 from services.model_server.frontends.arrow.shared_memory import SharedMemoryRefused, StreamRegions
-from services.model_server.frontends.streaming import DEFAULT_STREAM_BOUNDS, StreamBounds, answer_inline
+from services.model_server.frontends.streaming import (
+    DEFAULT_STREAM_BOUNDS,
+    StreamBounds,
+    UnparseableRequest,
+    answer_inline,
+    parse_request,
+)
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
@@ -90,18 +96,25 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     # -- Predict -----------------------------------------------------------------------------
     async def Predict(
-        self, request_iterator: AsyncIterator[pb.PredictRequest], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.PredictResponse]:
+        """The stream's requests come as the bytes gRPC read (``streaming.RawStreamRequests``)."""
         job = parse_job_context(context.invocation_metadata())
         regions = self._stream_regions(context)
         stream = _PredictStream(self._lifecycle, job, regions)
+
+        def start(raw: bytes) -> pb.PredictResponse | Pending[pb.PredictResponse]:
+            return stream.start(parse_request(pb.PredictRequest, raw))
+
         responses: AsyncIterator[pb.PredictResponse] = answer_inline(
-            request_iterator, stream.start, self._stream_bounds, paused=self._metrics.streams_paused
+            request_iterator, start, self._stream_bounds, len, self._metrics.streams_paused
         )
         self._metrics.streams_active.inc()
         try:
             async for response in responses:
                 yield response
+        except UnparseableRequest as exc:
+            await context.abort(exc.code, exc.message)
         finally:
             self._metrics.streams_active.dec()
             regions.close()

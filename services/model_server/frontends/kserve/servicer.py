@@ -62,7 +62,12 @@ from services.model_server.frontends.kserve.tensors import (
     request_to_inputs,
     requested_outputs,
 )
-from services.model_server.frontends.streaming import StreamBounds, answer_inline
+from services.model_server.frontends.streaming import (
+    StreamBounds,
+    UnparseableRequest,
+    answer_inline,
+    parse_request,
+)
 from udfserve.runtime.errors import InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)
@@ -171,26 +176,29 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         return answer
 
     async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[kpb.ModelInferRequest], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[kpb.ModelStreamInferResponse]:
         """Requests of one stream run concurrently and are answered as they complete (the
         stream read while it holds less than its ``StreamBounds``); the response's ``id`` names
-        the request."""
+        the request. The requests come as the bytes gRPC read (``streaming.RawStreamRequests``)."""
         invocation = context.invocation_metadata()
         metadata = dict(invocation or ())
         stream = StreamAnswers(str(metadata.get(TRITON_GRPC_ERROR_HEADER, "")).lower() == "true")
         job = parse_job_context(invocation)
 
-        def start(request: kpb.ModelInferRequest) -> StreamAnswer | Pending[StreamAnswer]:
-            return self._start(request, job, stream)
+        def start(raw: bytes) -> StreamAnswer | Pending[StreamAnswer]:
+            return self._start(parse_request(kpb.ModelInferRequest, raw), job, stream)
 
         answers: AsyncIterator[StreamAnswer] = answer_inline(
-            request_iterator, start, self._stream_bounds, paused=self._lifecycle.metrics.streams_paused
+            request_iterator, start, self._stream_bounds, len, self._lifecycle.metrics.streams_paused
         )
-        async for answer in answers:
-            if isinstance(answer, Failure):
-                await context.abort(answer.code, answer.message)
-            yield answer
+        try:
+            async for answer in answers:
+                if isinstance(answer, Failure):
+                    await context.abort(answer.code, answer.message)
+                yield answer
+        except UnparseableRequest as exc:
+            await context.abort(exc.code, exc.message)
 
     def start(
         self, request: kpb.ModelInferRequest, job: JobContext
