@@ -8,8 +8,8 @@ import asyncio
 import grpc
 import pytest
 
-from services.model_server.frontends.kserve.unary_budget import UnaryBudget
-from services.model_server.frontends.streaming import UnparseableRequest, parse_request
+from services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
+from services.model_server.frontends.streaming import RawStreamRequests, UnparseableRequest, parse_request
 from services.model_server.observability.metrics import ServerMetrics
 from services.model_server.security import _refusing_handler
 from udfserve.protocol import inference_pb2 as pb
@@ -102,3 +102,31 @@ def test_a_stream_message_that_is_not_the_request_is_invalid_argument_naming_the
     with pytest.raises(UnparseableRequest, match=r"not a udfserve\.v1\.PredictRequest") as raised:
         parse_request(pb.PredictRequest, b"\xff\xff\xff")
     assert raised.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def intercepted(interceptor: grpc.aio.ServerInterceptor, method: str, handler: grpc.RpcMethodHandler):
+    async def continuation(_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        return handler
+
+    class Details(grpc.HandlerCallDetails):
+        def __init__(self) -> None:
+            self.method = method
+            self.invocation_metadata = ()
+
+    return asyncio.run(interceptor.intercept_service(continuation, Details()))
+
+
+def test_model_infer_is_served_request_streaming_so_its_message_is_read_within_the_budget() -> None:
+    handler = grpc.unary_unary_rpc_method_handler(_unary, request_deserializer=pb.PredictRequest.FromString)
+    admission = UnaryAdmission(budget(1000, 100))
+    served = intercepted(admission, "/inference.GRPCInferenceService/ModelInfer", handler)
+    assert served.request_streaming and not served.response_streaming
+    assert served.request_deserializer == pb.PredictRequest.FromString
+    assert intercepted(admission, "/inference.GRPCInferenceService/ServerLive", handler) is handler
+
+
+def test_the_inference_streams_take_their_requests_unparsed() -> None:
+    handler = grpc.stream_stream_rpc_method_handler(_unary, request_deserializer=pb.PredictRequest.FromString)
+    served = intercepted(RawStreamRequests(), "/udfserve.v1.Inference/Predict", handler)
+    assert served.request_deserializer is None and served.stream_stream is _unary
+    assert intercepted(RawStreamRequests(), "/grpc.health.v1.Health/Watch", handler) is handler
