@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from services.model_server.observability.metrics import ServerMetrics
 
@@ -117,25 +118,33 @@ class UnaryAdmission(grpc.aio.ServerInterceptor):
 
 def _admitted(handler: grpc.RpcMethodHandler, budget: UnaryBudget) -> grpc.RpcMethodHandler:
     """``handler`` (unary) as a request-streaming handler that reads its message within ``budget``
-    (unary and request-streaming calls look the same on the wire)."""
+    (unary and request-streaming calls look the same on the wire). The message is taken as the
+    bytes gRPC read, measured by their length (measuring a parsed message encodes it again), and
+    parsed here with the handler's own deserializer."""
     behaviour = handler.unary_unary
+    parse = handler.request_deserializer
 
-    async def admitted(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+    async def admitted(raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
         held = await budget.reserve()
         try:
             try:
-                request = await anext(requests)
+                raw = await anext(raw_requests)
             except StopAsyncIteration:
                 await context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT, "expected one request message, received none"
                 )
-            held = budget.settle(held, request.ByteSize())
+            held = budget.settle(held, len(raw))
+            try:
+                request = parse(raw) if parse is not None else raw
+            except DecodeError as exc:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"the request message of {len(raw)} bytes cannot be parsed ({exc}); expected "
+                    "a serialized request of this method",
+                )
+            del raw
             return await behaviour(request, context)
         finally:
             budget.release(held)
 
-    return grpc.stream_unary_rpc_method_handler(
-        admitted,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    return grpc.stream_unary_rpc_method_handler(admitted, response_serializer=handler.response_serializer)
