@@ -148,11 +148,7 @@ class RunningServer:
             options=options, interceptors=interceptors, maximum_concurrent_rpcs=config.max_concurrent_calls
         )
         pb_grpc.add_InferenceServicer_to_server(self.servicer, self.grpc_server)
-        self.kserve_servicer = add_kserve_service(
-            self.grpc_server,
-            self.requests,
-            stream_bounds,
-        )
+        self.kserve_servicer = add_kserve_service(self.grpc_server, self.requests, stream_bounds)
         self.kserve_native: NativeKServeFrontend | None = None
         if config.kserve_frontend == "native":
             self.kserve_native = NativeKServeFrontend(
