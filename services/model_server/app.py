@@ -132,10 +132,6 @@ class RunningServer:
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", 0),  # two servers must never share a port silently
-            # calls beyond --max-concurrent-calls wait unread in gRPC's queue, as many again at
-            # most: gRPC refuses the next ones RESOURCE_EXHAUSTED ("Too many pending requests")
-            ("grpc.server.max_pending_requests", config.max_concurrent_calls),
-            ("grpc.server.max_pending_requests_hard_limit", config.max_concurrent_calls),
         ]
         self.auth_token = config.resolve_auth_token()
         # the token is checked first (the outermost interceptor), before any message is read

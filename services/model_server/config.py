@@ -94,8 +94,8 @@ class ServerConfig(BaseSettings):
         ge=1,
         le=1_000_000,
         description="gRPC calls (streams and unary calls, health checks included) the server handles "
-        "at once; as many again wait unread in gRPC's queue, and calls beyond those are refused "
-        "RESOURCE_EXHAUSTED before anything of them is read",
+        "at once; calls beyond are refused RESOURCE_EXHAUSTED before anything of them is read (some "
+        "may first wait, unread, in gRPC's queue of calls not yet handed to the server)",
     )
     shared_memory_dir: Path | None = Field(
         default=Path(DEFAULT_SHARED_MEMORY_DIRECTORY),
