@@ -40,7 +40,9 @@ from services.model_server.frontends.arrow.grpc_api import InferenceServicer
 from services.model_server.frontends.http_api import create_admin_app
 from services.model_server.frontends.kserve.native_bridge import NativeKServeFrontend
 from services.model_server.frontends.kserve.servicer import add_kserve_service
+from services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
 from services.model_server.frontends.readable_requests import add_service
+from services.model_server.frontends.streaming import STREAM_METHODS, RawStreamRequests, StreamBounds
 from services.model_server.lifeline import watch_lifeline
 from services.model_server.observability.gpu_metrics import GpuCollector
 from services.model_server.observability.metrics import ServerMetrics
@@ -128,10 +130,12 @@ class RunningServer:
         self.health = health.aio.HealthServicer()
         self.in_flight = InFlightRequests()
         self.requests = RequestLifecycle(self.models, self.metrics, self.in_flight, config.max_message_bytes)
+        stream_bounds = StreamBounds(config.max_stream_held_requests, config.max_stream_held_bytes)
         self.servicer = InferenceServicer(
             self.requests,
             shared_memory_folder(config.shared_memory_dir),
             frozenset(config.shared_memory_uids),
+            stream_bounds,
             max_region_bytes=config.shared_memory_max_request_bytes,
         )
         options = [
@@ -140,10 +144,17 @@ class RunningServer:
             ("grpc.so_reuseport", 0),  # two servers must never share a port silently
         ]
         self.auth_token = config.resolve_auth_token()
-        interceptors = [TokenInterceptor(self.auth_token)] if self.auth_token else []
-        self.grpc_server = grpc.aio.server(options=options, interceptors=interceptors)
-        add_service(pb_grpc.add_InferenceServicer_to_server, self.servicer, self.grpc_server)
-        self.kserve_servicer = add_kserve_service(self.grpc_server, self.requests)
+        # the token is checked first (the outermost interceptor), before any message is read
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if self.auth_token:
+            interceptors.append(TokenInterceptor(self.auth_token))
+        unary_budget = UnaryBudget(config.max_unary_held_bytes, config.max_message_bytes, self.metrics)
+        interceptors += [UnaryAdmission(unary_budget), RawStreamRequests()]
+        self.grpc_server = grpc.aio.server(
+            options=options, interceptors=interceptors, maximum_concurrent_rpcs=config.max_concurrent_calls
+        )
+        add_service(pb_grpc.add_InferenceServicer_to_server, self.servicer, self.grpc_server, STREAM_METHODS)
+        self.kserve_servicer = add_kserve_service(self.grpc_server, self.requests, stream_bounds)
         self.kserve_native: NativeKServeFrontend | None = None
         if config.kserve_frontend == "native":
             self.kserve_native = NativeKServeFrontend(

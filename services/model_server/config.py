@@ -67,6 +67,36 @@ class ServerConfig(BaseSettings):
     max_message_bytes: int = Field(
         default=64 << 20, ge=1 << 16, le=(1 << 31) - 1, description="largest gRPC message, both ways"
     )
+    max_stream_held_requests: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="requests one stream (Arrow Predict, KServe ModelStreamInfer) holds read and not yet "
+        "answered onto the wire, queued, answered or refused alike; at it the server stops reading "
+        "the stream until the client takes answers",
+    )
+    max_stream_held_bytes: int = Field(
+        default=32 << 20,
+        ge=1 << 16,
+        description="bytes of the request messages one stream holds read and not yet answered onto the "
+        "wire; at it the server stops reading the stream (a stream holding nothing still reads "
+        "one message up to --max-message-bytes)",
+    )
+    max_unary_held_bytes: int = Field(
+        default=256 << 20,
+        ge=1 << 16,
+        description="bytes of unary KServe ModelInfer calls the server holds, read or being read, and not "
+        "yet answered; a call is read once there is room for a message of --max-message-bytes "
+        "and waits unread until then (one call is always read while none is held)",
+    )
+    max_concurrent_calls: int = Field(
+        default=1024,
+        ge=1,
+        le=1_000_000,
+        description="gRPC calls (streams and unary calls, health checks included) the server handles "
+        "at once; calls beyond are refused RESOURCE_EXHAUSTED before anything of them is read (some "
+        "may first wait, unread, in gRPC's queue of calls not yet handed to the server)",
+    )
     shared_memory_dir: Path | None = Field(
         default=Path(DEFAULT_SHARED_MEMORY_DIRECTORY),
         description="tmpfs folder where clients on the unix socket may put payloads (udfserve-*.shm "

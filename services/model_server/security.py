@@ -73,23 +73,26 @@ def check_credentials(config: ServerConfig) -> None:
 
 
 def _refusing_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same streaming kind as ``handler`` that answers UNAUTHENTICATED."""
+    """A handler that answers UNAUTHENTICATED without reading the call's message.
+
+    It is request-streaming whatever the method is (unary and streaming calls look the same on
+    the wire): gRPC reads a unary handler's whole message before calling it, up to the message
+    limit, whereas a streaming handler reads only what it asks for, and this one asks for
+    nothing. The interceptor sees the call's metadata before any message is read, so a caller
+    without the token costs the server its headers only."""
     message = "missing or wrong token: send metadata 'authorization: Bearer <token>'"
 
-    async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> None:
+    async def refuse(_requests: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse)
-    return grpc.unary_unary_rpc_method_handler(refuse)
+        return grpc.stream_stream_rpc_method_handler(refuse)
+    return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses every gRPC call but health checks unless it carries the bearer token."""
+    """Refuses every gRPC call but health checks unless it carries the bearer token, before its
+    message is read (grpc.aio runs interceptors on the call's metadata alone)."""
 
     def __init__(self, token: str) -> None:
         self._token = token

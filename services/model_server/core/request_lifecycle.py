@@ -16,8 +16,9 @@ batcher holds it to the moment its answer is made or its client went away.
 
 Where limits on admission belong: a budget over what the whole server accepts goes into
 ``InferenceRequest.enqueue`` (where the rows and the answer's least size are known) with its
-state on ``RequestLifecycle``; a bound per stream on what it holds accepted and not yet written
-goes into that stream's ``FrontEnd``, which makes every answer of the stream.
+state on ``RequestLifecycle``; the bound per stream on what it holds read and not yet written is
+the stream reader's (``frontends.streaming.StreamBounds``), which sees every answer of the stream
+whichever front end made it.
 """
 
 from __future__ import annotations

@@ -39,12 +39,26 @@ class _Collector:
         self.service, self.handlers = service, dict(handlers)
 
 
-def add_service(add_to_server: Callable[[Any, Any], None], servicer: Any, server: grpc.aio.Server) -> None:
-    """``add_to_server(servicer, server)``, each request parsed by the handler rather than gRPC."""
+def add_service(
+    add_to_server: Callable[[Any, Any], None],
+    servicer: Any,
+    server: grpc.aio.Server,
+    parsed_by_the_servicer: frozenset[str] = frozenset(),
+) -> None:
+    """``add_to_server(servicer, server)``, each request parsed by the handler rather than gRPC.
+
+    The methods in ``parsed_by_the_servicer`` (full names, ``/package.Service/Method``) keep their
+    generated handlers: the inference streams, which an interceptor hands their requests as the
+    bytes gRPC read, so that they count what they hold and parse it themselves.
+    """
     collector = _Collector()
     add_to_server(servicer, collector)
     handlers = {
-        name: _parsing_handler(f"{collector.service}.{name}", handler)
+        name: (
+            handler
+            if f"/{collector.service}/{name}" in parsed_by_the_servicer
+            else _parsing_handler(f"{collector.service}.{name}", handler)
+        )
         for name, handler in collector.handlers.items()
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(collector.service, handlers),))

@@ -9,6 +9,16 @@ queueing in the batcher) runs inline in that task, and what it waits for is one 
 completion callback makes the answer (``answer_inline``, ``Pending``): no task, semaphore or
 queue per request, which on a busy stream cost as much as the request's own work. Answers that
 must await several things run as tasks (``answer_concurrently``).
+
+What a stream holds is bounded (``StreamBounds``): a request counts from the moment it is read
+until its answer has been written to the transport, whether it waits for the batcher, was
+answered at once (a refusal, an empty batch) or waits for the client to take its answer. At the
+bound the stream is not read any more: a client that never reads its answers stops being read
+itself (HTTP/2 flow control then holds its requests on its side), instead of the server keeping
+an answer for every request it sends. A request counts with the bytes gRPC read for it: the
+inference streams are served with their requests as those bytes (``RawStreamRequests``) and
+parse them in their reader (``parse_request``), since measuring a parsed protobuf message
+encodes it again.
 """
 
 from __future__ import annotations
@@ -17,36 +27,121 @@ import asyncio
 import functools
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+import grpc
+from google.protobuf.message import DecodeError, Message
 
 from services.model_server.core.pending import Pending
+from udfserve.runtime.errors import InvalidInput
 
 T = TypeVar("T")
 R = TypeVar("R")
+M = TypeVar("M", bound=Message)
 
-MAX_IN_FLIGHT_PER_STREAM = 64
-"""Requests of one stream processed at once; beyond it the server stops reading the stream
-and HTTP/2 flow control pushes back on the client."""
+STREAM_METHODS = frozenset(
+    {"/udfserve.v1.Inference/Predict", "/inference.GRPCInferenceService/ModelStreamInfer"}
+)
+"""The inference streams, whose requests their reader takes as the bytes gRPC read."""
+
+
+@dataclass(frozen=True)
+class StreamBounds:
+    """What one stream may hold at once: requests read whose answers are not yet written to the
+    transport, by count and by the bytes of their messages. (An answer is bounded by the message
+    limit, and held only while its request counts.) A request is always read when the stream
+    holds nothing, so one message up to the server's message limit passes whatever ``max_bytes``
+    says."""
+
+    max_requests: int = 64
+    max_bytes: int = 32 << 20
+
+    def __post_init__(self) -> None:
+        if self.max_requests < 1 or self.max_bytes < 1:
+            raise ValueError(
+                f"a stream must be allowed at least 1 request and 1 byte, received "
+                f"max_requests={self.max_requests} max_bytes={self.max_bytes}"
+            )
+
+
+DEFAULT_STREAM_BOUNDS = StreamBounds()
+
+
+class PausedStreams(Protocol):
+    """Counts the streams not read because their answers wait to be written (a gauge)."""
+
+    def inc(self) -> None: ...
+    def dec(self) -> None: ...
+
+
+class UnparseableRequest(InvalidInput):
+    """A stream's message is not the protocol's request: the stream ends INVALID_ARGUMENT."""
+
+
+def parse_request(message_type: type[M], raw: bytes) -> M:
+    """``raw`` as a ``message_type``; ``UnparseableRequest`` naming the type when it is not one."""
+    try:
+        return message_type.FromString(raw)
+    except DecodeError as exc:
+        raise UnparseableRequest(
+            f"a message of {len(raw)} bytes on the stream is not a {message_type.DESCRIPTOR.full_name}: "
+            f"{exc}; expected the protocol's request message"
+        ) from None
+
+
+class RawStreamRequests(grpc.aio.ServerInterceptor):
+    """Serves the inference streams (``STREAM_METHODS``) with their requests as the bytes gRPC
+    read, not parsed: a stream counts what it holds in those bytes, and parses them itself."""
+
+    def __init__(self, methods: frozenset[str] = STREAM_METHODS) -> None:
+        self._methods = methods
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if (
+            handler is None
+            or handler.stream_stream is None
+            or handler_call_details.method not in self._methods
+        ):
+            return handler
+        return grpc.stream_stream_rpc_method_handler(
+            handler.stream_stream, response_serializer=handler.response_serializer
+        )
 
 
 async def answer_inline(
-    requests: AsyncIterator[T], start: Callable[[T], R | Pending[R]], limit: int
+    requests: AsyncIterator[T],
+    start: Callable[[T], R | Pending[R]],
+    bounds: StreamBounds,
+    size_of: Callable[[T], int] = lambda _request: 0,
+    paused: PausedStreams | None = None,
 ) -> AsyncIterator[R]:
-    """Answers of ``requests`` in completion order, at most ``limit`` pending at once.
+    """Answers of ``requests`` in completion order; the stream is read only while it holds less
+    than ``bounds`` (requests, and their bytes by ``size_of``: none unless given, until their
+    answers are written).
 
     ``start(request)`` runs in the task that reads the stream and returns the answer, or a
     ``Pending`` one. It should not raise: an exception from it, from ``finish`` or from the
     stream itself (the client went away, an oversized message) ends the stream with that
-    exception once the answers ready before it are out. Beyond the limit the stream is not read,
-    so HTTP/2 flow control pushes back on the client. When the consumer stops, pending futures
-    are cancelled.
+    exception once the answers ready before it are out. An answer counts as written when the
+    consumer asks for the next one (gRPC's handler asks once its write completed), so a client
+    that does not read its answers keeps the stream at its bound, and HTTP/2 flow control pushes
+    back on it. ``paused`` counts the stream while it waits at its bound. When the consumer stops,
+    pending futures are cancelled.
     """
-    answers: _Answers[T, R] = _Answers(asyncio.get_running_loop(), limit)
+    answers: _Answers[T, R] = _Answers(asyncio.get_running_loop(), bounds, size_of, paused)
     reader = asyncio.create_task(answers.read(requests, start))
     try:
         while True:
             if answers.ready:
-                yield answers.ready.popleft()
+                answer, charge = answers.ready.popleft()
+                yield answer
+                answers.written(charge)
             elif answers.failure is not None:
                 raise answers.failure
             elif answers.ended:
@@ -59,16 +154,15 @@ async def answer_inline(
 
 
 async def answer_concurrently(
-    requests: AsyncIterator[T], answer: Callable[[T], Awaitable[R]], limit: int
+    requests: AsyncIterator[T], answer: Callable[[T], Awaitable[R]], bounds: StreamBounds
 ) -> AsyncIterator[R]:
     """Answers of ``requests`` in completion order, each ``answer(request)`` run as its own task,
-    at most ``limit`` running at once. Beyond the limit the stream is not read, so HTTP/2 flow
-    control pushes back on the client."""
+    the stream read only while it holds less than ``bounds`` (as ``answer_inline``)."""
 
     def start(request: T) -> Pending[R]:
         return Pending(asyncio.ensure_future(answer(request)), _result_of)
 
-    results: AsyncIterator[R] = answer_inline(requests, start, limit)
+    results: AsyncIterator[R] = answer_inline(requests, start, bounds)
     async for result in results:
         yield result
 
@@ -78,35 +172,51 @@ def _result_of(future: asyncio.Future[R]) -> R:
 
 
 class _Answers(Generic[T, R]):
-    """The state one stream's reader and consumer share."""
+    """The state one stream's reader and consumer share: what the stream holds (``held``,
+    ``held_bytes``: read, not yet written), the answers ready to write, how it ended."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, received {limit}")
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        bounds: StreamBounds,
+        size_of: Callable[[Any], int],
+        paused: PausedStreams | None,
+    ) -> None:
         self._loop = loop
-        self._limit = limit
-        self.ready: deque[R] = deque()
+        self._bounds = bounds
+        self._size_of = size_of
+        self._paused = paused
+        self.ready: deque[tuple[R, int]] = deque()
+        """Answers not yet taken by the consumer, each with the bytes its request holds."""
         self.failure: BaseException | None = None
         self.ended = False
+        self.held = 0
+        self.held_bytes = 0
         self._pending: set[asyncio.Future[Any]] = set()
         self._read_all = False
         self._closed = False
         self._consumer: asyncio.Future[None] | None = None
         self._reader: asyncio.Future[None] | None = None
 
+    def _full(self) -> bool:
+        return self.held >= self._bounds.max_requests or self.held_bytes >= self._bounds.max_bytes
+
     async def read(self, requests: AsyncIterator[T], start: Callable[[T], R | Pending[R]]) -> None:
         try:
             async for request in requests:
+                charge = self._size_of(request)
+                self.held += 1
+                self.held_bytes += charge
                 outcome = start(request)
+                del request  # a request answered at once is not kept while the stream waits
                 if not isinstance(outcome, Pending):
-                    self._deliver(outcome)
-                    continue
-                future = outcome.future
-                self._pending.add(future)
-                future.add_done_callback(functools.partial(self._on_done, outcome.finish))
-                if len(self._pending) >= self._limit:
-                    self._reader = self._loop.create_future()
-                    await self._reader
+                    self._deliver(outcome, charge)
+                else:
+                    self._pending.add(outcome.future)
+                    outcome.future.add_done_callback(functools.partial(self._on_done, outcome.finish, charge))
+                del outcome
+                if self._full():
+                    await self._wait_for_room()
             self._read_all = True
             if not self._pending:
                 self._end()
@@ -115,30 +225,54 @@ class _Answers(Generic[T, R]):
         except BaseException as exc:  # the stream broke (client gone, oversized message)
             self._fail(exc)
 
-    def _on_done(self, finish: Callable[[asyncio.Future[Any]], R], future: asyncio.Future[Any]) -> None:
+    async def _wait_for_room(self) -> None:
+        """Until written answers brought the stream under its bounds; counted as paused."""
+        if self._paused is not None:
+            self._paused.inc()
+        try:
+            while self._full():
+                self._reader = self._loop.create_future()
+                await self._reader
+        finally:
+            self._reader = None
+            if self._paused is not None:
+                self._paused.dec()
+
+    def _on_done(
+        self, finish: Callable[[asyncio.Future[Any]], R], charge: int, future: asyncio.Future[Any]
+    ) -> None:
         self._pending.discard(future)
         try:
             answer = finish(future)
         except asyncio.CancelledError:
-            pass  # the request was cancelled with its stream: there is nothing to deliver
+            self.written(charge)  # the request was cancelled with its stream: nothing to deliver
         except BaseException as exc:
+            self.written(charge)
             self._fail(exc)
         else:
-            if not future.cancelled():
-                self._deliver(answer)
-        reader = self._reader
-        if reader is not None and len(self._pending) < self._limit:
-            self._reader = None
-            if not reader.done():
-                reader.set_result(None)
+            if future.cancelled():
+                self.written(charge)
+            else:
+                self._deliver(answer, charge)
         if self._read_all and not self._pending:
             self._end()
 
-    def _deliver(self, answer: R) -> None:
+    def _deliver(self, answer: R, charge: int) -> None:
         if self._closed:
             return
-        self.ready.append(answer)
+        self.ready.append((answer, charge))
         self._wake_consumer()
+
+    def written(self, charge: int) -> None:
+        """An answer was written to the transport (or will never be): what its request held is
+        free, and the reader goes on when the stream is under its bounds again."""
+        self.held -= 1
+        self.held_bytes -= charge
+        reader = self._reader
+        if reader is not None and not self._full():
+            self._reader = None
+            if not reader.done():
+                reader.set_result(None)
 
     def _fail(self, exc: BaseException) -> None:
         if self.failure is None:

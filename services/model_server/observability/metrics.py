@@ -173,6 +173,24 @@ class ServerMetrics:
             registry=registry,
         )
         self.streams_active = Gauge("udfserve_streams_active", "Open Predict streams.", registry=registry)
+        self.streams_paused = Gauge(
+            "udfserve_streams_paused",
+            "Streams (both protocols) not read because they hold --max-stream-held-requests or "
+            "--max-stream-held-bytes of requests whose answers are not yet written: their clients "
+            "do not read answers as fast as they send.",
+            registry=registry,
+        )
+        self.unary_held_bytes = Gauge(
+            "udfserve_unary_held_bytes",
+            "Bytes of unary KServe calls reserved for reading or read and not yet answered (bounded "
+            "by --max-unary-held-bytes).",
+            registry=registry,
+        )
+        self.unary_calls_waiting = Gauge(
+            "udfserve_unary_calls_waiting",
+            "Unary KServe calls waiting, unread, for room in --max-unary-held-bytes.",
+            registry=registry,
+        )
         self.shared_memory_requests = Counter(
             "udfserve_shared_memory_requests",
             "Predict requests whose batch was read from a shared-memory file of a client of this node.",

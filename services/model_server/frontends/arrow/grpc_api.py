@@ -27,7 +27,13 @@ from services.model_server.frontends.arrow.shared_memory import (
     SharedMemoryRefused,
     StreamRegions,
 )
-from services.model_server.frontends.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_inline
+from services.model_server.frontends.streaming import (
+    DEFAULT_STREAM_BOUNDS,
+    StreamBounds,
+    UnparseableRequest,
+    answer_inline,
+    parse_request,
+)
 from udfserve.log_text import clip
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
@@ -73,11 +79,13 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         lifecycle: RequestLifecycle,
         shared_memory_dir: Path | None = None,
         shared_memory_uids: frozenset[int] = frozenset(),
+        stream_bounds: StreamBounds = DEFAULT_STREAM_BOUNDS,
         max_region_bytes: int = DEFAULT_MAX_REGION_BYTES,
     ) -> None:
         """``max_region_bytes``: the largest request a stream may name in shared memory (each is
         copied into the server's memory)."""
         self._lifecycle = lifecycle
+        self._stream_bounds = stream_bounds
         self._models = lifecycle.models
         self._metrics = lifecycle.metrics
         self._shared_memory_dir = shared_memory_dir
@@ -100,18 +108,25 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     # -- Predict -----------------------------------------------------------------------------
     async def Predict(
-        self, request_iterator: AsyncIterator[pb.PredictRequest], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.PredictResponse]:
+        """The stream's requests come as the bytes gRPC read (``streaming.RawStreamRequests``)."""
         job = parse_job_context(context.invocation_metadata())
         regions = self._stream_regions(context)
         stream = _PredictStream(self._lifecycle, job, regions)
+
+        def start(raw: bytes) -> pb.PredictResponse | Pending[pb.PredictResponse]:
+            return stream.start(parse_request(pb.PredictRequest, raw))
+
         responses: AsyncIterator[pb.PredictResponse] = answer_inline(
-            request_iterator, stream.start, MAX_IN_FLIGHT_PER_STREAM
+            request_iterator, start, self._stream_bounds, len, self._metrics.streams_paused
         )
         self._metrics.streams_active.inc()
         try:
             async for response in responses:
                 yield response
+        except UnparseableRequest as exc:
+            await context.abort(exc.code, exc.message)
         finally:
             self._metrics.streams_active.dec()
             regions.close()

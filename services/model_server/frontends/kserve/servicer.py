@@ -63,7 +63,13 @@ from services.model_server.frontends.kserve.tensors import (
     requested_outputs,
 )
 from services.model_server.frontends.readable_requests import add_service
-from services.model_server.frontends.streaming import MAX_IN_FLIGHT_PER_STREAM, answer_inline
+from services.model_server.frontends.streaming import (
+    STREAM_METHODS,
+    StreamBounds,
+    UnparseableRequest,
+    answer_inline,
+    parse_request,
+)
 from udfserve.runtime.errors import InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)
@@ -81,8 +87,9 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     UNIMPLEMENTED, as the generated base class does.
     """
 
-    def __init__(self, lifecycle: RequestLifecycle) -> None:
+    def __init__(self, lifecycle: RequestLifecycle, stream_bounds: StreamBounds) -> None:
         self._lifecycle = lifecycle
+        self._stream_bounds = stream_bounds
         self._models = lifecycle.models
         self._plans: weakref.WeakKeyDictionary[LoadedModel, InputPlan] = weakref.WeakKeyDictionary()
         self._messages = MessageAnswers()
@@ -150,7 +157,8 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         self, request: kpb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> kpb.ModelInferResponse:
         """Checked and queued inline, then one await on the batcher's future: no task or
-        coroutine per request beyond the handler itself."""
+        coroutine per request beyond the handler itself. Its message was read within the
+        server's ``UnaryBudget`` (``unary_budget.UnaryAdmission``)."""
         outcome = self.start(request, parse_job_context(context.invocation_metadata()))
         if isinstance(outcome, Pending):
             future, finish = outcome
@@ -170,25 +178,29 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         return answer
 
     async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[kpb.ModelInferRequest], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[kpb.ModelStreamInferResponse]:
-        """Requests of one stream run concurrently (up to ``MAX_IN_FLIGHT_PER_STREAM``) and are
-        answered as they complete; the response's ``id`` names the request."""
+        """Requests of one stream run concurrently and are answered as they complete (the
+        stream read while it holds less than its ``StreamBounds``); the response's ``id`` names
+        the request. The requests come as the bytes gRPC read (``streaming.RawStreamRequests``)."""
         invocation = context.invocation_metadata()
         metadata = dict(invocation or ())
         stream = StreamAnswers(str(metadata.get(TRITON_GRPC_ERROR_HEADER, "")).lower() == "true")
         job = parse_job_context(invocation)
 
-        def start(request: kpb.ModelInferRequest) -> StreamAnswer | Pending[StreamAnswer]:
-            return self._start(request, job, stream)
+        def start(raw: bytes) -> StreamAnswer | Pending[StreamAnswer]:
+            return self._start(parse_request(kpb.ModelInferRequest, raw), job, stream)
 
         answers: AsyncIterator[StreamAnswer] = answer_inline(
-            request_iterator, start, MAX_IN_FLIGHT_PER_STREAM
+            request_iterator, start, self._stream_bounds, len, self._lifecycle.metrics.streams_paused
         )
-        async for answer in answers:
-            if isinstance(answer, Failure):
-                await context.abort(answer.code, answer.message)
-            yield answer
+        try:
+            async for answer in answers:
+                if isinstance(answer, Failure):
+                    await context.abort(answer.code, answer.message)
+                yield answer
+        except UnparseableRequest as exc:
+            await context.abort(exc.code, exc.message)
 
     def start(
         self, request: kpb.ModelInferRequest, job: JobContext
@@ -245,8 +257,12 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         return plan
 
 
-def add_kserve_service(server: grpc.aio.Server, lifecycle: RequestLifecycle) -> KServeServicer:
+def add_kserve_service(
+    server: grpc.aio.Server,
+    lifecycle: RequestLifecycle,
+    stream_bounds: StreamBounds,
+) -> KServeServicer:
     """Serve the KServe v2 protocol from ``server``, beside the Arrow service."""
-    servicer = KServeServicer(lifecycle)
-    add_service(kpb_grpc.add_GRPCInferenceServiceServicer_to_server, servicer, server)
+    servicer = KServeServicer(lifecycle, stream_bounds)
+    add_service(kpb_grpc.add_GRPCInferenceServiceServicer_to_server, servicer, server, STREAM_METHODS)
     return servicer
