@@ -99,7 +99,9 @@ def test_waiting_unary_calls_are_read_first_come_first_served_and_a_cancelled_on
 
 
 def test_a_stream_message_that_is_not_the_request_is_invalid_argument_naming_the_type() -> None:
-    with pytest.raises(UnparseableRequest, match=r"not a udfserve\.v1\.PredictRequest") as raised:
+    with pytest.raises(
+        UnparseableRequest, match=r"cannot be parsed as udfserve\.v1\.PredictRequest"
+    ) as raised:
         parse_request(pb.PredictRequest, b"\xff\xff\xff")
     assert raised.value.code == grpc.StatusCode.INVALID_ARGUMENT
 

@@ -85,9 +85,31 @@ def parse_request(message_type: type[M], raw: bytes) -> M:
         return message_type.FromString(raw)
     except DecodeError as exc:
         raise UnparseableRequest(
-            f"a message of {len(raw)} bytes on the stream is not a {message_type.DESCRIPTOR.full_name}: "
-            f"{exc}; expected the protocol's request message"
+            f"a message of {len(raw)} bytes on the stream cannot be parsed as "
+            f"{message_type.DESCRIPTOR.full_name} ({exc}); expected a serialized message of that type"
         ) from None
+
+
+async def parsed_requests(
+    raw_requests: AsyncIterator[bytes], message_type: type[M], unreadable: list[UnparseableRequest]
+) -> AsyncIterator[tuple[M, int]]:
+    """The stream's requests parsed, each with its size as read (what the stream's bounds count).
+
+    At the first message that does not parse the requests end and its refusal goes to
+    ``unreadable``: the requests before it are still answered, and then the stream ends with it.
+    """
+    async for raw in raw_requests:
+        try:
+            request = parse_request(message_type, raw)
+        except UnparseableRequest as exc:
+            unreadable.append(exc)
+            return
+        yield request, len(raw)
+
+
+def size_as_read(item: tuple[object, int]) -> int:
+    """The size that ``parsed_requests`` read a request in, for ``answer_inline``'s ``size_of``."""
+    return item[1]
 
 
 class RawStreamRequests(grpc.aio.ServerInterceptor):

@@ -32,7 +32,8 @@ from services.model_server.frontends.streaming import (
     StreamBounds,
     UnparseableRequest,
     answer_inline,
-    parse_request,
+    parsed_requests,
+    size_as_read,
 )
 from udfserve.log_text import clip
 from udfserve.protocol import inference_pb2 as pb
@@ -115,18 +116,23 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         regions = self._stream_regions(context)
         stream = _PredictStream(self._lifecycle, job, regions)
 
-        def start(raw: bytes) -> pb.PredictResponse | Pending[pb.PredictResponse]:
-            return stream.start(parse_request(pb.PredictRequest, raw))
+        def start(item: tuple[pb.PredictRequest, int]) -> pb.PredictResponse | Pending[pb.PredictResponse]:
+            return stream.start(item[0])
 
+        unreadable: list[UnparseableRequest] = []
         responses: AsyncIterator[pb.PredictResponse] = answer_inline(
-            request_iterator, start, self._stream_bounds, len, self._metrics.streams_paused
+            parsed_requests(request_iterator, pb.PredictRequest, unreadable),
+            start,
+            self._stream_bounds,
+            size_as_read,
+            self._metrics.streams_paused,
         )
         self._metrics.streams_active.inc()
         try:
             async for response in responses:
                 yield response
-        except UnparseableRequest as exc:
-            await context.abort(exc.code, exc.message)
+            if unreadable:
+                await context.abort(unreadable[0].code, unreadable[0].message)
         finally:
             self._metrics.streams_active.dec()
             regions.close()

@@ -68,7 +68,8 @@ from services.model_server.frontends.streaming import (
     StreamBounds,
     UnparseableRequest,
     answer_inline,
-    parse_request,
+    parsed_requests,
+    size_as_read,
 )
 from udfserve.runtime.errors import InvalidInput, ServingError
 
@@ -188,19 +189,23 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         stream = StreamAnswers(str(metadata.get(TRITON_GRPC_ERROR_HEADER, "")).lower() == "true")
         job = parse_job_context(invocation)
 
-        def start(raw: bytes) -> StreamAnswer | Pending[StreamAnswer]:
-            return self._start(parse_request(kpb.ModelInferRequest, raw), job, stream)
+        def start(item: tuple[kpb.ModelInferRequest, int]) -> StreamAnswer | Pending[StreamAnswer]:
+            return self._start(item[0], job, stream)
 
+        unreadable: list[UnparseableRequest] = []
         answers: AsyncIterator[StreamAnswer] = answer_inline(
-            request_iterator, start, self._stream_bounds, len, self._lifecycle.metrics.streams_paused
+            parsed_requests(request_iterator, kpb.ModelInferRequest, unreadable),
+            start,
+            self._stream_bounds,
+            size_as_read,
+            self._lifecycle.metrics.streams_paused,
         )
-        try:
-            async for answer in answers:
-                if isinstance(answer, Failure):
-                    await context.abort(answer.code, answer.message)
-                yield answer
-        except UnparseableRequest as exc:
-            await context.abort(exc.code, exc.message)
+        async for answer in answers:
+            if isinstance(answer, Failure):
+                await context.abort(answer.code, answer.message)
+            yield answer
+        if unreadable:
+            await context.abort(unreadable[0].code, unreadable[0].message)
 
     def start(
         self, request: kpb.ModelInferRequest, job: JobContext
