@@ -2,10 +2,13 @@
 
 Rendering the page is pure Python that holds the GIL, about 0.23 ms per tracked Spark
 application here (15 ms with 64 applications, 0.11 s with 512), and every render is time the
-serving loop does not run. So renders are paced: after a render that took ``d`` seconds, the next
-one starts no sooner than ``max(min_interval_s, d * (1 / RENDER_SHARE - 1))`` later, which keeps
-rendering under ``RENDER_SHARE`` of the process's time however often it is scraped. Scrapes that
-arrive before the next render starts wait for it and share it.
+serving loop does not run. So renders are paced: after a render that took ``d`` seconds of the
+admin thread's CPU, the next one starts no sooner than ``max(min_interval_s, d * (1 /
+RENDER_SHARE - 1))`` later, which keeps rendering under ``RENDER_SHARE`` of a core however often
+it is scraped. (CPU time, not wall time: on a busy machine a render waits for the GIL and the
+cores, and pacing by its wall time would space the renders of a large page tens of seconds apart,
+past a scraper's timeout.) Scrapes that arrive before the next render starts wait for it and
+share it.
 
 A scrape is never answered with a page rendered before it arrived: a test or an operator that
 reads a counter, sends requests and reads it again sees every request, which a page cached for
@@ -20,7 +23,7 @@ import time
 from collections.abc import Callable
 
 RENDER_SHARE = 0.02
-"""Most of the process's time that rendering ``/metrics`` may take, whatever the scrape rate."""
+"""Most of a core's time that rendering ``/metrics`` may take, whatever the scrape rate."""
 
 
 class MetricsPage:
@@ -46,8 +49,8 @@ class MetricsPage:
         if delay > 0:
             await asyncio.sleep(delay)
         self._next = None  # a scrape from here on needs the next render
-        started = time.monotonic()
+        cpu_started = time.thread_time()
         body = self._render()  # synchronous: no scrape arrives during it on this loop
-        took = time.monotonic() - started
-        self._due = started + took + max(self._min_interval_s, took * (1.0 / RENDER_SHARE - 1.0))
+        took = time.thread_time() - cpu_started
+        self._due = time.monotonic() + max(self._min_interval_s, took * (1.0 / RENDER_SHARE - 1.0))
         return body
