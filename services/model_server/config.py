@@ -124,13 +124,13 @@ class ServerConfig(BaseSettings):
         "the document needs the token when one is set",
     )
     admin_requests_per_s: float = Field(
-        default=20.0,
+        default=10.0,
         gt=0,
         description="HTTP admin requests a second per client address (bursts of twice that); a client "
         "over it is answered 429 with Retry-After",
     )
     admin_total_requests_per_s: float = Field(
-        default=100.0,
+        default=50.0,
         gt=0,
         description="HTTP admin requests a second from all clients together; beyond, requests wait "
         "their turn, so a flood cannot take the CPU the predictions need",
@@ -139,7 +139,7 @@ class ServerConfig(BaseSettings):
         default=0.0,
         ge=0,
         description="least time between two renders of /metrics; scrapes in between wait for the next "
-        "render and share it (renders are also paced to at most 2 percent of the process's time)",
+        "render and share it (renders are also paced to at most 2 percent of a core)",
     )
     slow_request_s: float = Field(
         default=1.0, gt=0, description="log requests slower than this with their Spark stage and partition"

@@ -51,8 +51,8 @@ class Readiness(BaseModel):
 class AdminLimits(BaseModel):
     """What the admin app may cost the serving loop (see ``admin_limits`` and ``metrics_page``)."""
 
-    requests_per_client_per_s: float = 20.0
-    total_requests_per_s: float = 100.0
+    requests_per_client_per_s: float = 10.0
+    total_requests_per_s: float = 50.0
     metrics_min_interval_s: float = 0.0
 
 
