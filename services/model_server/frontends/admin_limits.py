@@ -28,6 +28,11 @@ ADMIN_MAX_CONNECTIONS = 64
 """Connections the admin app holds at once (uvicorn answers 503 beyond): what bounds the requests
 waiting for their turn, and their memory."""
 
+PACE_TICK_S = 0.1
+"""Requests that wait for the app's pace are let through on ticks of this length, together: the
+admin thread then takes the GIL ten times a second under a flood instead of once per request,
+and each hand-over of the GIL between the threads can cost the serving loop a wait for a core."""
+
 MAX_TRACKED_CLIENTS = 1024
 """Client addresses whose rate is remembered; beyond, the one seen least recently is forgotten."""
 
@@ -113,9 +118,10 @@ class AdminRateLimit:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        delay = self._pace.reserve(time.monotonic())
+        now = time.monotonic()
+        delay = self._pace.reserve(now)
         if delay > 0.0:
-            await asyncio.sleep(delay)
+            await asyncio.sleep(math.ceil((now + delay) / PACE_TICK_S) * PACE_TICK_S - now)
         client = scope.get("client")
         address = str(client[0]) if client else ""
         retry_after_s = self._clients.take(address, time.monotonic())
