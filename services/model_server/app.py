@@ -22,13 +22,11 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import grpc
 import prometheus_client
-import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.model_server.config import ServerConfig, is_loopback
@@ -36,8 +34,9 @@ from services.model_server.core.in_flight import InFlightRequests
 from services.model_server.core.model_table import ModelTable, ServedModel
 from services.model_server.core.request_lifecycle import RequestLifecycle
 from services.model_server.event_loop import running_loop_kind
+from services.model_server.frontends.admin_server import AdminThread, ServingLoop
 from services.model_server.frontends.arrow.grpc_api import InferenceServicer
-from services.model_server.frontends.http_api import create_admin_app
+from services.model_server.frontends.http_api import AdminLimits, create_admin_app
 from services.model_server.frontends.kserve.native_bridge import NativeKServeFrontend
 from services.model_server.frontends.kserve.servicer import add_kserve_service
 from services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
@@ -88,14 +87,6 @@ def _socket_answers(path: Path) -> bool:
         except OSError:
             return False
     return True
-
-
-class _UvicornWithoutSignals(uvicorn.Server):
-    """uvicorn installs its own SIGINT/SIGTERM handlers; this process drains through ours."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def shared_memory_folder(configured: Path | None) -> Path | None:
@@ -166,8 +157,7 @@ class RunningServer:
             )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         self.addresses: BoundAddresses | None = None
-        self._http_server: _UvicornWithoutSignals | None = None
-        self._http_task: asyncio.Task[None] | None = None
+        self._admin: AdminThread | None = None
         self._load_task: asyncio.Task[None] | None = None
 
     async def start(self) -> BoundAddresses:
@@ -208,7 +198,19 @@ class RunningServer:
                     f"{exc.strerror or exc}"
                 ) from None
             http_address = f"{config.http_host}:{http_socket.getsockname()[1]}"
-            app = create_admin_app(self.models, self.metrics, config.device, self.auth_token)
+            app = create_admin_app(
+                self.models,
+                self.metrics,
+                config.device,
+                ServingLoop(asyncio.get_running_loop()),
+                self.auth_token,
+                AdminLimits(
+                    requests_per_client_per_s=config.admin_requests_per_s,
+                    total_requests_per_s=config.admin_total_requests_per_s,
+                    metrics_min_interval_s=config.metrics_min_interval_s,
+                ),
+                docs=config.http_docs,
+            )
             tls: dict[str, object] = {}
             if config.tls_enabled:
                 tls = {"ssl_certfile": str(config.tls_cert_file), "ssl_keyfile": str(config.tls_key_file)}
@@ -217,16 +219,8 @@ class RunningServer:
                         "ssl_ca_certs": str(config.tls_client_ca_file),
                         "ssl_cert_reqs": ssl.CERT_REQUIRED,
                     }
-            uv_config = uvicorn.Config(
-                app,
-                log_level="warning",
-                log_config=None,  # uvicorn's lines go through the process's handler and its bounds
-                access_log=False,
-                lifespan="off",
-                **tls,  # type: ignore[arg-type]
-            )
-            self._http_server = _UvicornWithoutSignals(uv_config)
-            self._http_task = asyncio.create_task(self._http_server.serve(sockets=[http_socket]))
+            self._admin = AdminThread(app, http_socket, tls)
+            self._admin.start()
 
         self.addresses = BoundAddresses(
             pid=os.getpid(),
@@ -309,9 +303,8 @@ class RunningServer:
         await self.models.stop(max(0.0, deadline - time.monotonic()))
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
-        if self._http_server is not None and self._http_task is not None:
-            self._http_server.should_exit = True
-            await self._http_task
+        if self._admin is not None:
+            await self._admin.stop()
         if self.config.socket is not None:
             self.config.socket.unlink(missing_ok=True)
         if self.config.ready_file is not None:

@@ -2,8 +2,8 @@
 
 The unix socket is protected by its file mode; TCP listeners on other hosts than loopback
 need TLS or the operator's explicit ``--allow-insecure-remote`` (checked in ``ServerConfig``).
-The token, when set, guards inference and model metadata over gRPC and HTTP. Health checks
-and ``/metrics`` stay open so probes and scrapers work without secrets.
+The token, when set, guards inference, model metadata and ``/metrics`` (whose labels name the
+Spark applications) over gRPC and HTTP. Health checks stay open so probes work without secrets.
 """
 
 from __future__ import annotations

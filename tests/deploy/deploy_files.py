@@ -197,14 +197,21 @@ def known_settings_variables() -> set[str]:
 
 
 def admin_app_paths() -> set[str]:
-    """Paths the model server's HTTP admin app serves (a FastAPI app built from the real factory)."""
+    """Paths the model server's HTTP admin app serves (its routes built by the real factory)."""
+    import asyncio
+
     from services.model_server.core.model_table import ModelTable
-    from services.model_server.frontends.http_api import create_admin_app
+    from services.model_server.frontends.admin_server import ServingLoop
+    from services.model_server.frontends.http_api import admin_routes
     from services.model_server.observability.metrics import ServerMetrics
 
     config = ServerConfig(model_repository=Path("unused"), socket=Path("unused.sock"), port=None)
     metrics = ServerMetrics(config.device)
-    app = create_admin_app(ModelTable(config, metrics), metrics, config.device)
+    loop = asyncio.new_event_loop()
+    try:
+        app = admin_routes(ModelTable(config, metrics), metrics, config.device, ServingLoop(loop))
+    finally:
+        loop.close()
     return {route.path for route in app.routes}
 
 

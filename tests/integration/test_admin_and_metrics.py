@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -159,3 +161,12 @@ def test_readiness_and_metadata_say_which_model_failed_and_why(server_with_a_bro
     assert "model.keras" in body["failed"]["broken"]
     status, meta = http_json(address, "/v1/models/broken")
     assert meta["state"] == "failed" and "model.keras" in meta["error"]
+
+
+def test_readiness_names_failed_files_relative_to_the_repository(server_with_a_broken_model) -> None:
+    """Health is open to anyone who reaches the port: it tells which file failed, not where the
+    server keeps its files."""
+    status, body = http_json(server_with_a_broken_model.http_address, "/health/ready")
+    assert status == 200
+    assert "broken/1/model.keras" in body["failed"]["broken"]
+    assert not re.search(r"(^|[\s'\"(])/[\w.-]+/", json.dumps(body)), body

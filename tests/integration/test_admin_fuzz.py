@@ -34,7 +34,18 @@ def token_server(
     process = launch_server(
         example_repository,
         socket=socket_dir / "fuzz.sock",
-        extra_args=["--auth-token", TOKEN, "--models", "tabular_mlp,multi_io"],
+        extra_args=[
+            "--auth-token",
+            TOKEN,
+            "--models",
+            "tabular_mlp,multi_io",
+            "--http-docs",
+            # the fuzzing asks far more often than a scraper; its answers are the subject here
+            "--admin-requests-per-s",
+            "100000",
+            "--admin-total-requests-per-s",
+            "100000",
+        ],
         log_path=logs / "server.log",
     )
     yield process
@@ -43,7 +54,9 @@ def token_server(
 
 @pytest.fixture(scope="module")
 def admin_schema(token_server: ServerProcess) -> schemathesis.BaseSchema:
-    return schemathesis.openapi.from_url(f"http://{token_server.http_address}/openapi.json")
+    return schemathesis.openapi.from_url(
+        f"http://{token_server.http_address}/openapi.json", headers=AUTHORIZED
+    )
 
 
 def assert_answered_properly(path: str, status: int, content_type: str, body: bytes) -> None:

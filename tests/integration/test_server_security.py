@@ -161,7 +161,7 @@ def token_server(example_repository: Path, socket_dir: Path, tmp_path_factory: p
         example_repository,
         socket=socket_dir / "token.sock",
         http_port=0,
-        extra_args=["--models", "tabular_mlp", "--auth-token-file", str(folder / "token")],
+        extra_args=["--models", "tabular_mlp", "--auth-token-file", str(folder / "token"), "--http-docs"],
         log_path=folder / "server.log",
     )
     yield process
@@ -198,13 +198,25 @@ def http_status(url: str, token: str | None = None) -> int:
         return exc.code
 
 
-def test_http_model_endpoints_need_the_token_while_health_and_metrics_stay_open(
-    token_server: ServerProcess,
-) -> None:
+def test_http_model_endpoints_need_the_token_while_health_stays_open(token_server: ServerProcess) -> None:
     base = f"http://{token_server.http_address}"
     assert http_status(f"{base}/v1/models") == 401
     assert http_status(f"{base}/v1/models/tabular_mlp", token="wrong") == 401
     assert http_status(f"{base}/v1/models", token=TOKEN) == 200
     assert http_status(f"{base}/health/live") == 200
     assert http_status(f"{base}/health/ready") == 200
-    assert http_status(f"{base}/metrics") == 200
+
+
+def test_metrics_need_the_token_as_the_spark_applications_do(token_server: ServerProcess) -> None:
+    """Both name the Spark applications of the node's users (ids and names in the labels)."""
+    base = f"http://{token_server.http_address}"
+    for path in ("/metrics", "/v1/spark/applications"):
+        assert http_status(f"{base}{path}") == 401, path
+        assert http_status(f"{base}{path}", token="wrong") == 401, path
+        assert http_status(f"{base}{path}", token=TOKEN) == 200, path
+
+
+def test_the_openapi_document_asked_for_needs_the_token(token_server: ServerProcess) -> None:
+    base = f"http://{token_server.http_address}"
+    assert http_status(f"{base}/openapi.json") == 401
+    assert http_status(f"{base}/openapi.json", token=TOKEN) == 200

@@ -148,3 +148,11 @@ def test_keeping_a_present_model_names_the_flag_that_regenerates_it(
     kept = [r.getMessage() for r in caplog.records if r.getMessage().startswith("keeping")]
     assert len(kept) == len(EXAMPLES)
     assert all("pass --overwrite to regenerate" in message for message in kept)
+
+
+def test_tracked_applications_above_the_cap_are_refused_with_the_reason() -> None:
+    with pytest.raises(SettingsError) as raised:
+        serve_config("--model-repository", "/models", "--max-tracked-apps", "10000")
+    message = str(raised.value)
+    assert "--max-tracked-apps" in message and "at most 512" in message and "10000" in message
+    assert "/metrics" in message

@@ -202,6 +202,16 @@ class ServerMetrics:
             "shared_memory_refused); the client resends them inline.",
             registry=registry,
         )
+        self.admin_refusals = Counter(
+            "udfserve_admin_refusals",
+            "HTTP admin requests answered 429: their client asked more often than --admin-requests-per-s.",
+            registry=registry,
+        )
+        self.metrics_renders = Counter(
+            "udfserve_metrics_renders",
+            "Renders of this /metrics page (this one included); scrapes that arrive together share one.",
+            registry=registry,
+        )
         self.queued_rows = Gauge(
             "udfserve_queued_rows",
             "Rows waiting in the model's batcher.",
