@@ -134,9 +134,14 @@ def test_a_models_own_folder_given_as_the_repository_is_named_with_the_repositor
         f"{model_folder / '1'}"
     )
     hint = f"its parent {example_repository} is probably the repository"
-    for text in (refused, reason, log):
+    for text in (refused, log):
         assert explained in text and "<repo>/<model>/config.yaml and <repo>/<model>/<version>/" in text
         assert hint in text
+    # /health/ready is open to anyone: the same words, with the server's paths left out
+    assert "model repository . holds no servable model: found '1' (no version folder in 1" in reason
+    assert f"its parent {example_repository.name} is probably the repository" in reason
+    assert "<repo>/<model>/config.yaml and <repo>/<model>/<version>/" in reason
+    assert str(example_repository) not in reason
     assert any(" WARNING " in line and explained in line and hint in line for line in log.splitlines())
 
 
@@ -149,6 +154,8 @@ def test_an_empty_repository_says_it_is_empty_and_which_layout_it_expects(
     explained = (
         f"model repository {empty} holds no servable model: found nothing, it is empty; expected a folder"
     )
-    assert explained in refused and explained in reason
+    assert explained in refused
+    assert "model repository . holds no servable model: found nothing, it is empty" in reason
+    assert str(empty) not in reason
     assert any(" WARNING " in line and explained in line for line in log.splitlines())
     assert "is probably the repository" not in reason

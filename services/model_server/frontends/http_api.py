@@ -56,7 +56,9 @@ class AdminLimits(BaseModel):
     metrics_min_interval_s: float = 0.0
 
 
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.~])/(?:[^\s'\"/:,;()]+/)+([^\s'\"/:,;()]*)")
+_ABSOLUTE_PATH = re.compile(r"(?<![^\s'\"(=\[])/(?:[^\s'\"/:,;()]+/)+([^\s'\"/:,;()]*)")
+"""An absolute path: a ``/`` at the start or after a space, quote, bracket or ``=`` (never inside
+a word, so the layout ``<repo>/<model>/config.yaml`` of a message stays as it is)."""
 
 
 def without_server_paths(text: str, repository: Path) -> str:
