@@ -155,7 +155,7 @@ class RunningServer:
                 self.auth_token,
                 *_tls_pem(config),
             )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
+        add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.grpc_server)
         self.addresses: BoundAddresses | None = None
         self._admin: AdminThread | None = None
         self._load_task: asyncio.Task[None] | None = None

@@ -220,3 +220,16 @@ def test_a_predict_message_that_does_not_parse_ends_the_stream_invalid(server: S
     assert raised.value.code() == INVALID
     assert "cannot be parsed as udfserve.v1.PredictRequest" in (raised.value.details() or "")
     assert [answer.batch_id for answer in answers] == [1]
+
+
+@pytest.mark.parametrize("method", ["Check", "Watch"])
+def test_a_health_message_that_does_not_parse_is_invalid_argument(server: ServerProcess, method: str) -> None:
+    with grpc.insecure_channel(f"unix://{server.unix_socket}") as channel:
+        path = f"/grpc.health.v1.Health/{method}"
+        call = channel.unary_unary(path) if method == "Check" else channel.unary_stream(path)
+        with pytest.raises(grpc.RpcError) as raised:
+            answer = call(b"\x0a\x05ab", timeout=60)
+            if method == "Watch":
+                list(answer)
+    assert raised.value.code() == INVALID
+    assert "cannot be parsed as grpc.health.v1.HealthCheckRequest" in (raised.value.details() or "")

@@ -100,8 +100,18 @@ def _parsing_handler(method: str, handler: Any) -> grpc.RpcMethodHandler:
             async for answer in behaviour(request, context):
                 yield answer
 
+        async def unary_writing(raw: bytes, context: grpc.aio.ServicerContext) -> None:
+            """For a handler that answers with ``context.write`` (grpc_health's ``Watch``)."""
+            request = parsed(raw)
+            if request is None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, unreadable)
+            await behaviour(request, context)
+
+        writes = not inspect.isasyncgenfunction(behaviour)
         return grpc.unary_stream_rpc_method_handler(
-            unary_stream, request_deserializer=None, response_serializer=handler.response_serializer
+            unary_writing if writes else unary_stream,
+            request_deserializer=None,
+            response_serializer=handler.response_serializer,
         )
 
     def requests_until_unreadable(
