@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from udfserve.runtime.backends import get_backend
+from udfserve.runtime.errors import ModelLoadError
 from udfserve.runtime.model_config import ModelConfig
 from udfserve.runtime.model_source import ModelSource
-from udfserve.runtime.repository import no_servable_model, resolve_model_dir, scan_repository
+from udfserve.runtime.repository import model_source, no_servable_model, resolve_model_dir, scan_repository
 
 
 def make_model(root: Path, name: str, versions: tuple[str, ...] = ("1",), config: str | None = None) -> Path:
@@ -57,7 +58,7 @@ def test_pinned_version_that_is_absent_is_a_failure_naming_the_config(tmp_path: 
 
     assert scan.sources == ()
     assert str(tmp_path / "m" / "config.yaml") in scan.failures["m"]
-    assert "pins version 5" in scan.failures["m"]
+    assert "(version: 5) serves none of the versions [1, 2]" in scan.failures["m"]
     assert "[1, 2]" in scan.failures["m"]
 
 
@@ -430,3 +431,64 @@ def test_models_named_but_absent_are_explained_as_such(tmp_path: Path) -> None:
         f"model repository {tmp_path} holds no servable model of those --models names (tabular_mpl): found "
         f"'tabular_mpl' (model 'tabular_mpl' is not in the repository {tmp_path}; found: ['tabular_mlp'])"
     )
+
+
+def test_version_policy_latest_serves_the_highest_versions_and_answers_with_the_highest(
+    tmp_path: Path,
+) -> None:
+    make_model(tmp_path, "m", versions=("1", "2", "3"), config="version_policy: {latest: 2}\n")
+
+    (model,) = scan_repository(tmp_path).models
+
+    assert [source.version for source in model.sources] == [2, 3]
+    assert model.default.version == 3
+
+
+def test_version_policy_specific_serves_the_listed_versions_present(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", versions=("1", "2", "3"), config="version_policy: {specific: [1, 3, 9]}\n")
+
+    (model,) = scan_repository(tmp_path).models
+
+    assert [source.version for source in model.sources] == [1, 3]
+
+
+def test_version_policy_all_serves_every_version(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", versions=("1", "2", "3"), config="version_policy: {all: true}\n")
+
+    (model,) = scan_repository(tmp_path).models
+
+    assert [source.version for source in model.sources] == [1, 2, 3]
+
+
+def test_version_policy_naming_two_rules_is_a_failure_naming_the_config(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", config="version_policy: {latest: 1, all: true}\n")
+
+    message = scan_repository(tmp_path).failures["m"]
+
+    assert "exactly one of latest, specific or all" in message
+    assert str(tmp_path / "m" / "config.yaml") in message
+
+
+def test_version_and_version_policy_together_are_a_failure(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", config="version: 1\nversion_policy: {latest: 1}\n")
+
+    assert "version and version_policy both choose" in scan_repository(tmp_path).failures["m"]
+
+
+def test_a_version_fingerprint_changes_when_a_file_of_it_changes(tmp_path: Path) -> None:
+    artifact = make_model(tmp_path, "m") / "1" / "model.keras"
+    artifact.write_bytes(b"first")
+    (before,) = scan_repository(tmp_path).sources
+    artifact.write_bytes(b"second, longer")
+
+    (after,) = scan_repository(tmp_path).sources
+
+    assert after.fingerprint != before.fingerprint
+
+
+def test_model_source_of_a_version_the_policy_does_not_serve_names_the_served_ones(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", versions=("1", "2"))
+
+    with pytest.raises(ModelLoadError, match=r"version 1 is not served: its version policy serves \[2\]"):
+        model_source(tmp_path, "m", 1)
+    assert model_source(tmp_path, "m").version == 2

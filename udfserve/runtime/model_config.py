@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from udfserve.runtime.tensor_spec import TensorSpec
 
@@ -50,6 +50,58 @@ class BatchingConfig(BaseModel):
     )
 
 
+class VersionPolicy(BaseModel):
+    """Which of a model's version folders are served, as Triton's ``version_policy``: exactly one
+    of ``latest: N`` (the N highest), ``specific: [..]`` (those listed) or ``all: true``. A request
+    that names no version gets the highest version served."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    latest: int | None = Field(default=None, ge=1, le=64, description="serve the N highest versions")
+    specific: tuple[int, ...] | None = Field(
+        default=None, min_length=1, max_length=64, description="serve exactly these versions"
+    )
+    all: bool = Field(default=False, description="serve every version folder (at most 64)")
+
+    @field_validator("specific")
+    @classmethod
+    def _positive_versions(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and any(version < 1 for version in value):
+            raise ValueError(f"versions are positive integers, got {list(value)}")
+        return None if value is None else tuple(sorted(set(value)))
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> VersionPolicy:
+        chosen = [
+            name
+            for name, set_ in (
+                ("latest", self.latest is not None),
+                ("specific", self.specific is not None),
+                ("all", self.all),
+            )
+            if set_
+        ]
+        if len(chosen) != 1:
+            raise ValueError(
+                f"a version policy names exactly one of latest, specific or all; got {chosen or 'none'}"
+            )
+        return self
+
+    def served(self, available: tuple[int, ...]) -> tuple[int, ...]:
+        """The versions of ``available`` (ascending) this policy serves, ascending."""
+        if self.latest is not None:
+            return available[-self.latest :]
+        if self.specific is not None:
+            return tuple(version for version in available if version in self.specific)
+        return available[-MAX_SERVED_VERSIONS:]
+
+
+MAX_SERVED_VERSIONS = 64
+"""The most versions of one model a server holds at once: ``all`` serves the 64 highest."""
+
+LATEST_ONE = VersionPolicy(latest=1)
+
+
 class ModelConfig(BaseModel):
     """``<repo>/<model>/config.yaml``. Every field is optional but the file must parse."""
 
@@ -57,7 +109,12 @@ class ModelConfig(BaseModel):
 
     name: str | None = None
     backend: Literal["tensorflow"] = "tensorflow"
-    version: int | None = Field(default=None, ge=1, description="pin a version; default the newest")
+    version: int | None = Field(
+        default=None, ge=1, description="serve only this version (short for version_policy: {specific: [N]})"
+    )
+    version_policy: VersionPolicy | None = Field(
+        default=None, description="which versions to serve; default the newest (latest: 1)"
+    )
     max_batch_size: int = Field(default=1024, ge=1, le=1 << 20)
     dynamic_batching: BatchingConfig = Field(default_factory=BatchingConfig)
     inputs: tuple[TensorSpec, ...] | None = None
@@ -68,6 +125,25 @@ class ModelConfig(BaseModel):
     @classmethod
     def _safe_name(cls, value: str | None) -> str | None:
         return None if value is None else validate_model_name(value)
+
+    @model_validator(mode="after")
+    def _one_version_rule(self) -> ModelConfig:
+        if self.version is not None and self.version_policy is not None:
+            raise ValueError(
+                "version and version_policy both choose the versions served; expected one of them "
+                f"(version: {self.version} is version_policy: {{specific: [{self.version}]}})"
+            )
+        return self
+
+    @property
+    def versions(self) -> VersionPolicy:
+        """The version policy in force: ``version_policy``, ``version`` as a one-version policy, or
+        the newest version."""
+        if self.version_policy is not None:
+            return self.version_policy
+        if self.version is not None:
+            return VersionPolicy(specific=(self.version,))
+        return LATEST_ONE
 
     @property
     def max_queue_rows(self) -> int:

@@ -14,10 +14,13 @@ from udfserve.runtime.model_config import ModelConfig
 
 @dataclass(frozen=True)
 class ModelSource:
-    """One servable model: the chosen version's folder and its validated config."""
+    """One servable version of a model: its folder and the model's validated config."""
 
     name: str
     version: int
     path: Path
     config: ModelConfig
     available_versions: tuple[int, ...]
+    fingerprint: str = ""
+    """A digest of the version folder's files (names, sizes, modification times): a server
+    watching the repository loads the version again when it changes."""

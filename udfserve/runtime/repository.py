@@ -15,6 +15,7 @@ is trusted.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -36,15 +37,38 @@ SAVED_MODEL_FILE = "saved_model.pb"
 
 
 @dataclass(frozen=True)
+class ModelVersions:
+    """One model of the repository: its config, its version folders, and one source per version
+    its policy serves (ascending; the last answers requests that name no version)."""
+
+    name: str
+    config: ModelConfig
+    available: tuple[int, ...]
+    sources: tuple[ModelSource, ...]
+    config_fingerprint: str
+    """Changes when config.yaml changes: every served version is then loaded again with it."""
+
+    @property
+    def default(self) -> ModelSource:
+        return self.sources[-1]
+
+
+@dataclass(frozen=True)
 class RepositoryScan:
     """What a scan found: models to load, and why the others cannot be served."""
 
-    sources: tuple[ModelSource, ...]
+    models: tuple[ModelVersions, ...]
     failures: Mapping[str, str]
 
+    @property
+    def sources(self) -> tuple[ModelSource, ...]:
+        """The version of each model that answers a request naming no version."""
+        return tuple(model.default for model in self.models)
 
-class _Unservable(Exception):
-    """One model folder cannot be served; the message names the file and the problem."""
+
+class _Unservable(ValueError):
+    """One model folder cannot be served; the message names the file and the problem (a
+    ``ValueError`` to callers of ``parse_model_config``)."""
 
 
 def resolve_model_dir(root: Path, name: str) -> Path:
@@ -83,17 +107,37 @@ def scan_repository(
     else:
         names = present
 
-    sources = []
+    models = []
     for name in names:
         try:
-            sources.append(_read_model(root, name, trust_savedmodels))
+            models.append(_read_model(root, name, trust_savedmodels))
         except _Unservable as exc:
             logger.warning("model %s cannot be served: %s", name, exc)
             failures[name] = str(exc)
         except OSError as exc:
             logger.warning("model %s cannot be served: %s", name, exc)
             failures[name] = f"cannot read {root / name}: {exc}"
-    return RepositoryScan(sources=tuple(sources), failures=failures)
+    return RepositoryScan(models=tuple(models), failures=failures)
+
+
+def model_source(root: Path, name: str, version: int = 0, *, trust_savedmodels: bool = True) -> ModelSource:
+    """The source of ``version`` of model ``name`` (0: the one a request naming no version gets),
+    read as a server reads it; ``ModelLoadError`` when the model cannot be served or its policy
+    does not serve that version (the CPU fallback computes what a server would, or nothing)."""
+    scan = scan_repository(root, [name], trust_savedmodels=trust_savedmodels)
+    if name in scan.failures:
+        raise ModelLoadError(scan.failures[name])
+    (model,) = scan.models
+    if not version:
+        return model.default
+    for source in model.sources:
+        if source.version == version:
+            return source
+    raise ModelLoadError(
+        f"model {name!r} version {version} is not served: its version policy serves "
+        f"{[source.version for source in model.sources]} of the versions {list(model.available)} "
+        f"in {root / name}"
+    )
 
 
 def no_servable_model(root: Path, scan: RepositoryScan, only: Sequence[str] = ()) -> str:
@@ -182,42 +226,56 @@ def _model_folder_names(root: Path) -> list[str]:
     return names
 
 
-def _read_model(root: Path, name: str, trust_savedmodels: bool) -> ModelSource:
+def _read_model(root: Path, name: str, trust_savedmodels: bool) -> ModelVersions:
     try:
         model_dir = resolve_model_dir(root, name)
     except ValueError as exc:
         raise _Unservable(f"{root / name}: {exc}") from exc
-    _refuse_outside(root, model_dir / CONFIG_FILE_NAME)
-    config = _read_config(model_dir / CONFIG_FILE_NAME)
+    config_path = model_dir / CONFIG_FILE_NAME
+    _refuse_outside(root, config_path)
+    config, config_fingerprint = _read_config(config_path)
     if config.name is not None and config.name != name:
-        raise _Unservable(
-            f"{model_dir / CONFIG_FILE_NAME}: name {config.name!r} does not match the folder name {name!r}"
-        )
+        raise _Unservable(f"{config_path}: name {config.name!r} does not match the folder name {name!r}")
     versions = _versions(root, model_dir)
     if not versions:
         raise _Unservable(
             f"no version folder in {model_dir}: expected integer-named folders such as {model_dir / '1'}"
         )
-    if config.version is None:
-        version = versions[-1]
-    elif config.version in versions:
-        version = config.version
-    else:
+    served = config.versions.served(versions)
+    if not served:
         raise _Unservable(
-            f"{model_dir / CONFIG_FILE_NAME} pins version {config.version}, "
-            f"but {model_dir} has versions {list(versions)}"
+            f"{config_path}: its version policy ({_policy_text(config)}) serves none of the versions "
+            f"{list(versions)} in {model_dir}"
         )
-    version_dir = model_dir / str(version)
-    _refuse_files_outside(root, version_dir)
-    if not trust_savedmodels and (version_dir / SAVED_MODEL_FILE).exists():
-        raise _Unservable(f"{version_dir / SAVED_MODEL_FILE}: {SAVEDMODEL_REFUSED}")
-    return ModelSource(
+    sources = []
+    for version in served:
+        version_dir = model_dir / str(version)
+        fingerprint = _files_fingerprint(root, version_dir)
+        if not trust_savedmodels and (version_dir / SAVED_MODEL_FILE).exists():
+            raise _Unservable(f"{version_dir / SAVED_MODEL_FILE}: {SAVEDMODEL_REFUSED}")
+        sources.append(
+            ModelSource(
+                name=name,
+                version=version,
+                path=version_dir,
+                config=config,
+                available_versions=versions,
+                fingerprint=fingerprint,
+            )
+        )
+    return ModelVersions(
         name=name,
-        version=version,
-        path=version_dir,
         config=config,
-        available_versions=versions,
+        available=versions,
+        sources=tuple(sources),
+        config_fingerprint=config_fingerprint,
     )
+
+
+def _policy_text(config: ModelConfig) -> str:
+    if config.version is not None:
+        return f"version: {config.version}"
+    return "version_policy: " + str(config.versions.model_dump(exclude_defaults=True))
 
 
 SAVEDMODEL_REFUSED = (
@@ -244,38 +302,57 @@ def _refuse_outside(root: Path, path: Path) -> None:
         )
 
 
-def _refuse_files_outside(root: Path, version_dir: Path) -> None:
+def _files_fingerprint(root: Path, version_dir: Path) -> str:
     """Refuse a version folder any entry of which (a model file, a SavedModel's ``variables/``
-    or ``assets/`` and what they hold) resolves outside ``root``. Symlinked folders inside the
-    repository are walked too, so what the backend reads is exactly what was checked here."""
+    or ``assets/`` and what they hold) resolves outside ``root``; return a digest of the name,
+    size and modification time of every file in it, which changes while a copy into the folder
+    is under way and when a file of it is replaced. Symlinked folders inside the repository are
+    walked too, so what the backend reads is exactly what was checked here."""
     folders = [version_dir]
     seen: set[Path] = set()
+    digest = hashlib.blake2b(digest_size=16)
     while folders:
         folder = folders.pop()
         real = folder.resolve()
         if real in seen:  # a symlink back to a folder walked already
             continue
         seen.add(real)
-        for entry in folder.iterdir():
+        for entry in sorted(folder.iterdir()):
             _refuse_outside(root, entry)
             if entry.is_dir():
                 folders.append(entry)
+                continue
+            try:
+                status = entry.stat()
+            except OSError as exc:
+                raise _Unservable(f"cannot read {entry}: {exc}") from exc
+            relative = entry.relative_to(version_dir)
+            digest.update(f"{relative}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
-def _read_config(path: Path) -> ModelConfig:
-    """A missing or empty config.yaml means every default."""
+def _read_config(path: Path) -> tuple[ModelConfig, str]:
+    """The config and a digest of its text. A missing or empty config.yaml means every default."""
     if not path.exists():
-        return ModelConfig()
+        return ModelConfig(), ""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+        digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
+        data = yaml.safe_load(raw.decode("utf-8"))
     except yaml.YAMLError as exc:
         raise _Unservable(f"{path} is not valid YAML: {_yaml_problem(exc)}") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise _Unservable(f"cannot read {path}: {exc}") from exc
+    return parse_model_config(data, str(path)), digest
+
+
+def parse_model_config(data: object, where: str) -> ModelConfig:
+    """``data`` (a config.yaml's, or a config given with a load call) as a ``ModelConfig``; the
+    error names ``where`` and every field at fault."""
     if data is None:
         return ModelConfig()
     if not isinstance(data, dict):
-        raise _Unservable(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+        raise _Unservable(f"{where}: expected a mapping of fields, got {type(data).__name__}")
     try:
         return ModelConfig.model_validate(data)
     except ValidationError as exc:
@@ -284,7 +361,7 @@ def _read_config(path: Path) -> ModelConfig:
             f"(got {error['input']!r})"
             for error in exc.errors()
         )
-        raise _Unservable(f"{path}: invalid model config: {problems}") from exc
+        raise _Unservable(f"{where}: invalid model config: {problems}") from exc
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
