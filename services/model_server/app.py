@@ -31,7 +31,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.model_server.config import ServerConfig, is_loopback
 from services.model_server.core.in_flight import InFlightRequests
-from services.model_server.core.model_table import ModelTable, ServedModel
+from services.model_server.core.model_control import ModelControl
+from services.model_server.core.model_table import ModelTable
 from services.model_server.core.request_lifecycle import RequestLifecycle
 from services.model_server.event_loop import running_loop_kind
 from services.model_server.frontends.admin_server import AdminThread, ServingLoop
@@ -76,6 +77,9 @@ class BoundAddresses:
     """Written with the models once loading has finished, when none serves: why (the repository
     holds no servable model, or none loaded). Such a server stays up, NOT_SERVING, and a
     supervisor reads here that waiting for it is in vain."""
+    versions: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Each model's versions serving, written with the models and again whenever they change
+    (``--model-control poll|explicit``): what a supervisor publishes for its node."""
 
 
 def _socket_answers(path: Path) -> bool:
@@ -118,6 +122,7 @@ class RunningServer:
         )
         self.metrics.register([GpuCollector(config.device, config.device_uuid)])
         self.models = ModelTable(config, self.metrics)
+        self.control = ModelControl(self.models)
         self.health = health.aio.HealthServicer()
         self.in_flight = InFlightRequests()
         self.requests = RequestLifecycle(self.models, self.metrics, self.in_flight, config.max_message_bytes)
@@ -159,10 +164,11 @@ class RunningServer:
         self.addresses: BoundAddresses | None = None
         self._admin: AdminThread | None = None
         self._load_task: asyncio.Task[None] | None = None
+        self._poll_task: asyncio.Task[None] | None = None
 
     async def start(self) -> BoundAddresses:
         config = self.config
-        self.models.scan()
+        self.control.scan_initial()
         self.models.on_state_change = self._publish_model_health
         await self.health.set("", NOT_SERVING)
         for name in self.models.names():
@@ -267,20 +273,40 @@ class RunningServer:
         return port
 
     async def _load_models(self) -> None:
-        await self.models.load_all()
-        loaded = tuple(m.name for m in self.models.all() if m.state == "ready")
+        await self.control.load_initial()
         not_serving = self.models.not_serving_reason()
-        if not_serving:
+        if not_serving and self.config.model_control == "none":
             logger.warning("serving no model, so never ready until restarted: %s", not_serving)
-        if self.addresses is not None and self.config.ready_file is not None:
-            self.addresses = dataclasses.replace(self.addresses, models=loaded, not_serving=not_serving)
-            _write_json_atomically(self.config.ready_file, asdict(self.addresses))
-        if loaded:
+        elif not_serving:
+            logger.warning(
+                "serving no model until one loads (--model-control %s): %s",
+                self.config.model_control,
+                not_serving,
+            )
+        self._write_ready_file()
+        if not not_serving:
             await self.health.set("", SERVING)
+        if self.config.model_control == "poll":
+            self._poll_task = asyncio.create_task(self.control.poll_forever())
 
-    def _publish_model_health(self, served: ServedModel) -> None:
-        status = SERVING if served.state == "ready" else NOT_SERVING
-        asyncio.get_running_loop().create_task(self.health.set(served.name, status))
+    def _write_ready_file(self) -> None:
+        """The ready file with the models serving and their versions, once loading has finished."""
+        if self.addresses is None or self.config.ready_file is None or not self.models.loading_done.is_set():
+            return
+        versions = {
+            name: numbers for name, numbers in self.models.served_version_numbers().items() if numbers
+        }
+        not_serving = self.models.not_serving_reason()
+        self.addresses = dataclasses.replace(
+            self.addresses, models=tuple(versions), not_serving=not_serving, versions=versions
+        )
+        _write_json_atomically(self.config.ready_file, asdict(self.addresses))
+
+    def _publish_model_health(self, name: str) -> None:
+        """A model's versions changed: its health, and the ready file a supervisor reads."""
+        status = SERVING if self.models.served_versions(name) else NOT_SERVING
+        asyncio.get_running_loop().create_task(self.health.set(name, status))
+        self._write_ready_file()
 
     async def close_listeners(self) -> None:
         """After a start that failed: let go of what was bound. Nothing was accepted yet."""
@@ -301,8 +327,9 @@ class RunningServer:
             await self.kserve_native.stop(max(0.0, deadline - time.monotonic()))
         await self.grpc_server.stop(grace=max(0.0, deadline - time.monotonic()))
         await self.models.stop(max(0.0, deadline - time.monotonic()))
-        if self._load_task is not None and not self._load_task.done():
-            self._load_task.cancel()
+        for task in (self._load_task, self._poll_task):
+            if task is not None and not task.done():
+                task.cancel()
         if self._admin is not None:
             await self._admin.stop()
         if self.config.socket is not None:

@@ -33,6 +33,37 @@ class ServerConfig(BaseSettings):
     models: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(), description="load only these models (default: all)"
     )
+    model_control: Literal["none", "poll", "explicit"] = Field(
+        default="none",
+        description="how the models change while the server runs: none (loaded once at start), poll "
+        "(the repository is watched: new models, version folders and config.yaml changes load, "
+        "removed ones unload, once they stayed unchanged for --repository-settle-s), explicit "
+        "(load, unload and reload calls over gRPC, the token required when one is set)",
+    )
+    repository_poll_s: float = Field(
+        default=5.0, ge=0.1, le=3600.0, description="how often --model-control poll scans the repository"
+    )
+    repository_settle_s: float = Field(
+        default=3.0,
+        ge=0.0,
+        le=3600.0,
+        description="how long a change in the repository must stay unchanged (no file of it growing or "
+        "replaced) before --model-control poll loads it: a version still being copied is never loaded",
+    )
+    version_swap: Literal["beside", "unload-first"] = Field(
+        default="beside",
+        description="how a new version replaces an old one: beside (the new one loads and warms up "
+        "while the old serves, then the old drains: both in memory for a while) or unload-first (the "
+        "old drains and unloads first, for a device that cannot hold both: requests naming no version "
+        "are refused RESOURCE_EXHAUSTED meanwhile, which clients ride out with back-off)",
+    )
+    version_drain_s: float = Field(
+        default=60.0,
+        ge=0.0,
+        le=3600.0,
+        description="how long a version being replaced or unloaded may take to answer its queued and "
+        "running requests before what is left is refused UNAVAILABLE",
+    )
     device: str = Field(
         default="cpu",
         description='"cpu", "gpu:N" or "sim:N" (a CPU process labelled as device N); pinned to it',

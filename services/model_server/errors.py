@@ -43,6 +43,23 @@ class ModelUnavailable(ServingError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class ModelSwapping(QueueFull):
+    """``--version-swap unload-first``: the model holds no version while the new one loads. A
+    client backs off and resends (RESOURCE_EXHAUSTED) rather than falling back."""
+
+
+class ModelControlRefused(ServingError):
+    """A load or unload call on a server whose models do not change by call."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ModelLoadFailed(ServingError):
+    """A load call whose versions could not be loaded (the versions serving keep serving)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 def failure_status(exc: Exception, what: str) -> tuple[grpc.StatusCode, str]:
     """The status and message one failed request is answered with: a ``ServingError``'s own (at
     most ``STATUS_MESSAGE_CHARS``), else INTERNAL with the first line of the exception's text

@@ -226,14 +226,31 @@ def _model_folder_names(root: Path) -> list[str]:
     return names
 
 
-def _read_model(root: Path, name: str, trust_savedmodels: bool) -> ModelVersions:
+def read_model(
+    root: Path, name: str, config: ModelConfig, *, trust_savedmodels: bool = True
+) -> ModelVersions:
+    """Model ``name`` of the repository ``root`` with ``config`` in place of its config.yaml (a
+    load call that gives one), checked as a scan checks it; ``ValueError`` naming what is wrong."""
+    return _read_model(Path(root), name, trust_savedmodels, config)
+
+
+def _read_model(
+    root: Path, name: str, trust_savedmodels: bool, given: ModelConfig | None = None
+) -> ModelVersions:
     try:
         model_dir = resolve_model_dir(root, name)
     except ValueError as exc:
         raise _Unservable(f"{root / name}: {exc}") from exc
     config_path = model_dir / CONFIG_FILE_NAME
-    _refuse_outside(root, config_path)
-    config, config_fingerprint = _read_config(config_path)
+    if given is None:
+        _refuse_outside(root, config_path)
+        config, config_fingerprint = _read_config(config_path)
+    else:
+        config = given
+        config_fingerprint = (
+            "given:" + hashlib.blake2b(config.model_dump_json().encode(), digest_size=16).hexdigest()
+        )
+        config_path = Path(f"the config given for model {name!r}")
     if config.name is not None and config.name != name:
         raise _Unservable(f"{config_path}: name {config.name!r} does not match the folder name {name!r}")
     versions = _versions(root, model_dir)

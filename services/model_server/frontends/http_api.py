@@ -45,7 +45,11 @@ class Readiness(BaseModel):
     ready: bool
     reason: str
     models: dict[str, str]
+    """Each model's state: ready, loading, failed or unloaded."""
     failed: dict[str, str]
+    """Why a model, or a version of it, does not serve (a model may serve an older version)."""
+    versions: dict[str, list[int]] = {}
+    """Each model's versions serving."""
 
 
 class AdminLimits(BaseModel):
@@ -188,10 +192,10 @@ def admin_routes(
 
 def _readiness(models: ModelTable) -> Readiness:
     """Read on the serving loop, which owns the model table."""
-    states: dict[str, str] = {m.name: m.state for m in models.all()}
-    failed = {
-        m.name: without_server_paths(m.error, models.repository) for m in models.all() if m.state == "failed"
-    }
+    heads = models.all()
+    states: dict[str, str] = {m.name: m.state for m in heads}
+    errors = {m.name: models.info(m).error for m in heads}
+    failed = {name: without_server_paths(error, models.repository) for name, error in errors.items() if error}
     if models.fault:
         reason = without_server_paths(
             f"unrecoverable fault, the server exits to be restarted: {models.fault}", models.repository
@@ -202,4 +206,10 @@ def _readiness(models: ModelTable) -> Readiness:
         reason = "loading models"
     else:
         reason = without_server_paths(models.not_serving_reason(), models.repository)
-    return Readiness(ready=not reason, reason=reason or "ok", models=states, failed=failed)
+    return Readiness(
+        ready=not reason,
+        reason=reason or "ok",
+        models=states,
+        failed=failed,
+        versions=models.served_version_numbers(),
+    )

@@ -12,6 +12,7 @@ times what updating it does, so each model's children are resolved once (``Model
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 
@@ -156,22 +157,39 @@ class ServerMetrics:
         )
         self.model_loads = Counter(
             "udfserve_model_loads",
-            "Model loads performed by this process (one per model is the goal).",
-            ["model"],
+            "Loads of a model version performed by this process (one per version is the goal; "
+            "a reload of a changed version or config counts again).",
+            ["model", "version"],
+            registry=registry,
+        )
+        self.model_load_failures = Counter(
+            "udfserve_model_load_failures",
+            "Loads of a model version that failed (version 0: the model's config.yaml could not be "
+            "read); the versions served before keep serving.",
+            ["model", "version"],
+            registry=registry,
+        )
+        self.model_unloads = Counter(
+            "udfserve_model_unloads",
+            "Versions unloaded after draining: replaced by a newer one, left out by the version "
+            "policy, removed from the repository or unloaded by a call.",
+            ["model", "version"],
             registry=registry,
         )
         self.model_load_duration = Gauge(
             "udfserve_model_load_duration_seconds",
-            "Time the last load of the model took, warm-up included.",
-            ["model"],
+            "Time the last load of the model version took, warm-up included.",
+            ["model", "version"],
             registry=registry,
         )
         self.model_ready = Gauge(
             "udfserve_model_ready",
-            "1 when the model serves requests, 0 when it is loading or failed.",
+            "1 while the model version serves requests, 0 while it loads or drains, or after it failed.",
             ["model", "version"],
             registry=registry,
         )
+        self._version_series: dict[str, set[str]] = {}
+        """The versions labelled per model, so the series of versions gone are removed."""
         self.streams_active = Gauge("udfserve_streams_active", "Open Predict streams.", registry=registry)
         self.streams_paused = Gauge(
             "udfserve_streams_paused",
@@ -245,6 +263,47 @@ class ServerMetrics:
         """Add collectors of other parts of the process (GPU figures, for instance)."""
         for collector in collectors:
             self.registry.register(collector)
+
+    # -- the lifecycle of model versions ----------------------------------------------------------
+    def version_loaded(self, model: str, version: int, seconds: float) -> None:
+        labels = self._version_labels(model, version)
+        self.model_loads.labels(**labels).inc()
+        self.model_load_duration.labels(**labels).set(seconds)
+        self.model_ready.labels(**labels).set(1)
+
+    def version_load_failed(self, model: str, version: int, *, still_serving: bool = False) -> None:
+        labels = self._version_labels(model, version)
+        self.model_load_failures.labels(**labels).inc()
+        self.model_ready.labels(**labels).set(1 if still_serving else 0)
+
+    def version_unloaded(self, model: str, version: int, *, still_serving: bool = False) -> None:
+        labels = self._version_labels(model, version)
+        self.model_unloads.labels(**labels).inc()
+        self.model_ready.labels(**labels).set(1 if still_serving else 0)
+
+    def version_not_ready(self, model: str, version: int) -> None:
+        self.model_ready.labels(**self._version_labels(model, version)).set(0)
+
+    def forget_versions(self, model: str, keep: Iterable[int]) -> None:
+        """Remove the series of ``model``'s versions not in ``keep`` (those the repository and
+        the process no longer hold), so that publishing versions for months grows no label set."""
+        kept = {str(version) for version in keep}
+        labelled = self._version_series.get(model, set())
+        for version in labelled - kept:
+            for metric in (
+                self.model_loads,
+                self.model_load_failures,
+                self.model_unloads,
+                self.model_load_duration,
+                self.model_ready,
+            ):
+                with contextlib.suppress(KeyError):
+                    metric.remove(model, version)
+        labelled &= kept
+
+    def _version_labels(self, model: str, version: int) -> dict[str, str]:
+        self._version_series.setdefault(model, set()).add(str(version))
+        return {"model": model, "version": str(version)}
 
     def track_queue(self, model: str, queued_rows: Callable[[], int]) -> None:
         self.queued_rows.labels(model=model).set_function(queued_rows)

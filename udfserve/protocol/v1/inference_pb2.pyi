@@ -13,10 +13,14 @@ class ModelState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_STATE_LOADING: _ClassVar[ModelState]
     MODEL_STATE_READY: _ClassVar[ModelState]
     MODEL_STATE_FAILED: _ClassVar[ModelState]
+    MODEL_STATE_UNLOADED: _ClassVar[ModelState]
+    MODEL_STATE_DRAINING: _ClassVar[ModelState]
 MODEL_STATE_UNSPECIFIED: ModelState
 MODEL_STATE_LOADING: ModelState
 MODEL_STATE_READY: ModelState
 MODEL_STATE_FAILED: ModelState
+MODEL_STATE_UNLOADED: ModelState
+MODEL_STATE_DRAINING: ModelState
 
 class PredictRequest(_message.Message):
     __slots__ = ("model", "version", "batch_id", "arrow_ipc", "input_region", "output_region")
@@ -97,7 +101,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ModelMetadata(_message.Message):
-    __slots__ = ("name", "version", "platform", "state", "error", "inputs", "outputs", "max_batch_size", "max_queue_delay_s", "device", "available_versions")
+    __slots__ = ("name", "version", "platform", "state", "error", "inputs", "outputs", "max_batch_size", "max_queue_delay_s", "device", "available_versions", "served_versions")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +113,7 @@ class ModelMetadata(_message.Message):
     MAX_QUEUE_DELAY_S_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     platform: str
@@ -120,4 +125,5 @@ class ModelMetadata(_message.Message):
     max_queue_delay_s: float
     device: str
     available_versions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., platform: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., error: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., max_queue_delay_s: _Optional[float] = ..., device: _Optional[str] = ..., available_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+    served_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., platform: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., error: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., max_queue_delay_s: _Optional[float] = ..., device: _Optional[str] = ..., available_versions: _Optional[_Iterable[int]] = ..., served_versions: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -52,6 +52,8 @@ _STATE_TO_PROTO = {
     "loading": pb.MODEL_STATE_LOADING,
     "ready": pb.MODEL_STATE_READY,
     "failed": pb.MODEL_STATE_FAILED,
+    "unloaded": pb.MODEL_STATE_UNLOADED,
+    "draining": pb.MODEL_STATE_DRAINING,
 }
 
 
@@ -71,6 +73,7 @@ def info_to_proto(info: ModelInfo) -> pb.ModelMetadata:
         max_queue_delay_s=info.max_queue_delay_s,
         device=info.device,
         available_versions=info.available_versions,
+        served_versions=info.served_versions,
     )
 
 

@@ -12,6 +12,7 @@ from services.model_server.core.model_table import ModelTable, ServedModel
 from services.model_server.frontends.kserve.tensors import DATATYPE_OF_DTYPE, advertised_dims, parse_version
 from udfserve.log_text import clip
 from udfserve.runtime.errors import InvalidInput
+from udfserve.runtime.model_config import ModelConfig
 from udfserve.runtime.tensor_spec import TensorSpec
 
 SERVER_NAME = "udfserve"
@@ -27,8 +28,9 @@ _PROTO_TYPE_OF_DTYPE = {
 """Triton's model configuration names BYTES ``TYPE_STRING``."""
 
 
-def model_metadata(served: ServedModel) -> kpb.ModelMetadataResponse:
-    """The served version of the model and its tensors, rows first (``-1``), as Triton lists them."""
+def model_metadata(served: ServedModel, versions: list[int]) -> kpb.ModelMetadataResponse:
+    """The version's tensors, rows first (``-1``), and the model's ``versions`` serving, as Triton
+    lists them."""
     assert served.model is not None and served.source is not None
     model = served.model
 
@@ -42,7 +44,7 @@ def model_metadata(served: ServedModel) -> kpb.ModelMetadataResponse:
 
     return kpb.ModelMetadataResponse(
         name=served.name,
-        versions=[str(served.source.version)],
+        versions=[str(version) for version in versions],
         platform=model.platform,
         inputs=tensors(model.inputs),
         outputs=tensors(model.outputs),
@@ -62,9 +64,7 @@ def model_config(served: ServedModel) -> mc.ModelConfig:
         name=served.name,
         platform=model.platform,
         backend=model.platform,
-        version_policy=mc.ModelVersionPolicy(
-            specific=mc.ModelVersionPolicy.Specific(versions=[served.source.version])
-        ),
+        version_policy=_version_policy(config),
         max_batch_size=config.max_batch_size,
         input=[
             mc.ModelInput(
@@ -90,6 +90,16 @@ def model_config(served: ServedModel) -> mc.ModelConfig:
             else None
         ),
     )
+
+
+def _version_policy(config: ModelConfig) -> mc.ModelVersionPolicy:
+    """The model's version policy in Triton's words."""
+    policy = config.versions
+    if policy.latest is not None:
+        return mc.ModelVersionPolicy(latest=mc.ModelVersionPolicy.Latest(num_versions=policy.latest))
+    if policy.specific is not None:
+        return mc.ModelVersionPolicy(specific=mc.ModelVersionPolicy.Specific(versions=list(policy.specific)))
+    return mc.ModelVersionPolicy(all=mc.ModelVersionPolicy.All())
 
 
 def model_statistics(models: ModelTable, name: str, version: str) -> kpb.ModelStatisticsResponse:

@@ -133,7 +133,9 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             served = self._models.ready(request.name, parse_version(request.version, request.name))
         except ServingError as exc:
             await context.abort(exc.code, exc.message)
-        return model_metadata(served)
+        return model_metadata(
+            served, [version.version for version in self._models.served_versions(served.name)]
+        )
 
     async def ModelConfig(self, request: kpb.ModelConfigRequest, context: grpc.aio.ServicerContext):
         try:
