@@ -156,10 +156,11 @@ class ModelControl:
                     await self._apply(next(found for found in scan.models if found.name == name))
 
     # -- explicit ----------------------------------------------------------------------------
-    async def load(self, name: str, config: ModelConfig | None = None) -> None:
-        """Load ``name`` from the repository, or load it again: the versions its policy serves
-        (``config`` replaces its config.yaml when given), beside what serves, then drain what they
-        replace. Returns once they serve; raises ``ModelLoadFailed`` when one could not load."""
+    async def load(self, name: str, config: ModelConfig | None = None, *, reload: bool = False) -> None:
+        """Load ``name`` from the repository: the versions its policy serves (``config`` replaces
+        its config.yaml when given) that are new or changed, or all of them with ``reload``,
+        beside what serves, then drain what they replace. Returns once they serve; raises
+        ``ModelLoadFailed`` when one could not load (what served keeps serving)."""
         self._check_control_call(name)
         async with self._turn():
             scan = await asyncio.to_thread(
@@ -186,7 +187,7 @@ class ModelControl:
                     )
                 except ValueError as exc:
                     raise InvalidInput(f"model {name!r}: {exc}") from None
-            await self._apply(found)
+            await self._apply(found, reload=reload)
             self._applied[name] = _fingerprint(found)
             entry = self._models.entry(name)
             failed = [entry.failed_versions[v] for v in sorted(entry.failed_versions)]
@@ -277,7 +278,7 @@ class ModelControl:
         entry.error = message
         self._models.on_state_change(name)
 
-    async def _apply(self, found: ModelVersions) -> None:
+    async def _apply(self, found: ModelVersions, *, reload: bool = False) -> None:
         models = self._models
         entry = models.entry(found.name)
         entry.error, entry.unloaded, entry.available = "", False, found.available
@@ -288,7 +289,8 @@ class ModelControl:
         to_load = [
             source
             for version, source in wanted.items()
-            if config_changed
+            if reload
+            or config_changed
             or version not in entry.serving
             or _source_of(entry.serving[version]).fingerprint != source.fingerprint
         ]
