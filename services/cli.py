@@ -56,8 +56,11 @@ def run_generate_models(args: argparse.Namespace) -> int:
     from udfserve.runtime.device import pin_device
 
     pin_device("cpu")  # generating small models needs no GPU; never take a GPU's memory for it
-    from services.examples.generate_models import generate_example_repository
+    from services.examples.generate_models import generate_example_repository, publish_example_version
 
+    if args.publish_version is not None:
+        publish_example_version(args.output, args.publish_version, args.only)
+        return 0
     names = generate_example_repository(
         args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel
     )
@@ -120,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="model repository tools")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    from services.examples.generate_models import GENERATE_DESCRIPTION
+    from services.examples.generate_models import GENERATE_DESCRIPTION, add_publish_arguments
 
     generate = models_commands.add_parser(
         "generate", help="write the example model repository", description=GENERATE_DESCRIPTION
@@ -130,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument(
         "--savedmodel", action="store_true", help="also export tabular_mlp as a TensorFlow SavedModel"
     )
+    add_publish_arguments(generate)
     generate.set_defaults(handler=run_generate_models)
     return parser
 

@@ -163,6 +163,49 @@ def generate_example_repository(
     return names
 
 
+VERSION_SEED_STEP = 1000
+"""Version N of an example model has the seed of version 1 plus (N - 1) x this: other weights."""
+
+
+def publish_example_version(root: Path, version: int, only: Sequence[str] = ()) -> list[Path]:
+    """Write ``version`` of the example models in ``root`` (or of those ``only`` names), with
+    other weights than version 1, the way a version is published to a repository a server
+    watches: written into a hidden folder of the model, then renamed to its number, so that a
+    server never sees half a version. Returns the version folders written."""
+    from udfserve.runtime.device import import_tensorflow
+
+    if version < 2:
+        raise ValueError(f"version {version}: expected 2 or more (version 1 is what generate writes)")
+    unknown = [name for name in only if name not in EXAMPLES]
+    if unknown:
+        raise ValueError(f"no example model named {unknown}; expected some of {list(EXAMPLES)}")
+    import_tensorflow()
+    import keras
+
+    written = []
+    for name, (build, seed, _config) in EXAMPLES.items():
+        if only and name not in only:
+            continue
+        model_dir = Path(root) / name
+        if not model_dir.is_dir():
+            raise FileNotFoundError(f"{model_dir} is not a model folder: generate the repository first")
+        target = model_dir / str(version)
+        if target.exists():
+            raise FileExistsError(f"{target} exists: a published version is never rewritten in place")
+        keras.utils.set_random_seed(seed + VERSION_SEED_STEP * (version - 1))
+        staging = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=model_dir))
+        try:
+            _save_keras(build(), staging)
+            staging.chmod(0o755)  # as readable as version 1: the server may run as another user
+            staging.rename(target)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging)
+        logger.info("published %s", target)
+        written.append(target)
+    return written
+
+
 def _kept(target: Path) -> bool:
     """Whether a model folder is present, and so kept (said once, in the log)."""
     if not target.exists():
@@ -216,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--savedmodel", action="store_true", help="also write tabular_mlp as a TensorFlow SavedModel"
     )
+    add_publish_arguments(parser)
     args = parser.parse_args(argv)
     if "tensorflow" not in sys.modules:
         # Weights are generated on the CPU: the same seeded values on any machine, and no GPU
@@ -225,11 +269,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         pin_device("cpu")
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.publish_version is not None:
+        for folder in publish_example_version(args.output, args.publish_version, args.only):
+            logger.info("published %s", folder)
+        return 0
     names = generate_example_repository(
         args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel
     )
     logger.info("example models in %s: %s", args.output, ", ".join(names))
     return 0
+
+
+def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that publish another version instead of writing the repository."""
+    parser.add_argument(
+        "--publish-version",
+        type=int,
+        metavar="N",
+        help="instead: publish version N (2 or more) of the example models already in --output, with "
+        "other weights, written to a hidden folder and renamed to N (how to publish to a repository "
+        "a server watches with --model-control poll)",
+    )
+    parser.add_argument(
+        "--only",
+        type=lambda text: tuple(text.split(",")),
+        default=(),
+        help="with --publish-version: these models",
+    )
 
 
 if __name__ == "__main__":
