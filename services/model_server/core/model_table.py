@@ -271,13 +271,6 @@ class ModelTable:
         """Every model's entry, by name (for ``core.model_control``)."""
         return self._sorted_entries()
 
-    def forget(self, name: str) -> None:
-        """Drop a model that left the repository and holds no version any more."""
-        entry = self._entries.get(name)
-        if entry is not None and not (entry.serving or entry.loading or entry.draining):
-            del self._entries[name]
-            self._metrics.forget_versions(name, ())
-
 
 def _queued_rows(entry: ModelEntry) -> int:
     """Rows waiting for a batch over every version of the model (the queue gauge's value)."""
