@@ -8,7 +8,8 @@ in any order."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -28,6 +29,8 @@ NATIVE = ["--kserve-frontend", "native", "--kserve-port", "0"]
 TOKEN = "control-s3cret"
 CALL_TIMEOUT_S = 300.0
 """Safety limit of one call; a load returns once its model serves (seconds on a busy machine)."""
+STATE_TIMEOUT_S = 120.0
+"""Safety limit of a wait for a model's state in the index (below the test's own time limit)."""
 MODEL_OF_FRONT_END = {"python": "multi_io", "native": "text_hashing"}
 """The model each KServe front end's tests load and unload: each its own."""
 
@@ -155,6 +158,31 @@ def test_udfserve_calls_load_list_and_unload_a_model(stub: pb_grpc.InferenceStub
     assert "sequence_bilstm" not in {entry.model for entry in ready.models}
     metadata = stub.GetModelMetadata(pb.ModelMetadataRequest(model="sequence_bilstm"), timeout=CALL_TIMEOUT_S)
     assert metadata.state == pb.MODEL_STATE_UNLOADED
+
+
+def test_a_load_whose_caller_left_goes_on_until_the_model_serves(stub: pb_grpc.InferenceStub) -> None:
+    """A load cut short would leave a version half loaded: the call is cancelled once the index
+    lists sequence_bilstm LOADING, and the model still comes to serve."""
+    unload = status_of(lambda: stub.UnloadModel(pb.UnloadModelRequest(model="sequence_bilstm"), timeout=60))
+    assert unload[0] in {grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND}, unload  # held before, or not
+    call = stub.LoadModel.future(pb.LoadModelRequest(model="sequence_bilstm"), timeout=CALL_TIMEOUT_S)
+    states = wait_for_index(stub, "sequence_bilstm", lambda states: 0 not in states)
+    assert states == {1: "LOADING"}, "the load ended before its caller could leave"
+    call.cancel()
+
+    assert wait_for_index(stub, "sequence_bilstm", lambda states: states != {1: "LOADING"}) == {1: "READY"}
+    stub.UnloadModel(pb.UnloadModelRequest(model="sequence_bilstm"), timeout=CALL_TIMEOUT_S)
+
+
+def wait_for_index(
+    stub: pb_grpc.InferenceStub, model: str, until: Callable[[dict[int, str]], bool]
+) -> dict[int, str]:
+    """The index's states of ``model`` once ``until`` holds of them (looked at every 10 ms)."""
+    deadline = time.monotonic() + STATE_TIMEOUT_S
+    while not until(states := index_states(stub, model)):
+        assert time.monotonic() < deadline, f"model {model!r} stayed {states}"
+        time.sleep(0.01)  # a look at another process's state between calls
+    return states
 
 
 def test_unload_of_a_model_the_server_does_not_hold_is_not_found(stub: pb_grpc.InferenceStub) -> None:

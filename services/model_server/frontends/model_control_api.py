@@ -65,7 +65,8 @@ def parse_config_json(text: str, model: str, where: str) -> ModelConfig:
     try:
         return parse_model_config(data, what)
     except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
+        fields = ", ".join(ModelConfig.model_fields)
+        raise InvalidInput(f"{exc}; expected config.yaml's fields ({fields}) with valid values") from None
 
 
 class ControlCalls:
