@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 from model_control_client import EXPLICIT, add_version, control_repository, index_states, status_of
-from server_harness import batch_of, request, running_server
+from server_harness import batch_of, metric_value, request, running_server, scrape
 from tritonclient.grpc import service_pb2 as kpb
 from tritonclient.utils import InferenceServerException
 
@@ -142,6 +142,34 @@ def test_a_config_given_with_the_load_serves_the_versions_its_policy_names(
 
     assert list(loaded.served_versions) == [2]
     assert index_states(stub, "tabular_mlp") == {2: "READY"}
+
+
+def test_a_load_of_a_model_that_did_not_change_loads_nothing_again(
+    server: ServerProcess, stub: pb_grpc.InferenceStub
+) -> None:
+    before = model_loads(server, "tabular_mlp")
+
+    loaded = stub.LoadModel(pb.LoadModelRequest(model="tabular_mlp"), timeout=CALL_TIMEOUT_S)
+
+    assert list(loaded.served_versions) == [2]
+    assert model_loads(server, "tabular_mlp") == before
+
+
+def test_reload_loads_the_served_version_again_beside_the_one_serving(
+    server: ServerProcess, stub: pb_grpc.InferenceStub
+) -> None:
+    before = model_loads(server, "tabular_mlp")
+
+    loaded = stub.LoadModel(pb.LoadModelRequest(model="tabular_mlp", reload=True), timeout=CALL_TIMEOUT_S)
+
+    assert list(loaded.served_versions) == [2]
+    assert model_loads(server, "tabular_mlp") == before + 1
+    assert index_states(stub, "tabular_mlp") == {2: "READY"}
+
+
+def model_loads(server: ServerProcess, model: str) -> float:
+    """Loads of ``model``'s versions so far (``udfserve_model_loads_total``)."""
+    return metric_value(scrape(server.http_address or ""), "udfserve_model_loads_total", model=model)
 
 
 def test_udfserve_calls_load_list_and_unload_a_model(stub: pb_grpc.InferenceStub) -> None:

@@ -94,16 +94,19 @@ class ControlCalls:
         """Await ``call``, which goes on when the caller is cancelled (its client left)."""
         task = asyncio.ensure_future(call)
         self._running.add(task)
-        task.add_done_callback(self._ended)
-        await asyncio.shield(task)
+        task.add_done_callback(self._running.discard)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_report_fault)  # nobody else will see how it ended
+            raise
 
-    def _ended(self, task: asyncio.Future[None]) -> None:
-        self._running.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()  # retrieved here too: its caller may have gone
-        if exc is not None and not isinstance(exc, ServingError):
-            logger.error("a model control call failed", exc_info=(type(exc), exc, exc.__traceback__))
+
+def _report_fault(task: asyncio.Future[None]) -> None:
+    """Log a fault of a call whose caller left (a refusal went to nobody: nothing to log)."""
+    exc = None if task.cancelled() else task.exception()
+    if exc is not None and not isinstance(exc, ServingError):
+        logger.error("a model control call failed", exc_info=(type(exc), exc, exc.__traceback__))
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception, what: str) -> NoReturn:
