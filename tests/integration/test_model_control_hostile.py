@@ -142,6 +142,11 @@ NOT_CONFIGS = {
     "a list": ("[1, 2]", "is a JSON list, not an object; expected a JSON object"),
     "a string": ('"all"', "is a JSON str, not an object; expected a JSON object"),
     "an unknown field": ('{"model_path": "/etc"}', "model_path: Extra inputs are not permitted"),
+    "Triton's config.pbtxt": (
+        '{"platform": "tensorflow_savedmodel", "max_batch_size": 8}',
+        "platform: Extra inputs are not permitted (got 'tensorflow_savedmodel'); expected udfserve's "
+        "config.yaml fields (name, backend, version, version_policy",
+    ),
     "two policies": (
         '{"version_policy": {"all": true, "latest": 1}}',
         "exactly one of latest, specific or all",

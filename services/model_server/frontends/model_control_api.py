@@ -66,7 +66,10 @@ def parse_config_json(text: str, model: str, where: str) -> ModelConfig:
         return parse_model_config(data, what)
     except ValueError as exc:
         fields = ", ".join(ModelConfig.model_fields)
-        raise InvalidInput(f"{exc}; expected config.yaml's fields ({fields}) with valid values") from None
+        raise InvalidInput(
+            f"{exc}; expected udfserve's config.yaml fields ({fields}) with valid values, not those of "
+            "Triton's config.pbtxt"
+        ) from None
 
 
 class ControlCalls:
