@@ -41,7 +41,6 @@ from services.model_server.frontends.http_api import AdminLimits, create_admin_a
 from services.model_server.frontends.kserve.native_bridge import NativeKServeFrontend
 from services.model_server.frontends.kserve.servicer import add_kserve_service
 from services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
-from services.model_server.frontends.model_control_api import ControlCalls
 from services.model_server.frontends.readable_requests import add_service
 from services.model_server.frontends.streaming import STREAM_METHODS, RawStreamRequests, StreamBounds
 from services.model_server.lifeline import watch_lifeline
@@ -128,10 +127,9 @@ class RunningServer:
         self.in_flight = InFlightRequests()
         self.requests = RequestLifecycle(self.models, self.metrics, self.in_flight, config.max_message_bytes)
         stream_bounds = StreamBounds(config.max_stream_held_requests, config.max_stream_held_bytes)
-        control_calls = ControlCalls(self.control, self.models)
         self.servicer = InferenceServicer(
             self.requests,
-            control_calls,
+            self.control,
             shared_memory_folder(config.shared_memory_dir),
             frozenset(config.shared_memory_uids),
             stream_bounds,
@@ -154,7 +152,7 @@ class RunningServer:
         )
         add_service(pb_grpc.add_InferenceServicer_to_server, self.servicer, self.grpc_server, STREAM_METHODS)
         self.kserve_servicer = add_kserve_service(
-            self.grpc_server, self.requests, stream_bounds, control_calls
+            self.grpc_server, self.requests, stream_bounds, self.control
         )
         self.kserve_native: NativeKServeFrontend | None = None
         if config.kserve_frontend == "native":

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from services.model_server.core.job_context import JobContext, parse_job_context
+from services.model_server.core.model_control import ModelControl
 from services.model_server.core.model_table import ModelInfo
 from services.model_server.core.pending import Pending
 from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
@@ -83,7 +84,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     def __init__(
         self,
         lifecycle: RequestLifecycle,
-        control: model_control_api.ControlCalls,
+        control: ModelControl,
         shared_memory_dir: Path | None = None,
         shared_memory_uids: frozenset[int] = frozenset(),
         stream_bounds: StreamBounds = DEFAULT_STREAM_BOUNDS,
@@ -92,7 +93,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         """``max_region_bytes``: the largest request a stream may name in shared memory (each is
         copied into the server's memory)."""
         self._lifecycle = lifecycle
-        self._control = control
+        self._control = model_control_api.ControlCalls(control, lifecycle.models)
         self._stream_bounds = stream_bounds
         self._models = lifecycle.models
         self._metrics = lifecycle.metrics

@@ -32,6 +32,7 @@ from tritonclient.grpc import service_pb2_grpc as kpb_grpc
 
 import udfserve
 from services.model_server.core.job_context import JobContext, parse_job_context
+from services.model_server.core.model_control import ModelControl
 from services.model_server.core.model_table import LoadedModel
 from services.model_server.core.pending import Pending
 from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
@@ -93,10 +94,10 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     """
 
     def __init__(
-        self, lifecycle: RequestLifecycle, stream_bounds: StreamBounds, control: ControlCalls
+        self, lifecycle: RequestLifecycle, stream_bounds: StreamBounds, control: ModelControl
     ) -> None:
         self._lifecycle = lifecycle
-        self._control = control
+        self._control = ControlCalls(control, lifecycle.models)
         self._stream_bounds = stream_bounds
         self._models = lifecycle.models
         self._plans: weakref.WeakKeyDictionary[LoadedModel, InputPlan] = weakref.WeakKeyDictionary()
@@ -306,7 +307,7 @@ def add_kserve_service(
     server: grpc.aio.Server,
     lifecycle: RequestLifecycle,
     stream_bounds: StreamBounds,
-    control: ControlCalls,
+    control: ModelControl,
 ) -> KServeServicer:
     """Serve the KServe v2 protocol from ``server``, beside the Arrow service."""
     servicer = KServeServicer(lifecycle, stream_bounds, control)
