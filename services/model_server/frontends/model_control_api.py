@@ -91,6 +91,7 @@ class ControlCalls:
         await self._to_the_end(self._control.unload(name))
 
     def index(self, ready_only: bool) -> list[IndexEntry]:
+        """The repository index (see ``ModelControl.index``): answered in every mode."""
         return self._control.index(ready_only)
 
     async def _to_the_end(self, call: Coroutine[Any, Any, None]) -> None:
