@@ -129,6 +129,7 @@ class RunningServer:
         stream_bounds = StreamBounds(config.max_stream_held_requests, config.max_stream_held_bytes)
         self.servicer = InferenceServicer(
             self.requests,
+            self.control,
             shared_memory_folder(config.shared_memory_dir),
             frozenset(config.shared_memory_uids),
             stream_bounds,
@@ -150,7 +151,9 @@ class RunningServer:
             options=options, interceptors=interceptors, maximum_concurrent_rpcs=config.max_concurrent_calls
         )
         add_service(pb_grpc.add_InferenceServicer_to_server, self.servicer, self.grpc_server, STREAM_METHODS)
-        self.kserve_servicer = add_kserve_service(self.grpc_server, self.requests, stream_bounds)
+        self.kserve_servicer = add_kserve_service(
+            self.grpc_server, self.requests, stream_bounds, self.control
+        )
         self.kserve_native: NativeKServeFrontend | None = None
         if config.kserve_frontend == "native":
             self.kserve_native = NativeKServeFrontend(

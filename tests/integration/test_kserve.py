@@ -382,7 +382,7 @@ def test_a_method_udfserve_does_not_serve_answers_unimplemented(kserve_server: S
     with grpc.insecure_channel(kserve_server.kserve_target()) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as raised:
-            stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(), timeout=30)
+            stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest(), timeout=30)
     assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 

@@ -24,15 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$udfserve/protocol/v1/inference.proto\x12\x0budfserve.v1\"\xc4\x01\n\x0ePredictRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x04\x12\x11\n\tarrow_ipc\x18\x04 \x01(\x0c\x12\x35\n\x0cinput_region\x18\x05 \x01(\x0b\x32\x1f.udfserve.v1.SharedMemoryRegion\x12\x36\n\routput_region\x18\x06 \x01(\x0b\x32\x1f.udfserve.v1.SharedMemoryRegion\"@\n\x12SharedMemoryRegion\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xac\x01\n\x0fPredictResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.udfserve.v1.Error\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\x12\x1b\n\x13output_region_bytes\x18\x05 \x01(\x04\x12\x1d\n\x15shared_memory_refused\x18\x06 \x01(\x08\"\x13\n\x11ListModelsRequest\"@\n\x12ListModelsResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.udfserve.v1.ModelMetadata\"6\n\x14ModelMetadataRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xc2\x02\n\rModelMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08platform\x18\x03 \x01(\t\x12&\n\x05state\x18\x04 \x01(\x0e\x32\x17.udfserve.v1.ModelState\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\'\n\x06inputs\x18\x06 \x03(\x0b\x32\x17.udfserve.v1.TensorSpec\x12(\n\x07outputs\x18\x07 \x03(\x0b\x32\x17.udfserve.v1.TensorSpec\x12\x16\n\x0emax_batch_size\x18\x08 \x01(\x03\x12\x19\n\x11max_queue_delay_s\x18\t \x01(\x01\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x1a\n\x12\x61vailable_versions\x18\x0b \x03(\x03\x12\x17\n\x0fserved_versions\x18\x0c \x03(\x03*\xa5\x01\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13MODEL_STATE_LOADING\x10\x01\x12\x15\n\x11MODEL_STATE_READY\x10\x02\x12\x16\n\x12MODEL_STATE_FAILED\x10\x03\x12\x18\n\x14MODEL_STATE_UNLOADED\x10\x04\x12\x18\n\x14MODEL_STATE_DRAINING\x10\x05\x32\xf7\x01\n\tInference\x12H\n\x07Predict\x12\x1b.udfserve.v1.PredictRequest\x1a\x1c.udfserve.v1.PredictResponse(\x01\x30\x01\x12M\n\nListModels\x12\x1e.udfserve.v1.ListModelsRequest\x1a\x1f.udfserve.v1.ListModelsResponse\x12Q\n\x10GetModelMetadata\x12!.udfserve.v1.ModelMetadataRequest\x1a\x1a.udfserve.v1.ModelMetadatab\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$udfserve/protocol/v1/inference.proto\x12\x0budfserve.v1\"\xc4\x01\n\x0ePredictRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08\x62\x61tch_id\x18\x03 \x01(\x04\x12\x11\n\tarrow_ipc\x18\x04 \x01(\x0c\x12\x35\n\x0cinput_region\x18\x05 \x01(\x0b\x32\x1f.udfserve.v1.SharedMemoryRegion\x12\x36\n\routput_region\x18\x06 \x01(\x0b\x32\x1f.udfserve.v1.SharedMemoryRegion\"@\n\x12SharedMemoryRegion\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xac\x01\n\x0fPredictResponse\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.udfserve.v1.Error\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\x12\x1b\n\x13output_region_bytes\x18\x05 \x01(\x04\x12\x1d\n\x15shared_memory_refused\x18\x06 \x01(\x08\"\x13\n\x11ListModelsRequest\"@\n\x12ListModelsResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.udfserve.v1.ModelMetadata\"6\n\x14ModelMetadataRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xc2\x02\n\rModelMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08platform\x18\x03 \x01(\t\x12&\n\x05state\x18\x04 \x01(\x0e\x32\x17.udfserve.v1.ModelState\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\'\n\x06inputs\x18\x06 \x03(\x0b\x32\x17.udfserve.v1.TensorSpec\x12(\n\x07outputs\x18\x07 \x03(\x0b\x32\x17.udfserve.v1.TensorSpec\x12\x16\n\x0emax_batch_size\x18\x08 \x01(\x03\x12\x19\n\x11max_queue_delay_s\x18\t \x01(\x01\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x1a\n\x12\x61vailable_versions\x18\x0b \x03(\x03\x12\x17\n\x0fserved_versions\x18\x0c \x03(\x03\"F\n\x10LoadModelRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x0e\n\x06reload\x18\x03 \x01(\x08\",\n\x11LoadModelResponse\x12\x17\n\x0fserved_versions\x18\x01 \x03(\x03\"#\n\x12UnloadModelRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x15\n\x13UnloadModelResponse\",\n\x16RepositoryIndexRequest\x12\x12\n\nready_only\x18\x01 \x01(\x08\"\xb8\x01\n\x17RepositoryIndexResponse\x12:\n\x06models\x18\x01 \x03(\x0b\x32*.udfserve.v1.RepositoryIndexResponse.Entry\x1a\x61\n\x05\x45ntry\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12(\n\x05state\x18\x03 \x01(\x0e\x32\x19.udfserve.v1.VersionState\x12\x0e\n\x06reason\x18\x04 \x01(\t*\xa5\x01\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13MODEL_STATE_LOADING\x10\x01\x12\x15\n\x11MODEL_STATE_READY\x10\x02\x12\x16\n\x12MODEL_STATE_FAILED\x10\x03\x12\x18\n\x14MODEL_STATE_UNLOADED\x10\x04\x12\x18\n\x14MODEL_STATE_DRAINING\x10\x05*\x9d\x01\n\x0cVersionState\x12\x1d\n\x19VERSION_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13VERSION_STATE_READY\x10\x01\x12\x19\n\x15VERSION_STATE_LOADING\x10\x02\x12\x1b\n\x17VERSION_STATE_UNLOADING\x10\x03\x12\x1d\n\x19VERSION_STATE_UNAVAILABLE\x10\x04\x32\xf3\x03\n\tInference\x12H\n\x07Predict\x12\x1b.udfserve.v1.PredictRequest\x1a\x1c.udfserve.v1.PredictResponse(\x01\x30\x01\x12M\n\nListModels\x12\x1e.udfserve.v1.ListModelsRequest\x1a\x1f.udfserve.v1.ListModelsResponse\x12Q\n\x10GetModelMetadata\x12!.udfserve.v1.ModelMetadataRequest\x1a\x1a.udfserve.v1.ModelMetadata\x12J\n\tLoadModel\x12\x1d.udfserve.v1.LoadModelRequest\x1a\x1e.udfserve.v1.LoadModelResponse\x12P\n\x0bUnloadModel\x12\x1f.udfserve.v1.UnloadModelRequest\x1a .udfserve.v1.UnloadModelResponse\x12\\\n\x0fRepositoryIndex\x12#.udfserve.v1.RepositoryIndexRequest\x1a$.udfserve.v1.RepositoryIndexResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'udfserve.protocol.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELSTATE']._serialized_start=1060
-  _globals['_MODELSTATE']._serialized_end=1225
+  _globals['_MODELSTATE']._serialized_start=1471
+  _globals['_MODELSTATE']._serialized_end=1636
+  _globals['_VERSIONSTATE']._serialized_start=1639
+  _globals['_VERSIONSTATE']._serialized_end=1796
   _globals['_PREDICTREQUEST']._serialized_start=54
   _globals['_PREDICTREQUEST']._serialized_end=250
   _globals['_SHAREDMEMORYREGION']._serialized_start=252
@@ -51,6 +53,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSORSPEC']._serialized_end=732
   _globals['_MODELMETADATA']._serialized_start=735
   _globals['_MODELMETADATA']._serialized_end=1057
-  _globals['_INFERENCE']._serialized_start=1228
-  _globals['_INFERENCE']._serialized_end=1475
+  _globals['_LOADMODELREQUEST']._serialized_start=1059
+  _globals['_LOADMODELREQUEST']._serialized_end=1129
+  _globals['_LOADMODELRESPONSE']._serialized_start=1131
+  _globals['_LOADMODELRESPONSE']._serialized_end=1175
+  _globals['_UNLOADMODELREQUEST']._serialized_start=1177
+  _globals['_UNLOADMODELREQUEST']._serialized_end=1212
+  _globals['_UNLOADMODELRESPONSE']._serialized_start=1214
+  _globals['_UNLOADMODELRESPONSE']._serialized_end=1235
+  _globals['_REPOSITORYINDEXREQUEST']._serialized_start=1237
+  _globals['_REPOSITORYINDEXREQUEST']._serialized_end=1281
+  _globals['_REPOSITORYINDEXRESPONSE']._serialized_start=1284
+  _globals['_REPOSITORYINDEXRESPONSE']._serialized_end=1468
+  _globals['_REPOSITORYINDEXRESPONSE_ENTRY']._serialized_start=1371
+  _globals['_REPOSITORYINDEXRESPONSE_ENTRY']._serialized_end=1468
+  _globals['_INFERENCE']._serialized_start=1799
+  _globals['_INFERENCE']._serialized_end=2298
 # @@protoc_insertion_point(module_scope)

@@ -15,12 +15,25 @@ class ModelState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_STATE_FAILED: _ClassVar[ModelState]
     MODEL_STATE_UNLOADED: _ClassVar[ModelState]
     MODEL_STATE_DRAINING: _ClassVar[ModelState]
+
+class VersionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    VERSION_STATE_UNSPECIFIED: _ClassVar[VersionState]
+    VERSION_STATE_READY: _ClassVar[VersionState]
+    VERSION_STATE_LOADING: _ClassVar[VersionState]
+    VERSION_STATE_UNLOADING: _ClassVar[VersionState]
+    VERSION_STATE_UNAVAILABLE: _ClassVar[VersionState]
 MODEL_STATE_UNSPECIFIED: ModelState
 MODEL_STATE_LOADING: ModelState
 MODEL_STATE_READY: ModelState
 MODEL_STATE_FAILED: ModelState
 MODEL_STATE_UNLOADED: ModelState
 MODEL_STATE_DRAINING: ModelState
+VERSION_STATE_UNSPECIFIED: VersionState
+VERSION_STATE_READY: VersionState
+VERSION_STATE_LOADING: VersionState
+VERSION_STATE_UNLOADING: VersionState
+VERSION_STATE_UNAVAILABLE: VersionState
 
 class PredictRequest(_message.Message):
     __slots__ = ("model", "version", "batch_id", "arrow_ipc", "input_region", "output_region")
@@ -127,3 +140,52 @@ class ModelMetadata(_message.Message):
     available_versions: _containers.RepeatedScalarFieldContainer[int]
     served_versions: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., platform: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., error: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., max_queue_delay_s: _Optional[float] = ..., device: _Optional[str] = ..., available_versions: _Optional[_Iterable[int]] = ..., served_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LoadModelRequest(_message.Message):
+    __slots__ = ("model", "config_json", "reload")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    RELOAD_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    config_json: str
+    reload: bool
+    def __init__(self, model: _Optional[str] = ..., config_json: _Optional[str] = ..., reload: bool = ...) -> None: ...
+
+class LoadModelResponse(_message.Message):
+    __slots__ = ("served_versions",)
+    SERVED_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    served_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, served_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class UnloadModelRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class UnloadModelResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RepositoryIndexRequest(_message.Message):
+    __slots__ = ("ready_only",)
+    READY_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ready_only: bool
+    def __init__(self, ready_only: bool = ...) -> None: ...
+
+class RepositoryIndexResponse(_message.Message):
+    __slots__ = ("models",)
+    class Entry(_message.Message):
+        __slots__ = ("model", "version", "state", "reason")
+        MODEL_FIELD_NUMBER: _ClassVar[int]
+        VERSION_FIELD_NUMBER: _ClassVar[int]
+        STATE_FIELD_NUMBER: _ClassVar[int]
+        REASON_FIELD_NUMBER: _ClassVar[int]
+        model: str
+        version: int
+        state: VersionState
+        reason: str
+        def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[VersionState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[RepositoryIndexResponse.Entry]
+    def __init__(self, models: _Optional[_Iterable[_Union[RepositoryIndexResponse.Entry, _Mapping]]] = ...) -> None: ...

@@ -49,6 +49,21 @@ class InferenceStub(object):
                 request_serializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.ModelMetadataRequest.SerializeToString,
                 response_deserializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.ModelMetadata.FromString,
                 _registered_method=True)
+        self.LoadModel = channel.unary_unary(
+                '/udfserve.v1.Inference/LoadModel',
+                request_serializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.LoadModelRequest.SerializeToString,
+                response_deserializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.LoadModelResponse.FromString,
+                _registered_method=True)
+        self.UnloadModel = channel.unary_unary(
+                '/udfserve.v1.Inference/UnloadModel',
+                request_serializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.UnloadModelRequest.SerializeToString,
+                response_deserializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.UnloadModelResponse.FromString,
+                _registered_method=True)
+        self.RepositoryIndex = channel.unary_unary(
+                '/udfserve.v1.Inference/RepositoryIndex',
+                request_serializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.RepositoryIndexRequest.SerializeToString,
+                response_deserializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.RepositoryIndexResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer(object):
@@ -79,6 +94,43 @@ class InferenceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadModel(self, request, context):
+        """The model control calls, served by a server started with --model-control
+        explicit (any other server answers FAILED_PRECONDITION), behind the token
+        like every call. They change what serves one at a time; a call that finds
+        16 others waiting is refused RESOURCE_EXHAUSTED (retry later).
+
+        Loads a model of the repository, or the versions of it that are new or
+        changed since it loaded, beside the versions serving: each new version
+        takes requests once loaded and warmed up, and the versions it replaces
+        (or that its version policy no longer serves) then drain and unload.
+        Returns once the versions serve. INVALID_ARGUMENT for a name that is not
+        one or a config that does not parse or serves no version, NOT_FOUND for a
+        model with no folder in the repository, FAILED_PRECONDITION when a
+        version fails to load (the message says why and what keeps serving).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadModel(self, request, context):
+        """Stops routing requests to every version of a model, lets them answer the
+        requests they hold, and releases them; requests naming the model are then
+        refused NOT_FOUND until it loads again. NOT_FOUND for a model not held.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryIndex(self, request, context):
+        """Every model of the repository and every model the server holds, each
+        version with its state (Triton's repository index). Served in every
+        model control mode.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +148,21 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.GetModelMetadata,
                     request_deserializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.ModelMetadataRequest.FromString,
                     response_serializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.ModelMetadata.SerializeToString,
+            ),
+            'LoadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadModel,
+                    request_deserializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.LoadModelRequest.FromString,
+                    response_serializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.LoadModelResponse.SerializeToString,
+            ),
+            'UnloadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadModel,
+                    request_deserializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.UnloadModelRequest.FromString,
+                    response_serializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.UnloadModelResponse.SerializeToString,
+            ),
+            'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryIndex,
+                    request_deserializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.RepositoryIndexRequest.FromString,
+                    response_serializer=udfserve_dot_protocol_dot_v1_dot_inference__pb2.RepositoryIndexResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -179,6 +246,87 @@ class Inference(object):
             '/udfserve.v1.Inference/GetModelMetadata',
             udfserve_dot_protocol_dot_v1_dot_inference__pb2.ModelMetadataRequest.SerializeToString,
             udfserve_dot_protocol_dot_v1_dot_inference__pb2.ModelMetadata.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/udfserve.v1.Inference/LoadModel',
+            udfserve_dot_protocol_dot_v1_dot_inference__pb2.LoadModelRequest.SerializeToString,
+            udfserve_dot_protocol_dot_v1_dot_inference__pb2.LoadModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/udfserve.v1.Inference/UnloadModel',
+            udfserve_dot_protocol_dot_v1_dot_inference__pb2.UnloadModelRequest.SerializeToString,
+            udfserve_dot_protocol_dot_v1_dot_inference__pb2.UnloadModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/udfserve.v1.Inference/RepositoryIndex',
+            udfserve_dot_protocol_dot_v1_dot_inference__pb2.RepositoryIndexRequest.SerializeToString,
+            udfserve_dot_protocol_dot_v1_dot_inference__pb2.RepositoryIndexResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,5 @@
-"""The gRPC face of a model server: the Predict stream, model listing and metadata.
+"""The gRPC face of a model server: the Predict stream, model listing and metadata, and the
+model control calls (answered by ``model_control_api``).
 
 A stream's batches are decoded from Arrow IPC (inline, or read from the shared memory the stream
 names) and their answers encoded here; what happens to each request in between (admission,
@@ -18,10 +19,12 @@ import numpy as np
 import pyarrow as pa
 
 from services.model_server.core.job_context import JobContext, parse_job_context
+from services.model_server.core.model_control import ModelControl
 from services.model_server.core.model_table import ModelInfo
 from services.model_server.core.pending import Pending
 from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
 from services.model_server.errors import failure_status
+from services.model_server.frontends import model_control_api
 from services.model_server.frontends.arrow.shared_memory import (
     DEFAULT_MAX_REGION_BYTES,
     SharedMemoryRefused,
@@ -81,6 +84,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     def __init__(
         self,
         lifecycle: RequestLifecycle,
+        control: ModelControl,
         shared_memory_dir: Path | None = None,
         shared_memory_uids: frozenset[int] = frozenset(),
         stream_bounds: StreamBounds = DEFAULT_STREAM_BOUNDS,
@@ -89,6 +93,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         """``max_region_bytes``: the largest request a stream may name in shared memory (each is
         copied into the server's memory)."""
         self._lifecycle = lifecycle
+        self._control = model_control_api.ControlCalls(control, lifecycle.models)
         self._stream_bounds = stream_bounds
         self._models = lifecycle.models
         self._metrics = lifecycle.metrics
@@ -156,6 +161,22 @@ class InferenceServicer(pb_grpc.InferenceServicer):
         except ServingError as exc:
             await context.abort(exc.code, exc.message)
         return info_to_proto(self._models.info(served))
+
+    # -- model control (--model-control explicit) --------------------------------------------
+    async def LoadModel(
+        self, request: pb.LoadModelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LoadModelResponse:
+        return await model_control_api.load_model(self._control, request, context)
+
+    async def UnloadModel(
+        self, request: pb.UnloadModelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UnloadModelResponse:
+        return await model_control_api.unload_model(self._control, request, context)
+
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
+        return model_control_api.repository_index(self._control, request)
 
 
 class _PredictStream(FrontEnd[pb.PredictRequest, pb.PredictResponse]):

@@ -16,9 +16,9 @@ from udfserve.runtime.model_config import ModelConfig
 from udfserve.runtime.tensor_spec import TensorSpec
 
 SERVER_NAME = "udfserve"
-EXTENSIONS = ("model_configuration", "statistics")
-"""KServe extensions served beyond the core protocol (Triton's names for ModelConfig and
-ModelStatistics)."""
+EXTENSIONS = ("model_configuration", "model_repository", "statistics")
+"""KServe extensions served beyond the core protocol (Triton's names for ModelConfig, the
+RepositoryIndex / RepositoryModelLoad / RepositoryModelUnload calls, and ModelStatistics)."""
 
 
 _PROTO_TYPE_OF_DTYPE = {

@@ -10,8 +10,8 @@ with the same ``KServeServicer`` as the Python front end:
   that the module encodes without the GIL; what is not the common request (BYTES tensors, typed
   contents, parameters, a datatype to coerce, a wrong shape) is answered from its message by
   ``start``, with the Python front end's checks and messages;
-- every other unary method (health, metadata, config, statistics) calls the servicer's own
-  handler with a small stand-in for gRPC's servicer context;
+- every other unary method (health, metadata, config, statistics, the model repository calls)
+  calls the servicer's own handler with a small stand-in for gRPC's servicer context;
 - ModelStreamInfer is refused (UNIMPLEMENTED) by the module, naming the main port, where it is
   served.
 
@@ -248,7 +248,7 @@ class NativeKServeFrontend:
             self._fail(call_id, exc.code, exc.message)
             return
         except NotImplementedError:
-            # a method udfserve does not serve (repository, shared memory, trace, log settings):
+            # a method udfserve does not serve (shared memory, trace, log settings):
             # the generated base class's handler sets UNIMPLEMENTED on the context, then raises
             code = context.code or grpc.StatusCode.UNIMPLEMENTED
             self._fail(call_id, code, context.details or "not served")

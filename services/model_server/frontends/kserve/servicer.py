@@ -8,7 +8,7 @@ do (``request_lifecycle``), so both kinds of clients are merged into the same ba
 
 This module reads the calls; the tensors are decoded and encoded by ``kserve_tensors``, the
 answers made by ``kserve_answers``, what the server tells about its models by
-``kserve_metadata``.
+``kserve_metadata``, the model repository calls by ``kserve.repository``.
 
 Status codes are Triton's: INVALID_ARGUMENT for a request that does not match the model,
 NOT_FOUND for an unknown model or version, UNAVAILABLE while a model loads or the server
@@ -32,9 +32,12 @@ from tritonclient.grpc import service_pb2_grpc as kpb_grpc
 
 import udfserve
 from services.model_server.core.job_context import JobContext, parse_job_context
+from services.model_server.core.model_control import ModelControl
 from services.model_server.core.model_table import LoadedModel
 from services.model_server.core.pending import Pending
 from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
+from services.model_server.errors import failure_status
+from services.model_server.frontends.kserve import repository
 from services.model_server.frontends.kserve.answers import (
     Failure,
     MessageAnswer,
@@ -62,6 +65,7 @@ from services.model_server.frontends.kserve.tensors import (
     request_to_inputs,
     requested_outputs,
 )
+from services.model_server.frontends.model_control_api import ControlCalls
 from services.model_server.frontends.readable_requests import add_service
 from services.model_server.frontends.streaming import (
     STREAM_METHODS,
@@ -71,6 +75,7 @@ from services.model_server.frontends.streaming import (
     parsed_requests,
     size_as_read,
 )
+from udfserve.log_text import clip
 from udfserve.runtime.errors import InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)
@@ -84,12 +89,15 @@ TRITON_GRPC_ERROR_HEADER = "triton_grpc_error"
 class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` over the models of this process.
 
-    RPCs not overridden here (repository control, shared memory, trace and log settings) answer
-    UNIMPLEMENTED, as the generated base class does.
+    RPCs not overridden here (shared memory, trace and log settings) answer UNIMPLEMENTED, as the
+    generated base class does.
     """
 
-    def __init__(self, lifecycle: RequestLifecycle, stream_bounds: StreamBounds) -> None:
+    def __init__(
+        self, lifecycle: RequestLifecycle, stream_bounds: StreamBounds, control: ModelControl
+    ) -> None:
         self._lifecycle = lifecycle
+        self._control = ControlCalls(control, lifecycle.models)
         self._stream_bounds = stream_bounds
         self._models = lifecycle.models
         self._plans: weakref.WeakKeyDictionary[LoadedModel, InputPlan] = weakref.WeakKeyDictionary()
@@ -154,6 +162,37 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             return model_statistics(self._models, request.name, request.version)
         except ServingError as exc:
             await context.abort(exc.code, exc.message)
+
+    # -- model repository (--model-control explicit) ------------------------------------------
+    async def RepositoryIndex(
+        self, request: kpb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.RepositoryIndexResponse:
+        try:
+            return repository.index(self._control, request)
+        except ServingError as exc:
+            await context.abort(exc.code, exc.message)
+
+    async def RepositoryModelLoad(
+        self, request: kpb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.RepositoryModelLoadResponse:
+        """Returns once the versions serve (``repository`` says what differs from Triton)."""
+        try:
+            await self._control.load(request.model_name, repository.load_config(request))
+        except Exception as exc:
+            code, text = failure_status(exc, f"the load of model '{clip(request.model_name)}'")
+            await context.abort(code, text)
+        return kpb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: kpb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.RepositoryModelUnloadResponse:
+        try:
+            repository.check_unload(request)
+            await self._control.unload(request.model_name)
+        except Exception as exc:
+            code, text = failure_status(exc, f"the unload of model '{clip(request.model_name)}'")
+            await context.abort(code, text)
+        return kpb.RepositoryModelUnloadResponse()
 
     # -- inference -------------------------------------------------------------------------
     async def ModelInfer(
@@ -268,8 +307,9 @@ def add_kserve_service(
     server: grpc.aio.Server,
     lifecycle: RequestLifecycle,
     stream_bounds: StreamBounds,
+    control: ModelControl,
 ) -> KServeServicer:
     """Serve the KServe v2 protocol from ``server``, beside the Arrow service."""
-    servicer = KServeServicer(lifecycle, stream_bounds)
+    servicer = KServeServicer(lifecycle, stream_bounds, control)
     add_service(kpb_grpc.add_GRPCInferenceServiceServicer_to_server, servicer, server, STREAM_METHODS)
     return servicer
