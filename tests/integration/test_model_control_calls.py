@@ -8,6 +8,7 @@ in any order."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -298,3 +299,25 @@ def test_every_model_control_call_needs_the_token(token_server: ServerProcess, m
         wrong = status_of(lambda: call(message, timeout=60, metadata=[("authorization", "Bearer wrong")]))
     assert without[0] == wrong[0] == grpc.StatusCode.UNAUTHENTICATED
     assert "authorization: Bearer <token>" in without[1]
+
+
+def test_a_config_given_with_a_load_serves_a_model_whose_config_yaml_does_not_parse(
+    stub: pb_grpc.InferenceStub, repository: Path, example_repository: Path
+) -> None:
+    model = "broken_config"
+    shutil.copytree(example_repository / "tabular_mlp" / "1", repository / model / "1")
+    (repository / model / "config.yaml").write_text("max_batch_size: [\n", encoding="utf-8")
+
+    code, message = status_of(
+        lambda: stub.LoadModel(pb.LoadModelRequest(model=model), timeout=CALL_TIMEOUT_S)
+    )
+    assert code is grpc.StatusCode.FAILED_PRECONDITION
+    assert "config.yaml is not valid YAML" in message
+
+    loaded = stub.LoadModel(
+        pb.LoadModelRequest(model=model, config_json='{"max_batch_size": 64}'), timeout=CALL_TIMEOUT_S
+    )
+    assert list(loaded.served_versions) == [1]
+    metadata = stub.GetModelMetadata(pb.ModelMetadataRequest(model=model), timeout=CALL_TIMEOUT_S)
+    assert metadata.max_batch_size == 64
+    stub.UnloadModel(pb.UnloadModelRequest(model=model), timeout=CALL_TIMEOUT_S)

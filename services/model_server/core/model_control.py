@@ -37,6 +37,7 @@ from udfserve.runtime.repository import (
     RepositoryScan,
     no_servable_model,
     read_model,
+    resolve_model_dir,
     scan_repository,
 )
 
@@ -163,30 +164,12 @@ class ModelControl:
         ``ModelLoadFailed`` when one could not load (what served keeps serving)."""
         self._check_control_call(name)
         async with self._turn():
-            scan = await asyncio.to_thread(
-                scan_repository,
-                self._config.model_repository,
-                [name],
-                trust_savedmodels=self._config.trust_savedmodels,
-            )
-            if name in scan.failures:
-                if not (self._config.model_repository / name).is_dir():
-                    raise ModelNotFound(
-                        f"model {name!r} is not in the model repository; expected a folder <repo>/{name}"
-                    )
-                raise ModelLoadFailed(f"model {name!r} cannot be loaded: {scan.failures[name]}")
-            (found,) = scan.models
-            if config is not None:
-                try:
-                    found = await asyncio.to_thread(
-                        read_model,
-                        self._config.model_repository,
-                        name,
-                        config,
-                        trust_savedmodels=self._config.trust_savedmodels,
-                    )
-                except ValueError as exc:
-                    raise InvalidInput(f"model {name!r}: {exc}") from None
+            try:
+                found = await asyncio.to_thread(self._read_for_load, name, config)
+            except OSError as exc:
+                raise ModelLoadFailed(
+                    f"model {name!r}: cannot read the model repository {self._config.model_repository}: {exc}"
+                ) from None
             await self._apply(found, reload=reload)
             self._applied[name] = _fingerprint(found)
             entry = self._models.entry(name)
@@ -195,6 +178,30 @@ class ModelControl:
                 serving = sorted(entry.serving)
                 keeps = f"; version(s) {serving} keep serving" if serving else ""
                 raise ModelLoadFailed(f"model {name!r}: {'; '.join(failed)}{keeps}")
+
+    def _read_for_load(self, name: str, config: ModelConfig | None) -> ModelVersions:
+        """The model a load call names, read from the repository (off the loop): with its
+        config.yaml, or with ``config`` in its place (which also serves a model whose config.yaml
+        does not parse). NOT_FOUND without a folder, FAILED_PRECONDITION for a folder that cannot
+        be served, INVALID_ARGUMENT for a given config that cannot serve it."""
+        root = self._config.model_repository
+        if not (root / name).is_dir():
+            raise ModelNotFound(
+                f"model {name!r} is not in the model repository; expected a folder <repo>/{name}"
+            )
+        if config is None:
+            scan = scan_repository(root, [name], trust_savedmodels=self._config.trust_savedmodels)
+            if name in scan.failures:
+                raise ModelLoadFailed(f"model {name!r} cannot be loaded: {scan.failures[name]}")
+            return scan.models[0]
+        try:
+            resolve_model_dir(root, name)
+        except ValueError as exc:
+            raise ModelLoadFailed(f"model {name!r} cannot be loaded: {exc}") from None
+        try:
+            return read_model(root, name, config, trust_savedmodels=self._config.trust_savedmodels)
+        except ValueError as exc:
+            raise InvalidInput(f"model {name!r}: {exc}") from None
 
     async def unload(self, name: str) -> None:
         """Stop routing requests to every version of ``name``, let them drain, release them."""
