@@ -68,6 +68,22 @@ def run_generate_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_model_call(args: argparse.Namespace) -> int:
+    """``models load|unload|index``: the call on every server of the node."""
+    configure_logging("WARNING")
+    import sys
+
+    from services.node.model_calls import index_call, load_call, run_node_call, unload_call
+
+    if args.models_command == "load":
+        call = load_call(args.model, args.config_json, args.reload)
+    elif args.models_command == "unload":
+        call = unload_call(args.model)
+    else:
+        call = index_call(args.ready_only)
+    return run_node_call(args, call, sys.stdout)
+
+
 def run_demo(args: argparse.Namespace) -> int:
     configure_logging("INFO")
     from services.demo import main as demo_main
@@ -135,7 +151,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_publish_arguments(generate)
     generate.set_defaults(handler=run_generate_models)
+    _add_model_calls(models_commands)
     return parser
+
+
+def _add_model_calls(models_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``models load|unload|index``: model control calls on every server of this node."""
+    from services.node.model_calls import add_node_call_arguments
+
+    node_wide = (
+        "on every ready server of this node (read from its discovery file), one device after the other; "
+        "the servers must run with --model-control explicit (udfserve node --model-control explicit)"
+    )
+    load = models_commands.add_parser(
+        "load",
+        help="load a model, or its new versions, on every device of this node",
+        description="Load a model of the repository, or the versions of it that are new or changed, "
+        f"{node_wide}. Each device keeps serving the versions it had until the new ones are loaded "
+        "and warmed up.",
+    )
+    load.add_argument("model", help="the model's folder name in the repository")
+    load.add_argument(
+        "--config-json",
+        default="",
+        help="config.yaml fields as one JSON object, used in place of config.yaml",
+    )
+    load.add_argument("--reload", action="store_true", help="load every version again, changed or not")
+    unload = models_commands.add_parser(
+        "unload",
+        help="unload a model on every device of this node",
+        description=f"Unload every version of a model {node_wide}; each answers what it holds first.",
+    )
+    unload.add_argument("model", help="the model's name")
+    index = models_commands.add_parser(
+        "index",
+        help="list the models and versions of every device of this node",
+        description="List every model of the repository and of each server, with each version's state, "
+        f"{node_wide} (the index is answered in every model control mode).",
+    )
+    index.add_argument("--ready-only", action="store_true", help="only the versions that serve")
+    for command in (load, unload, index):
+        add_node_call_arguments(command)
+        command.set_defaults(handler=run_model_call)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
