@@ -239,25 +239,13 @@ class Supervisor:
 
     def _launch(self, slot: ServerSlot) -> ServerProcess:
         config = self.config
-        extra = [
-            "--grace-period-s", str(config.grace_period_s),
-            "--log-level", config.log_level,
-            "--host", config.server_host,
-            "--http-host", config.server_http_host,
-        ]  # fmt: skip
-        if config.allow_insecure_remote:
-            extra.append("--allow-insecure-remote")
-        if slot.device.uuid:
-            extra += ["--device-uuid", slot.device.uuid]
-        if config.models:
-            extra += ["--models", ",".join(config.models)]
         process = launch_server(
             config.model_repository,
             device=slot.device.device,
             socket=slot.socket_path,
             port=slot.port,
             http_port=slot.http_port,
-            extra_args=extra + config.server_extra_args,
+            extra_args=config.server_flags(slot.device) + config.server_extra_args,
             log_path=slot.log_path,
             wait=False,
             ready_file=slot.ready_file,
