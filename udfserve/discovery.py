@@ -59,6 +59,11 @@ class ServerEntry(BaseModel):
     )
     pid: int | None = None
     models: list[str] = Field(default_factory=list)
+    versions: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="each model's versions the server serves, kept current while it runs (model control "
+        "poll or explicit changes them); empty in the file of a supervisor that did not list them",
+    )
     state: ServerState = "ready"
     problem: str | None = Field(
         default=None,

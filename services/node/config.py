@@ -3,9 +3,11 @@
 Precedence: a command-line flag, then the ``UDFSERVE_<FIELD>`` environment variable, then the
 default. The prefix is the one ``udfserve serve`` uses, on purpose: the variables both
 commands share mean the same thing (``UDFSERVE_MODEL_REPOSITORY``, ``UDFSERVE_MODELS``,
-``UDFSERVE_GRACE_PERIOD_S``, ``UDFSERVE_LOG_LEVEL``), and ``UDFSERVE_RUNTIME_DIR`` and
-``UDFSERVE_DISCOVERY_FILE`` are the very variables the Spark client reads to find the
-discovery file, so a node and its executors configured from one environment agree. Fields
+``UDFSERVE_GRACE_PERIOD_S``, ``UDFSERVE_LOG_LEVEL``, ``UDFSERVE_MODEL_CONTROL`` and the other
+model-lifecycle settings, which the node passes to every server: ``server_flags.py``), and
+``UDFSERVE_RUNTIME_DIR`` and ``UDFSERVE_DISCOVERY_FILE`` are the very variables the Spark
+client reads to find the discovery file, so a node and its executors configured from one
+environment agree. Fields
 that only the supervisor has are named so that they cannot be mistaken for a server's
 (``server_port_base``, ``supervisor_http_port``, ...).
 """
@@ -21,7 +23,9 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from services.model_server.config import is_loopback
-from services.node.devices import DeviceError, check_devices_syntax
+from services.node.devices import DeviceError, DeviceSlot, check_devices_syntax
+from services.node.server_flags import SHARED_SETTINGS, check_server_args
+from services.settings_cli import flag_name
 from udfserve.discovery import (
     DEFAULT_RUNTIME_DIR,
     DISCOVERY_FILE_ENV,
@@ -108,10 +112,37 @@ class NodeConfig(BaseSettings):
     grace_period_s: float = Field(
         default=10.0, ge=0, description="servers' time to drain on SIGTERM; SIGKILL 5 s after it"
     )
+    model_control: Literal["none", "poll", "explicit"] = Field(
+        default="none",
+        description="passed to every server: none (models loaded once at start), poll (each server "
+        "watches the repository, so a version published there reaches every device), explicit (load "
+        "and unload calls to each server)",
+    )
+    repository_poll_s: float = Field(
+        default=5.0, ge=0.1, le=3600.0, description="how often each server scans the repository under poll"
+    )
+    repository_settle_s: float = Field(
+        default=3.0,
+        ge=0.0,
+        le=3600.0,
+        description="how long a change in the repository must stay unchanged before poll loads it",
+    )
+    version_swap: Literal["beside", "unload-first"] = Field(
+        default="beside",
+        description="how each server replaces a version: beside (the new one warms up while the old "
+        "serves) or unload-first (the old drains first, for a device that cannot hold both)",
+    )
+    version_drain_s: float = Field(
+        default=60.0,
+        ge=0.0,
+        le=3600.0,
+        description="how long a version being replaced or unloaded may take to answer what it holds",
+    )
     server_args: str = Field(
         default="",
         description="more `udfserve serve` flags for every server, given with '=', e.g. "
-        "--server-args='--inference-threads 2'",
+        "--server-args='--inference-threads 2'; a flag the node sets itself (one of its own, such as "
+        "--model-control, or a server's device, socket, ports) is refused",
     )
     allow_insecure_remote: bool = Field(
         default=False,
@@ -152,9 +183,10 @@ class NodeConfig(BaseSettings):
     @classmethod
     def _shell_words(cls, value: str) -> str:
         try:
-            shlex.split(value)
+            words = shlex.split(value)
         except ValueError as exc:
             raise ValueError(f"server_args {value!r} is not a valid shell word list: {exc}") from None
+        check_server_args(words)
         return value
 
     @field_validator("model_repository")
@@ -230,3 +262,16 @@ class NodeConfig(BaseSettings):
     @property
     def server_extra_args(self) -> list[str]:
         return shlex.split(self.server_args)
+
+    def server_flags(self, device: DeviceSlot) -> list[str]:
+        """The flags the node gives the server on ``device`` beyond those of ``launch_server``
+        (repository, device, socket, ports, ready file, lifeline); ``--server-args`` follow them."""
+        flags = [word for name in SHARED_SETTINGS for word in (flag_name(name), str(getattr(self, name)))]
+        flags += ["--host", self.server_host, "--http-host", self.server_http_host]
+        if self.allow_insecure_remote:
+            flags.append("--allow-insecure-remote")
+        if device.uuid:
+            flags += ["--device-uuid", device.uuid]
+        if self.models:
+            flags += ["--models", ",".join(self.models)]
+        return flags

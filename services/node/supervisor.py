@@ -1,18 +1,21 @@
 """The node supervisor: one model server per device, a discovery file, restarts with back-off.
 
-For each device slot a task starts the server (``<runtime>/server-<device>.sock``, TCP and
-HTTP ports 0 unless base ports are set), waits for the gRPC health service to say SERVING,
-lists its models, then waits for the process to exit. Every change of state rewrites the
-discovery file and the Prometheus targets file atomically: a server that is not ready stays
-listed with its state ("starting", "restarting", "stopping") and without addresses, so the
-Spark client, which only uses ready servers, never dials a dead one. A server that exits, or
-does not become ready (in time, or at all: one that finished loading with no model to serve
-says so in its ready file), is started again after a back-off that doubles up to a maximum and
-goes back to the initial delay once a server has stayed up long enough; the reason of its last
-failed start is in its discovery entry (``problem``) and in the supervisor's ``/health/ready``.
-Between changes the discovery file is rewritten every ``--discovery-heartbeat-s`` (its
-``updated_at`` is the heartbeat): readers take a file older than ``--discovery-stale-after-s``
-for absent, so the servers of a node killed whole are not dialled at dead sockets.
+For each device slot a task starts the server (``<runtime>/server-<device>.sock``, TCP and HTTP
+ports 0 unless base ports are set), waits for the gRPC health service to say SERVING, lists its
+models and their versions from its ready file, then waits for the process to exit. A server
+whose versions change while it runs (``--model-control poll|explicit``) rewrites its ready
+file; the supervisor takes that up at the next heartbeat (``ready_file.py``). Every change of
+state rewrites the discovery file and the Prometheus targets file atomically: a server that is
+not ready stays listed with its state ("starting", "restarting", "stopping") and without
+addresses, so the Spark client, which only uses ready servers, never dials a dead one. A server
+that exits, or does not become ready (in time, or at all: one that finished loading with no
+model to serve says so in its ready file), is started again after a back-off that doubles up to
+a maximum and goes back to the initial delay once a server has stayed up long enough; the
+reason of its last failed start is in its discovery entry (``problem``) and in the supervisor's
+``/health/ready``. Between changes the discovery file is rewritten every
+``--discovery-heartbeat-s`` (its ``updated_at`` is the heartbeat): readers take a file older
+than ``--discovery-stale-after-s`` for absent, so the servers of a node killed whole are not
+dialled at dead sockets.
 
 Every server holds the read end of one pipe whose write end only the supervisor holds
 (``--lifeline-fd``): when the supervisor dies, even by SIGKILL, the kernel closes it and every
@@ -35,17 +38,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from services.model_server.launcher import (
-    ServerProcess,
-    ServerStartError,
-    launch_server,
-    loaded_models,
-    wait_until_serving,
-)
+from services.model_server.launcher import ServerProcess, ServerStartError, launch_server, wait_until_serving
 from services.node.admin import AdminServer, SupervisorMetrics
 from services.node.config import NodeConfig
 from services.node.devices import DeviceSlot, GpuDetection
 from services.node.lock import NodeLock
+from services.node.ready_file import ReadyFileWatch, ServedModels
 from services.node.targets import server_target, supervisor_target, write_targets
 from services.process_setup import stop_on_signals
 from udfserve.discovery import NodeDiscovery, ServerEntry, ServerState, write_discovery
@@ -69,7 +67,9 @@ class ServerSlot:
         self.http_port = http_base + position if http_base else 0
         self.state: ServerState = "starting"
         self.process: ServerProcess | None = None
-        self.models: list[str] = []
+        self.served = ServedModels()
+        """The models and versions the server serves, as its ready file says (``ready_file.py``)."""
+        self.watch: ReadyFileWatch | None = None
         self.problem = ""
         """Why the last start failed (the server's own reason when it serves no model); "" once ready."""
 
@@ -84,7 +84,8 @@ class ServerSlot:
             http_address=self.process.http_address if ready and self.process else None,
             kserve_address=self.process.kserve_address if ready and self.process else None,
             pid=self.process.pid if self.process is not None else None,
-            models=list(self.models) if ready else [],
+            models=list(self.served.models) if ready else [],
+            versions=dict(self.served.versions) if ready else {},
             state=self.state,
             problem=self.problem or None,
         )
@@ -164,12 +165,16 @@ class Supervisor:
 
     def health(self) -> tuple[bool, dict[str, object]]:
         """Ready when every server is ready; ``problems`` says why each server that failed its
-        last start is not. Called from the admin thread."""
+        last start is not, ``versions`` each ready server's models and versions. Called from the
+        admin thread (each slot's ``served`` is replaced whole, never changed in place)."""
         states = {slot.device.device: slot.state for slot in self.slots}
         detail: dict[str, object] = {
             "node": self.config.node,
             "servers": states,
             "problems": {slot.device.device: slot.problem for slot in self.slots if slot.problem},
+            "versions": {
+                slot.device.device: slot.served.versions for slot in self.slots if slot.state == "ready"
+            },
             "gpus_found": self.detection.count,
             "gpu_detection": self.detection.reason or "ok",
         }
@@ -197,6 +202,7 @@ class Supervisor:
             if launches:
                 self.metrics.restarts.labels(device=slot.device.device).inc()
             launches += 1
+            slot.watch = None
             slot.process = self._launch(slot)
             self._set_state(slot, "starting" if launches == 1 else "restarting")
             ready_since = await self._wait_ready(slot)
@@ -231,33 +237,31 @@ class Supervisor:
 
     async def _heartbeat(self) -> None:
         """Rewrite the discovery file every heartbeat, so that its age tells readers the
-        supervisor lives; a file that cannot be written stops the node, as at a change."""
+        supervisor lives, with the models and versions of servers whose ready file changed; a
+        file that cannot be written stops the node, as at a change."""
         while True:
             await asyncio.sleep(self.config.discovery_heartbeat_s)
             if not self._closed:
+                self._read_changed_ready_files()
                 self._write_discovery()  # the targets file changes only with the servers' states
+
+    def _read_changed_ready_files(self) -> None:
+        """Take up what each ready server serves now, if its ready file was rewritten."""
+        for slot in self.slots:
+            served = slot.watch.changed() if slot.watch is not None and slot.state == "ready" else None
+            if served is not None and served != slot.served:
+                slot.served = served
+                logger.info("model server on %s now serves %s", slot.device.device, _describe(served))
 
     def _launch(self, slot: ServerSlot) -> ServerProcess:
         config = self.config
-        extra = [
-            "--grace-period-s", str(config.grace_period_s),
-            "--log-level", config.log_level,
-            "--host", config.server_host,
-            "--http-host", config.server_http_host,
-        ]  # fmt: skip
-        if config.allow_insecure_remote:
-            extra.append("--allow-insecure-remote")
-        if slot.device.uuid:
-            extra += ["--device-uuid", slot.device.uuid]
-        if config.models:
-            extra += ["--models", ",".join(config.models)]
         process = launch_server(
             config.model_repository,
             device=slot.device.device,
             socket=slot.socket_path,
             port=slot.port,
             http_port=slot.http_port,
-            extra_args=extra + config.server_extra_args,
+            extra_args=config.server_flags(slot.device) + config.server_extra_args,
             log_path=slot.log_path,
             wait=False,
             ready_file=slot.ready_file,
@@ -272,24 +276,25 @@ class Supervisor:
         assert process is not None
         try:
             await asyncio.to_thread(wait_until_serving, process, self.config.start_timeout_s)
-            models = loaded_models(process)
+            watch = ReadyFileWatch(slot.ready_file)
+            served = watch.read()
         except (ServerStartError, grpc.RpcError, OSError, ValueError) as exc:
             if not self._stopping.is_set():
                 logger.warning("model server on %s did not become ready: %s", slot.device.device, exc)
                 slot.problem = exc.reason if isinstance(exc, ServerStartError) else str(exc)
             await asyncio.to_thread(process.kill)
             return None
-        slot.models = models
+        slot.served, slot.watch = served, watch
         slot.problem = ""
         self._set_state(slot, "ready")
         if slot.state == "ready":
             self.metrics.server_ready.labels(device=slot.device.device).set(1)
             logger.info(
-                "model server on %s ready: pid %d, %s, models %s",
+                "model server on %s ready: pid %d, %s, serving %s",
                 slot.device.device,
                 process.pid,
                 " ".join(a for a in (process.unix_socket, process.tcp_address) if a),
-                ", ".join(models) or "none",
+                _describe(served),
             )
         return time.monotonic()
 
@@ -354,3 +359,12 @@ class Supervisor:
             ),
         )
         return entries
+
+
+def _describe(served: ServedModels) -> str:
+    """``tabular_mlp 1,2, text_hashing 3`` (a model without listed versions by its name alone)."""
+    parts = [
+        f"{name} {','.join(map(str, served.versions[name]))}" if served.versions.get(name) else name
+        for name in served.models
+    ]
+    return ", ".join(parts) or "no model"

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from services.cli import build_parser
+from services.model_server.config import ServerConfig
+from services.model_server.launcher import server_command
 from services.node.config import NodeConfig
+from services.node.devices import DeviceSlot
+from services.node.server_flags import SHARED_SETTINGS
 from services.settings_cli import SettingsError, add_settings_arguments, settings_from_args
 from udfserve.discovery import default_discovery_path
 
@@ -93,3 +98,93 @@ def test_a_staleness_bound_under_two_heartbeats_is_refused_naming_both(tmp_path:
                 "3",
             ]
         )
+
+
+def server_config_of(node: NodeConfig, device: DeviceSlot) -> ServerConfig:
+    """The settings a server started by this node runs with, read from its command line as
+    `udfserve serve` reads it (the node's flags, then --server-args)."""
+    command = server_command(
+        node.model_repository,
+        device=device.device,
+        ready_file=node.runtime_dir / "ready.json",
+        extra_args=node.server_flags(device) + node.server_extra_args,
+    )
+    assert command[3] == "serve", command
+    return settings_from_args(ServerConfig, build_parser().parse_args(command[3:]))
+
+
+def test_every_server_runs_with_the_nodes_model_control(tmp_path: Path) -> None:
+    node = parse(
+        [
+            "--model-repository", str(tmp_path),
+            "--model-control", "poll",
+            "--repository-poll-s", "0.5",
+            "--repository-settle-s", "1",
+            "--version-swap", "unload-first",
+            "--version-drain-s", "7",
+        ]
+    )  # fmt: skip
+
+    for device in (DeviceSlot("sim:0", index=0), DeviceSlot("sim:1", index=1)):
+        server = server_config_of(node, device)
+        assert (server.model_control, server.repository_poll_s, server.repository_settle_s) == (
+            "poll",
+            0.5,
+            1.0,
+        )
+        assert (server.version_swap, server.version_drain_s) == ("unload-first", 7.0)
+
+
+def test_model_control_is_the_same_variable_for_the_node_and_its_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("UDFSERVE_MODEL_CONTROL", "explicit")
+    monkeypatch.setenv("UDFSERVE_VERSION_DRAIN_S", "12")
+
+    node = parse(["--model-repository", str(tmp_path)])
+    monkeypatch.delenv("UDFSERVE_MODEL_CONTROL")  # the server must get it from the node's flags
+    monkeypatch.delenv("UDFSERVE_VERSION_DRAIN_S")
+    server = server_config_of(node, DeviceSlot("cpu"))
+
+    assert (node.model_control, node.version_drain_s) == ("explicit", 12.0)
+    assert (server.model_control, server.version_drain_s) == ("explicit", 12.0)
+
+
+@pytest.mark.parametrize("name", SHARED_SETTINGS)
+def test_a_setting_the_node_passes_on_has_the_servers_type_default_and_bounds(name: str) -> None:
+    node_field, server_field = NodeConfig.model_fields[name], ServerConfig.model_fields[name]
+
+    assert node_field.annotation == server_field.annotation
+    assert node_field.get_default() == server_field.get_default()
+    assert node_field.metadata == server_field.metadata
+
+
+@pytest.mark.parametrize(
+    ("server_args", "refusal"),
+    [
+        (
+            "--model-control poll",
+            r"--model-control \(use the node's --model-control or UDFSERVE_MODEL_CONTROL\)",
+        ),
+        ("--repository-settle-s=0", r"--repository-settle-s \(use the node's --repository-settle-s"),
+        ("--model-cont poll", r"--model-control \(use the node's --model-control"),  # as argparse abbreviates
+        ("--grace-period-s 60", r"--grace-period-s \(use the node's --grace-period-s"),
+        ("--device gpu:1", r"--device \(use the node's --devices\)"),
+        ("--port 7500", r"--port \(use the node's --server-port-base\)"),
+    ],
+)
+def test_server_args_giving_a_flag_the_node_sets_are_refused_naming_the_nodes_flag(
+    tmp_path: Path, server_args: str, refusal: str
+) -> None:
+    with pytest.raises(SettingsError, match=r"--server-args / UDFSERVE_SERVER_ARGS: .*" + refusal):
+        parse(["--model-repository", str(tmp_path), f"--server-args={server_args}"])
+
+
+def test_server_args_the_node_does_not_set_reach_every_server(tmp_path: Path) -> None:
+    node = parse(
+        ["--model-repository", str(tmp_path), "--server-args=--inference-threads 3 --socket-mode 0660"]
+    )
+
+    server = server_config_of(node, DeviceSlot("cpu"))
+
+    assert (server.inference_threads, server.socket_mode) == (3, "0660")

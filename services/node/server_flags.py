@@ -1,0 +1,82 @@
+"""The ``udfserve serve`` flags the node sets for each server (``NodeConfig.server_flags``), and
+``--server-args`` checked against them.
+
+The node sets some flags of every server itself: from its own settings of the same name and
+meaning (``--grace-period-s``, ``--log-level``, ``--model-control`` and the other model-lifecycle
+settings), or per server (its device, socket, ports, ready file). ``--server-args`` come after
+them on the server's command line, where the last value given wins: a flag given there again
+would run every server otherwise than the node believes (its SIGKILL deadline shorter than a
+server's own grace period, every server on one ``--device``, a ``--model-control`` the node's
+own setting does not say). So such ``--server-args`` are refused when the node starts, naming
+the node's flag to use instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
+
+from services.model_server.config import ServerConfig
+from services.settings_cli import add_settings_arguments, env_name, flag_name
+
+SHARED_SETTINGS = (
+    "grace_period_s",
+    "log_level",
+    "model_control",
+    "repository_poll_s",
+    "repository_settle_s",
+    "version_swap",
+    "version_drain_s",
+)
+"""Settings the node and its servers both have, with the same name and meaning: the node
+passes its value to every server."""
+
+NODE_SET_FLAGS: Mapping[str, str] = {
+    **{name: f"the node's {flag_name(name)}" for name in SHARED_SETTINGS},
+    "model_repository": "the node's --model-repository",
+    "models": "the node's --models",
+    "device": "the node's --devices",
+    "device_uuid": "the node's --devices (the uuid comes from NVML)",
+    "socket": "the node's --runtime-dir (each server listens on <runtime dir>/server-<device>.sock)",
+    "ready_file": "the node's --runtime-dir (each server writes <runtime dir>/server-<device>.ready.json)",
+    "lifeline_fd": "nothing: the supervisor hands each server its lifeline",
+    "host": "the node's --server-host",
+    "port": "the node's --server-port-base",
+    "http_host": "the node's --server-http-host",
+    "http_port": "the node's --server-http-port-base",
+    "allow_insecure_remote": "the node's --allow-insecure-remote",
+}
+"""Each server setting the node sets itself, and what to use instead of giving it in --server-args."""
+
+
+class _ServeFlags(argparse.ArgumentParser):
+    """The flags of ``udfserve serve``, read as the server reads them (abbreviations included)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
+def check_server_args(words: Sequence[str]) -> None:
+    """Refuse ``--server-args`` that give a flag the node sets itself (ValueError naming each one
+    and what to use instead). Flags the server does not know are left to the server."""
+    parser = _ServeFlags(prog="udfserve serve", add_help=False)
+    add_settings_arguments(parser, ServerConfig)
+    try:
+        given, _ = parser.parse_known_args(list(words))
+    except (ValueError, argparse.ArgumentError) as exc:
+        raise ValueError(
+            f"--server-args {' '.join(words)!r} are not flags of `udfserve serve`: {exc}"
+        ) from None
+    repeated = [name for name in NODE_SET_FLAGS if getattr(given, name) is not None]
+    if repeated:
+        problems = "; ".join(
+            f"{flag_name(name)} (use {NODE_SET_FLAGS[name]}"
+            + (f" or {env_name(ServerConfig, name)}" if name in SHARED_SETTINGS else "")
+            + ")"
+            for name in repeated
+        )
+        raise ValueError(
+            f"--server-args give flags that the node sets for every server itself: {problems}; "
+            "expected only flags the node does not set (e.g. --inference-threads 2)"
+        )
