@@ -285,11 +285,6 @@ def wait_until_serving(
     raise ServerStartError(f"server pid {server.pid} not serving after {timeout_s:.0f} s", server.log_tail())
 
 
-def loaded_models(server: ServerProcess) -> list[str]:
-    """The models a server that reports SERVING has loaded, as its ready file says."""
-    return sorted(json.loads(server.ready_file.read_text()).get("models", []))
-
-
 def _wait_for_ready_file(server: ServerProcess, deadline: float) -> None:
     # The ready file appears within the child's start-up (about a second: imports, bind);
     # the short pause between looks keeps this cheap. Health is watched, not polled, after it.
