@@ -109,9 +109,12 @@ def cpu_model_spec(repository: Path, model: str, version: int = 0) -> ModelSpec:
     )
 
 
-def predict_on_cpu(repository: Path, model: str, version: int, batch: pa.RecordBatch) -> pa.RecordBatch:
+def predict_on_cpu(
+    repository: Path, model: str, version: int, batch: pa.RecordBatch
+) -> tuple[pa.RecordBatch, int]:
     """Answer one request batch as a server would: checked whole (so an error names the row as
-    the server's would), run in chunks of the model's ``max_batch_size``."""
+    the server's would), run in chunks of the model's ``max_batch_size``; with the version that
+    computed it."""
     from spark_client.errors import RequestRejected
     from udfserve.runtime.errors import InvalidInput
     from udfserve.runtime.tensor_conversion import batch_to_inputs, outputs_to_batch
@@ -127,6 +130,5 @@ def predict_on_cpu(repository: Path, model: str, version: int, batch: pa.RecordB
     for start in range(0, batch.num_rows, max_batch_size):
         chunk = {name: array[start : start + max_batch_size] for name, array in inputs.items()}
         pieces.append(outputs_to_batch(loaded.predict(chunk), loaded.outputs))
-    if len(pieces) == 1:
-        return pieces[0]
-    return pa.concat_batches(pieces)
+    answer = pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+    return answer, int(loaded.version)
