@@ -202,7 +202,7 @@ def predict_arrow(
         raise ValueError(
             f"output column(s) {clash} already exist in the DataFrame (its columns are {df.columns}; Spark "
             f"compares names {'with' if case_sensitive else 'without'} case, spark.sql.caseSensitive); "
-            "name them output_columns=..."
+            "name them output_columns=..., or rename the DataFrame's columns"
         )
     from pyspark.sql.types import StructType
 
