@@ -243,7 +243,7 @@ class _PartitionRunner:
         self._stats.add_server_failure(kind)
         self._failure.cause, self._failure.kind = cause, kind
 
-    # -- the CPU path ----------------------------------------------------------------------
+    # -- the answers, whichever path computed them ----------------------------------------
     def _answer(self, held: HeldBatch) -> pa.RecordBatch:
         """An answered batch as the partition hands it back: in the announced output types, with
         its version's column when asked for, and counted by its version."""
@@ -252,6 +252,7 @@ class _PartitionRunner:
         self._stats.add_answered(result.num_rows, held.version)
         return with_version_column(result, held.version) if self._job.with_version else result
 
+    # -- the CPU path ----------------------------------------------------------------------
     def _answer_on_cpu(self, item: HeldBatch) -> pa.RecordBatch:
         if item.result is not None:  # answered by a server that failed later: never computed twice
             return self._answer(item)
