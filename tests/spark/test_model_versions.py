@@ -163,6 +163,67 @@ def test_a_pinned_version_is_what_the_fallback_computes(
     assert stats.rows_by_fallback == FALLBACK_ROWS
 
 
+@pytest.fixture
+def version_one_server(example_repository: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server that loaded ``tabular_mlp`` when version 1 was its only version; the test kills it."""
+    shutil.copytree(example_repository / "tabular_mlp", tmp_path / "repository" / "tabular_mlp")
+    process = launch_server(
+        tmp_path / "repository",
+        socket=tmp_path / "grpc.sock",
+        port=None,
+        http_port=0,
+        log_path=tmp_path / "server.log",
+    )
+    yield process
+    process.kill()
+
+
+def test_a_partition_whose_rows_two_versions_computed_tells_them_apart_row_by_row(
+    spark: SparkSession,
+    version_one_server: ServerProcess,
+    versioned_repository: Path,
+    expected: dict[int, np.ndarray],
+) -> None:
+    """The server (version 1) is killed once the first answer of the partition is handed back; the
+    CPU fallback, reading the repository where version 2 has been published since, computes the
+    rest: one partition, two versions, each row with its own."""
+    config = ClientConfig(
+        address=version_one_server.grpc_target(),
+        model_repository=str(versioned_repository),
+        rows_per_request=500,
+        max_in_flight=2,
+    )
+    predictor = arrow_predictor("tabular_mlp", with_version=True, config=config)
+    pid = version_one_server.pid
+
+    def kill_after_the_first_answer(batches: Iterator[Any]) -> Iterator[Any]:
+        import os
+        import signal
+
+        requests = (batch.slice(start, 500) for batch in batches for start in range(0, batch.num_rows, 500))
+        for index, answered in enumerate(predictor(requests)):
+            yield answered
+            if index == 0:
+                os.kill(pid, signal.SIGKILL)
+
+    frame = spark.range(ROWS, numPartitions=1).withColumn("features", feature_column((64,)))
+    schema = T.StructType([*frame.schema.fields, *predictor.output_fields()])
+    rows = frame.mapInArrow(kill_after_the_first_answer, schema).select(
+        "id", "probabilities", "model_version"
+    )
+    rows = rows.toPandas()
+
+    assert version_one_server.process.wait(timeout=60) == -9
+    assert len(rows) == ROWS and rows["id"].nunique() == ROWS
+    counts = rows["model_version"].value_counts().to_dict()
+    assert set(counts) == {1, 2}
+    for version in (1, 2):
+        check_rows(rows[rows["model_version"] == version], version, expected)
+    stats = predictor.stats()
+    assert stats.rows_by_version == counts
+    assert (stats.rows_by_server, stats.fallback_rows_by_version) == (counts[1], {2: counts[2]})
+
+
 def test_a_pinned_version_the_policy_does_not_serve_is_refused_by_the_fallback(
     versioned_repository: Path,
 ) -> None:
