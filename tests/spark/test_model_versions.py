@@ -9,6 +9,7 @@ same two versions under ``latest: 1``, which does not serve version 1.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,8 @@ from spark_client.errors import ModelNotFound
 ROWS = 3_000
 FALLBACK_ROWS = 1_000
 """Fewer rows where the CPU fallback computes them: each task's Python worker loads TensorFlow."""
+
+logger = logging.getLogger(__name__)
 
 POLICIES = {"tabular_mlp": {"latest": 2}, "tabular_mlp_newest": {"latest": 1}}
 
@@ -222,6 +225,17 @@ def test_a_partition_whose_rows_two_versions_computed_tells_them_apart_row_by_ro
     stats = predictor.stats()
     assert stats.rows_by_version == counts
     assert (stats.rows_by_server, stats.fallback_rows_by_version) == (counts[1], {2: counts[2]})
+    logger.info(
+        "one partition of %d rows: by version %s, by the server %d rows in %d batches, by the fallback %s "
+        "in %d batches (reasons %s)",
+        ROWS,
+        stats.rows_by_version,
+        stats.rows_by_server,
+        stats.batches_by_server,
+        stats.fallback_rows_by_version,
+        stats.batches_by_fallback,
+        stats.fallback_reasons,
+    )
 
 
 def test_a_pinned_version_the_policy_does_not_serve_is_refused_by_the_fallback(
