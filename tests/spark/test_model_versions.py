@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 import yaml
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from spark_data import feature_column, feature_values, reference_outputs, stacked
 
 from services.model_server.launcher import ServerProcess, launch_server
-from spark_client import ClientConfig, arrow_predictor, remote_predict
+from spark_client import ClientConfig, arrow_predictor, predict_arrow, remote_predict
 from spark_client.errors import ModelNotFound
 
 ROWS = 3_000
@@ -127,6 +128,31 @@ def test_each_row_carries_the_version_the_server_computed_it_with_and_the_counte
     stats = predict.stats()
     assert stats.rows_by_version == rows["model_version"].value_counts().to_dict() == {2: ROWS}
     assert (stats.rows_by_server, stats.fallback_rows_by_version) == (ROWS, {})
+
+
+def test_predict_arrow_appends_the_version_column_after_the_outputs(
+    spark: SparkSession, versioned_server: ServerProcess, expected: dict[int, np.ndarray]
+) -> None:
+    config = ClientConfig(address=versioned_server.grpc_target(), fallback="error")
+    frame = spark.range(FALLBACK_ROWS, numPartitions=1).withColumn("features", feature_column((64,)))
+    predicted = predict_arrow(frame, "tabular_mlp", with_version=True, config=config)
+
+    assert predicted.columns == ["id", "features", "probabilities", "model_version"]
+    assert predicted.schema["model_version"].dataType == T.LongType()
+    check_rows(predicted.select("id", "probabilities", "model_version").toPandas(), 2, expected)
+
+
+def test_predict_arrow_refuses_a_dataframe_that_has_a_model_version_column_already(
+    spark: SparkSession, versioned_server: ServerProcess
+) -> None:
+    config = ClientConfig(address=versioned_server.grpc_target(), fallback="error")
+    frame = (
+        spark.range(10).withColumn("features", feature_column((64,))).withColumn("model_version", F.lit(0))
+    )
+    with pytest.raises(
+        ValueError, match=r"output column\(s\) \['model_version'\] already exist in the DataFrame"
+    ):
+        predict_arrow(frame, "tabular_mlp", with_version=True, config=config)
 
 
 def test_rows_the_fallback_computes_carry_its_version_and_the_counters_agree(
