@@ -105,9 +105,9 @@ def run_client_load(spec: LoadSpec) -> LoadResult:
     before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     stream = arrow_stream(channel, spec.target, spec.model, config)
-    for result in stream.run(batches(started + spec.duration_s)):
+    for answered in stream.run(batches(started + spec.duration_s)):
         latencies.append(time.perf_counter() - taken.popleft())
-        rows += result.num_rows
+        rows += answered.batch.num_rows
     wall_s = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
     return LoadResult(

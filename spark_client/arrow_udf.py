@@ -10,7 +10,7 @@ outside the model). The column API is the pandas UDF's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -19,18 +19,26 @@ from spark_client.partition import PredictJob
 from spark_client.task import answer_partition
 
 
-def arrow_function(job: PredictJob, as_struct: bool) -> Callable[[Iterator[pa.Array]], Iterator[pa.Array]]:
-    """The function to wrap in ``arrow_udf``: batches of the input column in, predictions out."""
+def arrow_function(
+    job: PredictJob, as_struct: bool, fields: Sequence[str] | None = None
+) -> Callable[[Iterator[pa.Array]], Iterator[pa.Array]]:
+    """The function to wrap in ``arrow_udf``: batches of the input column in, predictions out.
+
+    ``fields``: the struct return type's field names in its order, when known in the driver;
+    None: every output in the model's order, then ``model_version`` when the job answers it.
+    """
 
     # Spark infers the iterator form from these hints; several inputs travel as one struct column.
     def predict(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
-        yield from predict_arrays(job, batches, as_struct)
+        yield from predict_arrays(job, batches, as_struct, fields)
 
     return predict
 
 
-def predict_arrays(job: PredictJob, batches: Iterator[pa.Array], as_struct: bool) -> Iterator[pa.Array]:
+def predict_arrays(
+    job: PredictJob, batches: Iterator[pa.Array], as_struct: bool, fields: Sequence[str] | None = None
+) -> Iterator[pa.Array]:
     """One partition's predictions, an array (a struct array for several outputs) per Spark batch."""
     requests = ((None, array_to_request(column, job.spec)) for column in batches)
     for _, answer in answer_partition(job, requests):
-        yield answer_to_array(answer, job.spec, as_struct)
+        yield answer_to_array(answer, job.spec, as_struct, fields)

@@ -123,7 +123,7 @@ class ArrowWire:
                 result = payloads.answer(response.batch_id, response.output_region_bytes)
             except ValueError as exc:  # ArrowPayloadError, or a size the file cannot hold
                 return Reply(response.batch_id, unreadable=str(exc))
-            return Reply(response.batch_id, result=result)
+            return Reply(response.batch_id, result=result, version=response.model_version)
         payloads.release(response.batch_id)
         reply = _reply(response)
         if reply.result is not None:
@@ -145,7 +145,8 @@ def _reply(response: pb.PredictResponse) -> Reply:
         code = _CODES_BY_NUMBER.get(response.error.code, grpc.StatusCode.UNKNOWN)
         return Reply(response.batch_id, code=code, message=response.error.message)
     try:
-        return Reply(response.batch_id, result=decode_batch(response.arrow_ipc, "PredictResponse.arrow_ipc"))
+        result = decode_batch(response.arrow_ipc, "PredictResponse.arrow_ipc")
+        return Reply(response.batch_id, result=result, version=response.model_version)
     except ArrowPayloadError as exc:
         return Reply(response.batch_id, unreadable=str(exc))
 

@@ -59,7 +59,12 @@ class ClientConfig(BaseModel):
         description="the node's discovery file; default: UDFSERVE_DISCOVERY_FILE, then "
         "<UDFSERVE_RUNTIME_DIR or /tmp/udfserve>/discovery.json on the executor",
     )
-    model_version: int = Field(default=0, ge=0, description="0 = the version the server serves")
+    model_version: int = Field(
+        default=0,
+        ge=0,
+        description="0 = the version a request naming none gets (the highest its policy serves); a pinned "
+        "version the policy does not serve is NOT_FOUND, on the server and on the CPU fallback alike",
+    )
     rows_per_request: int = Field(
         default=4096,
         gt=0,

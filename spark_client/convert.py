@@ -30,18 +30,28 @@ def match_inputs(names: Sequence[str], spec: ModelSpec, what: str) -> list[int]:
 
 
 def answer_to_spark_columns(answer: pa.RecordBatch, spec: ModelSpec) -> list[pa.Array]:
-    """The answer's columns as Spark takes them from ``mapInArrow``: fixed-size lists become lists."""
-    return [
+    """The answer's columns as Spark takes them from ``mapInArrow``: fixed-size lists become lists;
+    the ``model_version`` column after the outputs, when the answer has it, as it is (bigint)."""
+    outputs = len(spec.outputs)
+    converted = [
         column if column.type == tensor.spark_arrow_type() else column.cast(tensor.spark_arrow_type())
-        for column, tensor in zip(answer.columns, spec.outputs, strict=True)
+        for column, tensor in zip(answer.columns[:outputs], spec.outputs, strict=True)
     ]
+    return converted + answer.columns[outputs:]
 
 
-def answer_to_array(answer: pa.RecordBatch, spec: ModelSpec, as_struct: bool) -> pa.Array:
-    """The answer as an Arrow UDF returns it: the output's column, or a struct of the outputs."""
+def answer_to_array(
+    answer: pa.RecordBatch, spec: ModelSpec, as_struct: bool, fields: Sequence[str] | None = None
+) -> pa.Array:
+    """The answer as an Arrow UDF returns it: the output's column, or a struct of the outputs (and
+    of ``model_version`` when the answer has it), in the order of ``fields`` when given."""
     columns = answer_to_spark_columns(answer, spec)
     if as_struct:
-        return pa.StructArray.from_arrays(columns, names=list(spec.output_names))
+        names = answer.schema.names
+        if fields is not None:
+            columns = [columns[names.index(name)] for name in fields]
+            names = list(fields)
+        return pa.StructArray.from_arrays(columns, names=names)
     return columns[0]
 
 

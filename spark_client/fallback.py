@@ -11,17 +11,19 @@ loaded once per Python worker process and kept for the tasks that follow.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from spark_client.errors import ModelNotFound, ServerUnavailable
 from spark_client.model_spec import ModelSpec, spec_from_tensors
+
+if TYPE_CHECKING:
+    from udfserve.runtime.model_source import ModelSource
 
 logger = logging.getLogger(__name__)
 
@@ -43,32 +45,23 @@ def hide_gpus() -> None:
 
 
 def load_cpu_model(repository: Path, model: str, version: int = 0) -> tuple[Any, int]:
-    """The model loaded on the CPU and its ``max_batch_size``, once per worker process."""
+    """The model loaded on the CPU and its ``max_batch_size``, once per worker process.
+
+    The version is the one a server of ``repository`` serves (``model_source``): for ``version``
+    0 the one a request naming no version gets, by the model's version policy; a pinned version
+    only when the policy serves it. It is chosen when the worker first loads the model and kept for
+    the tasks that follow; ``loaded.version`` says which it is.
+    """
     key = (str(repository), model, version)
     with _models_lock:
         cached = _models.get(key)
         if cached is not None:
             return cached
-        hide_gpus()
         from udfserve.runtime.errors import ModelLoadError
-        from udfserve.runtime.repository import load_model, scan_repository
+        from udfserve.runtime.repository import load_model
 
-        try:
-            scan = scan_repository(repository, only=[model])
-        except OSError as exc:
-            raise ServerUnavailable(f"CPU fallback for model {model!r}: {exc}") from exc
-        if model in scan.failures:
-            if not (repository / model).is_dir():
-                raise ModelNotFound(f"model {model!r} does not exist: {scan.failures[model]}")
-            raise ServerUnavailable(f"CPU fallback cannot load model {model!r}: {scan.failures[model]}")
-        source = scan.sources[0]
-        if version and version != source.version:
-            if version not in source.available_versions:
-                raise ModelNotFound(
-                    f"model {model!r} version {version} does not exist: the CPU fallback finds versions "
-                    f"{list(source.available_versions)} in {repository}"
-                )
-            source = dataclasses.replace(source, version=version, path=source.path.parent / str(version))
+        source = served_source(repository, model, version)
+        hide_gpus()
         try:
             loaded = load_model(source)
         except ModelLoadError as exc:
@@ -76,6 +69,33 @@ def load_cpu_model(repository: Path, model: str, version: int = 0) -> tuple[Any,
         logger.info("CPU fallback loaded model %s version %d from %s", model, source.version, repository)
         _models[key] = (loaded, source.config.max_batch_size)
         return _models[key]
+
+
+def served_source(repository: Path, model: str, version: int = 0) -> ModelSource:
+    """The ``ModelSource`` a server of ``repository`` would serve for ``version`` (0: a request
+    naming none). ``ModelNotFound`` for a model or a pinned version a server would not serve;
+    ``ServerUnavailable`` for a model folder that cannot be served at all (the message says why)."""
+    from udfserve.runtime.errors import ModelLoadError
+    from udfserve.runtime.repository import model_source
+
+    try:
+        default = model_source(repository, model)
+    except OSError as exc:
+        raise ServerUnavailable(f"CPU fallback for model {model!r}: {exc}") from exc
+    except ModelLoadError as exc:
+        if not (repository / model).is_dir():
+            raise ModelNotFound(f"model {model!r} does not exist: {exc}") from None
+        raise ServerUnavailable(f"CPU fallback cannot load model {model!r}: {exc}") from None
+    if not version or version == default.version:
+        return default
+    try:
+        return model_source(repository, model, version)
+    except ModelLoadError as exc:
+        raise ModelNotFound(
+            f"{exc}; a server answers NOT_FOUND for it and the CPU fallback does not compute it either: "
+            f"expected ClientConfig.model_version to name a version the policy serves, or 0 for the "
+            f"version a request naming none gets (here {default.version})"
+        ) from None
 
 
 def cpu_model_spec(repository: Path, model: str, version: int = 0) -> ModelSpec:
@@ -89,9 +109,12 @@ def cpu_model_spec(repository: Path, model: str, version: int = 0) -> ModelSpec:
     )
 
 
-def predict_on_cpu(repository: Path, model: str, version: int, batch: pa.RecordBatch) -> pa.RecordBatch:
+def predict_on_cpu(
+    repository: Path, model: str, version: int, batch: pa.RecordBatch
+) -> tuple[pa.RecordBatch, int]:
     """Answer one request batch as a server would: checked whole (so an error names the row as
-    the server's would), run in chunks of the model's ``max_batch_size``."""
+    the server's would), run in chunks of the model's ``max_batch_size``; with the version that
+    computed it."""
     from spark_client.errors import RequestRejected
     from udfserve.runtime.errors import InvalidInput
     from udfserve.runtime.tensor_conversion import batch_to_inputs, outputs_to_batch
@@ -107,6 +130,5 @@ def predict_on_cpu(repository: Path, model: str, version: int, batch: pa.RecordB
     for start in range(0, batch.num_rows, max_batch_size):
         chunk = {name: array[start : start + max_batch_size] for name, array in inputs.items()}
         pieces.append(outputs_to_batch(loaded.predict(chunk), loaded.outputs))
-    if len(pieces) == 1:
-        return pieces[0]
-    return pa.concat_batches(pieces)
+    answer = pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+    return answer, int(loaded.version)

@@ -44,6 +44,7 @@ from spark_client.kserve_messages import (
 )
 from spark_client.model_spec import ModelSpec, Tensor
 from spark_client.transport import PredictStream
+from spark_client.versions import kserve_version
 from spark_client.wire import Reply, StreamBroken
 from udfserve.kserve_tensors import NUMPY_DTYPE_OF, KServeCodecError, TensorSpec
 
@@ -213,15 +214,16 @@ class KServeWire:
         if error is not None:
             self._events.put(_error_reply(batch_id, error))
             return
+        response = call.result()
         try:
-            result = infer_response_to_arrow(call.result(), self._model.outputs)
+            result = infer_response_to_arrow(response, self._model.outputs)
         except KServeCodecError as exc:
             self._events.put(Reply(batch_id, unreadable=str(exc)))
             return
         except Exception as exc:  # gRPC would swallow it, and the batch would wait out its deadline
             self._events.put(Reply(batch_id, unreadable=f"{type(exc).__name__}: {exc}"))
             return
-        self._events.put(Reply(batch_id, result=result))
+        self._events.put(Reply(batch_id, result=result, version=kserve_version(response.model_version)))
 
 
 def _error_reply(batch_id: int, error: BaseException) -> Reply | StreamBroken:

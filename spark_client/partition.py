@@ -41,6 +41,7 @@ from spark_client.routing import (
 )
 from spark_client.stats import ClientStats
 from spark_client.transport import HeldBatch, PredictStream, StreamFailed
+from spark_client.versions import empty_versioned, with_version_column
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class PredictJob:
     """What a UDF closure holds: everything a task needs, immutable, built in the driver.
 
     ``counters`` is the Spark accumulator of ``ClientStats`` the tasks add to (None where no
-    SparkContext exists, as under Spark Connect).
+    SparkContext exists, as under Spark Connect). ``with_version``: each answer carries a
+    ``model_version`` column after the outputs, the version that computed its rows.
     """
 
     model: str
@@ -58,6 +60,12 @@ class PredictJob:
     config: ClientConfig
     application: SparkJobContext = field(default_factory=SparkJobContext)
     counters: Any = field(default=None, compare=False)
+    with_version: bool = False
+
+    def empty_answer(self) -> pa.RecordBatch:
+        """The answer to an empty Spark batch, in the columns of every other answer."""
+        empty = self.spec.empty_outputs()
+        return empty_versioned(empty) if self.with_version else empty
 
 
 @dataclass
@@ -87,6 +95,8 @@ def predict_partition(
 ) -> Iterator[pa.RecordBatch]:
     """One answer per request batch, in order; the servers' where they can, the CPU fallback's otherwise.
 
+    Each answer holds the model's outputs, and the ``model_version`` column when the job asks for
+    it; ``stats.rows_by_version`` counts the rows of each answer by its version either way.
     ``context`` is sent to the server as metadata (default: the job's application); ``stats``,
     when given, is filled as the partition goes.
     """
@@ -136,8 +146,8 @@ class _PartitionRunner:
             if stream is None:
                 continue
             try:
-                for result in stream.run(items):
-                    yield _conform_one(result, self._job.spec)
+                for answered in stream.run(items):
+                    yield self._answer(answered)
             except StreamFailed as exc:
                 forget_channel(target, self._config)
                 # The server answered and then failed: its other address leads to the same process.
@@ -233,10 +243,19 @@ class _PartitionRunner:
         self._stats.add_server_failure(kind)
         self._failure.cause, self._failure.kind = cause, kind
 
+    # -- the answers, whichever path computed them ----------------------------------------
+    def _answer(self, held: HeldBatch) -> pa.RecordBatch:
+        """An answered batch as the partition hands it back: in the announced output types, with
+        its version's column when asked for, and counted by its version."""
+        assert held.result is not None
+        result = _conform_one(held.result, self._job.spec)
+        self._stats.add_answered(result.num_rows, held.version)
+        return with_version_column(result, held.version) if self._job.with_version else result
+
     # -- the CPU path ----------------------------------------------------------------------
     def _answer_on_cpu(self, item: HeldBatch) -> pa.RecordBatch:
         if item.result is not None:  # answered by a server that failed later: never computed twice
-            return _conform_one(item.result, self._job.spec)
+            return self._answer(item)
         config = self._config
         if config.fallback == "error":
             raise ServerUnavailable(
@@ -257,11 +276,11 @@ class _PartitionRunner:
             self._cpu_batches = 0
         from spark_client.fallback import predict_on_cpu
 
-        result = predict_on_cpu(repository, self._job.model, config.model_version, item.batch)
+        result, version = predict_on_cpu(repository, self._job.model, config.model_version, item.batch)
         self._failed_since_last_batch.clear()
         self._cpu_batches += 1
-        self._stats.add_fallback(item.batch.num_rows, self._failure.kind or "no_server")
-        return _conform_one(result, self._job.spec)
+        self._stats.add_fallback(item.batch.num_rows, self._failure.kind or "no_server", version)
+        return self._answer(HeldBatch(item.batch, result, version))
 
     def _fallback_repository(self) -> tuple[Path, str]:
         if self._repository is None:

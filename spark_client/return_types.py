@@ -10,9 +10,11 @@ than the output's shape, another kind of value, or a narrower integer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spark_client.model_spec import ModelSpec, Tensor
+from spark_client.versions import VERSION_FIELD, check_version_field, wants_version
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType
@@ -29,6 +31,50 @@ def spark_return_type(spec: ModelSpec) -> DataType:
     if len(spec.outputs) == 1:
         return spark_type(spec.outputs[0])
     return StructType([StructField(t.name, spark_type(t), nullable=True) for t in spec.outputs])
+
+
+@dataclass(frozen=True)
+class ResolvedReturn:
+    """A UDF's return type, whether it is a struct, and whether it holds the version of each row."""
+
+    return_type: DataType | str
+    as_struct: bool
+    with_version: bool
+
+    @property
+    def fields(self) -> list[str] | None:
+        """The struct's field names in its order, when known in the driver."""
+        if not self.as_struct or isinstance(self.return_type, str):
+            return None
+        return [field.name for field in self.return_type.fields]  # type: ignore[attr-defined]
+
+
+def resolve_return_type(
+    spec: ModelSpec, return_type: DataType | str | None, session: Any, with_version: bool
+) -> ResolvedReturn:
+    """The return type of ``remote_predict``: the model's own (with a ``model_version`` field when
+    ``with_version``), or the one given, refused when it cannot hold the answers unchanged."""
+    given = None if return_type is None else parsed(return_type, session)
+    versioned = wants_version(spec, given, with_version)
+    resolved: DataType | str
+    if given is None:
+        resolved = versioned_return_type(spec) if versioned else spark_return_type(spec)
+    else:
+        resolved = given
+    if versioned:
+        check_version_field(spec, resolved)
+    as_struct = is_struct(resolved)
+    check_return_type(spec, resolved, as_struct, versioned)
+    return ResolvedReturn(resolved, as_struct, versioned)
+
+
+def versioned_return_type(spec: ModelSpec) -> DataType:
+    """The model's return type with the version of each row: a struct of the outputs, then
+    ``model_version bigint``."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    fields = [StructField(t.name, spark_type(t), nullable=True) for t in spec.outputs]
+    return StructType([*fields, StructField(VERSION_FIELD, LongType(), nullable=True)])
 
 
 def spark_type(tensor: Tensor) -> DataType:
@@ -70,11 +116,14 @@ def is_struct(return_type: DataType | str) -> bool:
     return isinstance(return_type, StructType)
 
 
-def check_return_type(spec: ModelSpec, return_type: DataType | str, as_struct: bool) -> None:
+def check_return_type(
+    spec: ModelSpec, return_type: DataType | str, as_struct: bool, with_version: bool = False
+) -> None:
     """Refuse a ``return_type`` that cannot hold the model's answers unchanged.
 
     An unparsed DDL string (no active session) is left to Spark. A struct's fields are filled by
-    name from the outputs; a single column holds the model's only output.
+    name from the outputs (and ``model_version``, checked by ``versions.check_version_field``,
+    when ``with_version``); a single column holds the model's only output.
     """
     if len(spec.outputs) > 1 and not as_struct:
         raise ValueError(
@@ -87,6 +136,8 @@ def check_return_type(spec: ModelSpec, return_type: DataType | str, as_struct: b
         _check_output(spec, spec.outputs[0], return_type, where="the return type")
         return
     fields = list(return_type.fields)  # type: ignore[attr-defined]
+    if with_version:
+        fields = [field for field in fields if field.name != VERSION_FIELD]
     unknown = [field.name for field in fields if field.name not in spec.output_names]
     if unknown:
         # An Arrow UDF would answer null in such a field on every row; a pandas UDF fails every task.

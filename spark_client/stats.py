@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark.accumulators import AccumulatorParam
 
 from spark_client.transport import StreamCounters
+
+Key = TypeVar("Key", str, int)
 
 
 @dataclass
@@ -28,6 +30,11 @@ class ClientStats:
     there. Reasons are short labels: ``no_server``, ``connect_failed``, ``deadline_exceeded``,
     ``retry_time_exceeded``, ``server_error:<gRPC code>``, ``stream_error:<gRPC code>``,
     ``stream_closed``, ``bad_answer``.
+
+    ``rows_by_version`` counts the rows handed back to Spark by the model version that computed
+    them, servers' and fallback's alike (0: a server that did not name its version); it agrees
+    with the version column of a UDF that answers it. ``fallback_rows_by_version`` counts the
+    fallback's rows among them.
     """
 
     rows_by_server: int = 0
@@ -40,6 +47,8 @@ class ClientStats:
     server_failures: dict[str, int] = field(default_factory=dict)
     fallback_reasons: dict[str, int] = field(default_factory=dict)
     rows_by_address: dict[str, int] = field(default_factory=dict)
+    rows_by_version: dict[int, int] = field(default_factory=dict)
+    fallback_rows_by_version: dict[int, int] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -54,10 +63,15 @@ class ClientStats:
         if counters.rows:
             _count(self.rows_by_address, target, counters.rows)
 
-    def add_fallback(self, rows: int, reason: str) -> None:
+    def add_fallback(self, rows: int, reason: str, version: int) -> None:
         self.rows_by_fallback += rows
         self.batches_by_fallback += 1
         _count(self.fallback_reasons, reason, 1)
+        _count(self.fallback_rows_by_version, version, rows)
+
+    def add_answered(self, rows: int, version: int) -> None:
+        """Rows handed back to Spark, computed by ``version`` (a server's or the fallback's)."""
+        _count(self.rows_by_version, version, rows)
 
     def add_server_failure(self, reason: str) -> None:
         _count(self.server_failures, reason, 1)
@@ -84,7 +98,7 @@ class ClientStatsParam(AccumulatorParam[ClientStats]):
         return value1.merge(value2)
 
 
-def _count(counts: dict[str, int], key: str, amount: int) -> None:
+def _count(counts: dict[Key, int], key: Key, amount: int) -> None:
     counts[key] = counts.get(key, 0) + amount
 
 

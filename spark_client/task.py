@@ -39,7 +39,7 @@ def answer_partition(
     requests of the job's size, sent to the task's server (or the CPU fallback), counted into
     the job's accumulator however the partition ends. Both UDFs run their partitions here."""
     rechunker: Rechunker[Carry] = Rechunker(
-        job.config.rows_per_request, job.config.max_message_bytes, job.spec.empty_outputs()
+        job.config.rows_per_request, job.config.max_message_bytes, job.empty_answer()
     )
     with counted(job) as (context, stats):
         answers = predict_partition(

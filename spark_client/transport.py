@@ -45,10 +45,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class HeldBatch:
-    """A batch of the partition and, once the server answered it, the answer."""
+    """A batch of the partition and, once the server answered it, the answer and the model version
+    that computed it."""
 
     batch: pa.RecordBatch
     result: pa.RecordBatch | None = None
+    version: int = 0
 
 
 class StreamFailed(Exception):
@@ -106,8 +108,9 @@ class PredictStream:
         self._closing: _Closing | None = None
         self.counters = StreamCounters()
 
-    def run(self, items: Iterator[HeldBatch]) -> Iterator[pa.RecordBatch]:
-        """One answer per item, in order; raises ``StreamFailed`` or ``RequestRejected``.
+    def run(self, items: Iterator[HeldBatch]) -> Iterator[HeldBatch]:
+        """Each item answered (``result`` and ``version`` set), in order; raises ``StreamFailed``
+        or ``RequestRejected``.
 
         Items that already carry an answer (handed back by a stream that failed) are not sent,
         only yielded in their turn. ``items`` is read lazily, at most ``max_in_flight`` ahead of
@@ -134,10 +137,9 @@ class PredictStream:
                         self._send(slots[next_seq], next_seq, in_flight)
                     next_seq += 1
                 if head in slots and slots[head].held.result is not None:
-                    result = slots.pop(head).held.result
+                    answered = slots.pop(head).held
                     head += 1
-                    assert result is not None
-                    yield result
+                    yield answered
                     continue
                 if exhausted and not slots:
                     break
@@ -250,6 +252,7 @@ class PredictStream:
                 head,
             )
         slot.held.result = result
+        slot.held.version = event.version
         self.counters.answered += 1
         self.counters.rows += rows
 

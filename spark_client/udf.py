@@ -13,6 +13,7 @@ time (``routing.py``), from their own environment, read and never written.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,7 +31,7 @@ from spark_client.job_context import application_context
 from spark_client.partition import PredictJob
 from spark_client.protocols import DescribedModel, describe_model
 from spark_client.rechunk import planned_request_rows
-from spark_client.return_types import check_return_type, is_struct, parsed, spark_return_type, spark_type
+from spark_client.return_types import resolve_return_type, spark_type
 from spark_client.routing import (
     SPARK_CONF_KEYS,
     NoServerFound,
@@ -42,6 +43,7 @@ from spark_client.routing import (
 )
 from spark_client.stats import ClientStats, new_accumulator
 from spark_client.task import answer_partition
+from spark_client.versions import VERSION_FIELD, wants_version
 from spark_client.worker_check import check_python_workers, worker_modules
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ def remote_predict(
     *input_columns: ColumnOrName,
     return_type: DataType | str | None = None,
     udf_type: Literal["pandas", "arrow"] = "pandas",
+    with_version: bool = False,
     config: ClientConfig | None = None,
     **config_overrides: Any,
 ) -> Any:
@@ -74,7 +77,10 @@ def remote_predict(
     when it cannot hold the answers unchanged (``return_types``). ``udf_type="arrow"`` makes it
     a PySpark Arrow UDF instead (``arrow_udf``, PySpark 4.1 and later): the same columns in and
     out, with no pandas in the executors' Python workers, which then cost what ``predict_arrow``'s
-    do. ``config_overrides`` are ``ClientConfig`` fields (``rows_per_request=8192``,
+    do. ``with_version=True`` adds the model version that computed each row: the answer becomes
+    a struct of the outputs and ``model_version bigint`` (a ``return_type`` given must then be a
+    struct with that field; a struct return type with a ``model_version`` field asks for it too).
+    ``config_overrides`` are ``ClientConfig`` fields (``rows_per_request=8192``,
     ``fallback="error"``, ...).
     """
     if udf_type not in UDF_TYPES:
@@ -93,18 +99,10 @@ def remote_predict(
         from spark_client.pandas_udf import pandas_function as function_of
     job = build_job(model, config, config_overrides)
     check_python_workers(_active_session(), worker_modules(function_of.__module__, job.config.protocol))
-    if return_type is None:
-        resolved_type: DataType | str = spark_return_type(job.spec)
-    else:
-        resolved_type = parsed(return_type, _active_session())
-    as_struct = is_struct(resolved_type)
-    check_return_type(job.spec, resolved_type, as_struct)
-    if udf_type == "pandas" and as_struct and not isinstance(resolved_type, str):
-        fields = [field.name for field in resolved_type.fields]  # type: ignore[attr-defined]
-        function = function_of(job, as_struct, fields)
-    else:
-        function = function_of(job, as_struct)
-    spark_udf = make_udf(function, returnType=resolved_type)
+    resolved = resolve_return_type(job.spec, return_type, _active_session(), with_version)
+    job = dataclasses.replace(job, with_version=resolved.with_version)
+    function = function_of(job, resolved.as_struct, resolved.fields)
+    spark_udf = make_udf(function, returnType=resolved.return_type)
     udf = RemotePredictUDF(job, spark_udf)
     return udf(*input_columns) if input_columns else udf
 
@@ -171,6 +169,7 @@ def predict_arrow(
     input_columns: Sequence[str] | None = None,
     output_columns: Sequence[str] | None = None,
     *,
+    with_version: bool = False,
     config: ClientConfig | None = None,
     **config_overrides: Any,
 ) -> DataFrame:
@@ -179,13 +178,16 @@ def predict_arrow(
     ``input_columns`` name the columns feeding the model's inputs (default: the columns named
     like the inputs), matched by name when they carry the inputs' names, else in order; or one
     struct column with a field per input. ``output_columns`` name the appended columns (default:
-    the model's output names).
+    the model's output names). ``with_version=True`` appends a ``model_version`` column (bigint)
+    after them: the model version that computed each row.
     """
-    predictor = arrow_predictor(model, input_columns, output_columns, config=config, **config_overrides)
+    predictor = arrow_predictor(
+        model, input_columns, output_columns, with_version=with_version, config=config, **config_overrides
+    )
     missing = [c for c in predictor.input_columns if c not in df.columns]
     if missing:
         raise ValueError(f"input column(s) {missing} are not in the DataFrame; its columns are {df.columns}")
-    outputs = list(predictor.output_columns)
+    outputs = [field.name for field in predictor.output_fields()]
     case_sensitive = str(df.sparkSession.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
 
     def key(name: str) -> str:
@@ -200,7 +202,7 @@ def predict_arrow(
         raise ValueError(
             f"output column(s) {clash} already exist in the DataFrame (its columns are {df.columns}; Spark "
             f"compares names {'with' if case_sensitive else 'without'} case, spark.sql.caseSensitive); "
-            "name them output_columns=..."
+            "name them output_columns=..., or rename the DataFrame's columns"
         )
     from pyspark.sql.types import StructType
 
@@ -212,12 +214,16 @@ def arrow_predictor(
     input_columns: Sequence[str] | None = None,
     output_columns: Sequence[str] | None = None,
     *,
+    with_version: bool = False,
     config: ClientConfig | None = None,
     **config_overrides: Any,
 ) -> ArrowPredictor:
     """The function ``predict_arrow`` runs in ``mapInArrow``, for use inside your own Arrow function
     (to pre- or post-process in the same pass over the data)."""
     job = build_job(model, config, config_overrides)
+    if with_version:
+        wants_version(job.spec, None, with_version)  # refuses a model with an output of that name
+        job = dataclasses.replace(job, with_version=True)
     check_python_workers(_active_session(), worker_modules(__name__, job.config.protocol))
     spec = job.spec
     inputs = tuple(input_columns) if input_columns is not None else spec.input_names
@@ -245,21 +251,26 @@ class ArrowPredictor:
         return read_stats(self.job)
 
     def output_fields(self) -> list[Any]:
-        """The Spark fields of the appended columns."""
-        from pyspark.sql.types import StructField
+        """The Spark fields of the appended columns: the outputs, then ``model_version`` when the
+        job answers it."""
+        from pyspark.sql.types import LongType, StructField
 
-        return [
+        fields = [
             StructField(name, spark_type(tensor), nullable=True)
             for name, tensor in zip(self.output_columns, self.job.spec.outputs, strict=True)
         ]
+        if self.job.with_version:
+            fields.append(StructField(VERSION_FIELD, LongType(), nullable=True))
+        return fields
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         job = self.job
         requests = ((batch, arrow_to_request(batch, self.input_columns, job.spec)) for batch in batches)
         for original, answer in answer_partition(job, requests):
             columns = answer_to_spark_columns(answer, job.spec)
+            names = [*self.output_columns, VERSION_FIELD] if job.with_version else self.output_columns
             yield pa.RecordBatch.from_arrays(
-                [*original.columns, *columns], names=[*original.schema.names, *self.output_columns]
+                [*original.columns, *columns], names=[*original.schema.names, *names]
             )
 
 

@@ -42,6 +42,8 @@ class Reply:
     """Set when the answer could not be read: the reason (the stream fails, ``bad_answer``)."""
     resend: bool = False
     """The server computed nothing and will serve the same batch sent another way: send it again."""
+    version: int = 0
+    """The model version that computed ``result`` (0: the server did not say)."""
 
 
 class StreamBroken(Exception):

@@ -110,7 +110,7 @@ def run_stream(target: str, batches: list[pa.RecordBatch], **settings: object) -
     config = ClientConfig(**settings)
     channel, _ = connect(target, config, MODEL)
     stream = arrow_stream(channel, target, MODEL, config)
-    return stream, list(stream.run(HeldBatch(b) for b in batches))
+    return stream, [held.result for held in stream.run(HeldBatch(b) for b in batches)]
 
 
 @pytest.fixture

@@ -33,11 +33,13 @@ def feature_column(shape: tuple[int, ...]) -> object:
     return level(F.lit(0), shape)
 
 
-def reference_outputs(repository: Path, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def reference_outputs(
+    repository: Path, model: str, inputs: dict[str, np.ndarray], version: int = 1
+) -> dict[str, np.ndarray]:
     """The model's own output in this process: Keras loads the file the server loads and calls it."""
     import keras
 
-    loaded = keras.saving.load_model(repository / model / "1" / "model.keras")
+    loaded = keras.saving.load_model(repository / model / str(version) / "model.keras")
     rows = len(next(iter(inputs.values())))
     pieces: list[dict[str, np.ndarray]] = []
     for start in range(0, rows, 10_000):
