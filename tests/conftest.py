@@ -8,6 +8,7 @@ TensorFlow in-process), ``tests/integration`` and ``tests/node`` (real server pr
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -64,6 +65,22 @@ def example_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=300,
     )
     return root
+
+
+@pytest.fixture(scope="session")
+def tabular_version_2(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A version 2 folder of ``tabular_mlp`` with other weights than version 1 (so its predictions
+    differ), kept aside for tests to publish: written by ``models generate --publish-version 2``."""
+    scratch = tmp_path_factory.mktemp("tabular_version_2")
+    shutil.copytree(example_repository / "tabular_mlp", scratch / "tabular_mlp")
+    command = [sys.executable, "-m", "services", "models", "generate", "--output", str(scratch)]
+    subprocess.run(
+        [*command, "--publish-version", "2", "--only", "tabular_mlp"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return scratch / "tabular_mlp" / "2"
 
 
 # -- one local-mode SparkSession for every Spark test ----------------------------------------------

@@ -9,8 +9,6 @@ has other weights than version 1 (``models generate --publish-version 2``).
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,22 +37,7 @@ from udfserve.protocol.arrow_ipc import decode_batch
 MODEL = "tabular_mlp"
 POLL_ARGS = ["--model-control", "poll", "--repository-poll-s", "0.2", "--repository-settle-s", "1"]
 ROWS = 64
-GENERATE = [sys.executable, "-m", "services", "models", "generate"]
 FEATURES = np.random.default_rng(7).normal(size=(ROWS, 64)).astype(np.float32)
-
-
-@pytest.fixture(scope="module")
-def version_2(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A version folder of ``tabular_mlp`` with other weights, kept aside to be published."""
-    scratch = tmp_path_factory.mktemp("publish")
-    shutil.copytree(example_repository / MODEL, scratch / MODEL)
-    subprocess.run(
-        [*GENERATE, "--output", str(scratch), "--publish-version", "2", "--only", MODEL],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return scratch / MODEL / "2"
 
 
 @pytest.fixture
@@ -145,13 +128,13 @@ class SteadyClient:
 
 
 def test_a_version_published_while_requests_flow_takes_over_and_no_request_fails(
-    poll_server: ServerProcess, repository: Path, version_2: Path
+    poll_server: ServerProcess, repository: Path, tabular_version_2: Path
 ) -> None:
     before = predict(poll_server)
     assert before.outputs is not None
     with SteadyClient(poll_server) as client:
         wait_until(lambda: client.answers or None, 120, "the first answers")
-        publish(version_2, repository / MODEL, 2)
+        publish(tabular_version_2, repository / MODEL, 2)
         wait_until(lambda: 2 in client.versions() or None, 120, "answers computed by version 2")
         seen = len(client.answers)
         wait_until(lambda: len(client.answers) >= seen + 16 or None, 120, "answers after the switch")
@@ -172,9 +155,9 @@ def test_a_version_published_while_requests_flow_takes_over_and_no_request_fails
 
 
 def test_a_published_version_is_counted_in_the_lifecycle_metrics(
-    poll_server: ServerProcess, repository: Path, version_2: Path
+    poll_server: ServerProcess, repository: Path, tabular_version_2: Path
 ) -> None:
-    publish(version_2, repository / MODEL, 2)
+    publish(tabular_version_2, repository / MODEL, 2)
     wait_until(lambda: answered_version(poll_server) == 2 or None, 120, "version 2 serving")
 
     def unloaded() -> str | None:
@@ -244,11 +227,11 @@ def test_a_model_removed_from_the_repository_unloads_and_its_requests_get_not_fo
 
 @pytest.mark.parametrize("poll_server", [["--version-swap", "unload-first"]], indirect=True)
 def test_unload_first_refuses_with_back_off_while_it_swaps_and_never_fails_a_request(
-    poll_server: ServerProcess, repository: Path, version_2: Path
+    poll_server: ServerProcess, repository: Path, tabular_version_2: Path
 ) -> None:
     with SteadyClient(poll_server) as client:
         wait_until(lambda: client.answers or None, 120, "the first answers")
-        publish(version_2, repository / MODEL, 2)
+        publish(tabular_version_2, repository / MODEL, 2)
         wait_until(lambda: 2 in client.versions() or None, 120, "answers computed by version 2")
 
     refusals = {(code, message) for code, message, _, _ in client.answers if code is not grpc.StatusCode.OK}
@@ -258,9 +241,9 @@ def test_unload_first_refuses_with_back_off_while_it_swaps_and_never_fails_a_req
 
 
 def test_a_version_policy_serves_several_versions_and_a_request_pinning_one_gets_it(
-    repository: Path, version_2: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    repository: Path, tabular_version_2: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    publish(version_2, repository / MODEL, 2)
+    publish(tabular_version_2, repository / MODEL, 2)
     config = repository / MODEL / "config.yaml"
     config.write_text(config.read_text() + "version_policy: {latest: 2}\n")
 

@@ -2,7 +2,7 @@
 CPU fallback computing the version a server would serve (or the pinned one).
 
 The repository holds ``tabular_mlp`` in two versions whose predictions differ (version 2: the same
-model with the weights of another seed), served by the policy ``latest: 2``: a request naming no
+model with other weights, ``tabular_version_2``), served by the policy ``latest: 2``: a request naming no
 version gets version 2, one pinning version 1 gets version 1. ``tabular_mlp_newest`` holds the
 same two versions under ``latest: 1``, which does not serve version 1.
 """
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,17 +37,13 @@ POLICIES = {"tabular_mlp": {"latest": 2}, "tabular_mlp_newest": {"latest": 1}}
 
 
 @pytest.fixture(scope="module")
-def versioned_repository(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def versioned_repository(
+    example_repository: Path, tabular_version_2: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """``tabular_mlp`` version 1 from the example repository and a version 2 of another seed,
     under each model of ``POLICIES`` with its version policy."""
     root = tmp_path_factory.mktemp("versions") / "repository"
-    second = tmp_path_factory.mktemp("second-version") / "2"
-    subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("tabular_version.py")), str(second), "11"],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    second = tabular_version_2
     example = example_repository / "tabular_mlp"
     for name, policy in POLICIES.items():
         shutil.copytree(example / "1", root / name / "1")
