@@ -49,3 +49,9 @@ class DeviceOutOfMemory(BackendFault):
 
 class ModelLoadError(Exception):
     """A model could not be loaded; the message names the model and the file."""
+
+
+class BackendNotInstalled(ModelLoadError):
+    """The backend a model needs is not installed in this process's environment; the message
+    names the model, the backend and the extra that installs it. The server serves its other
+    models."""

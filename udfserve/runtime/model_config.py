@@ -108,7 +108,12 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str | None = None
-    backend: Literal["tensorflow"] = "tensorflow"
+    backend: Literal["tensorflow", "onnxruntime", "pytorch"] | None = Field(
+        default=None,
+        description="the backend that loads the model; default read from each version folder's file "
+        "names (model.keras or a SavedModel: tensorflow, model.onnx: onnxruntime, model.pt2 or "
+        "model.pt: pytorch)",
+    )
     version: int | None = Field(
         default=None, ge=1, description="serve only this version (short for version_policy: {specific: [N]})"
     )

@@ -21,6 +21,9 @@ class ModelSource:
     path: Path
     config: ModelConfig
     available_versions: tuple[int, ...]
+    backend: str = ""
+    """The backend that loads it: config.yaml's, else the one its files call for; "" when the
+    files call for none or for several (loading it then fails, naming the files)."""
     fingerprint: str = ""
     """A digest of the version folder's files (names, sizes, modification times): a server
     watching the repository loads the version again when it changes."""

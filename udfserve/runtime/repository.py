@@ -26,14 +26,19 @@ import yaml
 from pydantic import ValidationError
 
 from udfserve.runtime.backends import LoadedModel, get_backend
-from udfserve.runtime.errors import ModelLoadError
+from udfserve.runtime.errors import BackendNotInstalled, ModelLoadError
 from udfserve.runtime.model_config import ModelConfig, validate_model_name
+from udfserve.runtime.model_formats import (
+    MODEL_FILES_TEXT,
+    SAVED_MODEL_FILE,
+    backends_present,
+    detect_backend,
+)
 from udfserve.runtime.model_source import ModelSource
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE_NAME = "config.yaml"
-SAVED_MODEL_FILE = "saved_model.pb"
 
 
 @dataclass(frozen=True)
@@ -159,16 +164,14 @@ def no_servable_model(root: Path, scan: RepositoryScan, only: Sequence[str] = ()
 
 
 EXPECTED_LAYOUT = (
-    "a folder per model, <repo>/<model>/config.yaml and <repo>/<model>/<version>/ (an integer, holding "
-    "model.keras or a SavedModel)"
+    "a folder per model, <repo>/<model>/config.yaml (optional) and <repo>/<model>/<version>/ (an integer, "
+    f"holding {MODEL_FILES_TEXT})"
 )
 
 
 def _repository_guess(root: Path, entries: Sequence[Path]) -> str:
     """Where the repository probably is, when ``root`` looks like a model's folder or a version folder."""
-    artifacts = [
-        entry.name for entry in entries if entry.suffix == ".keras" or entry.name == SAVED_MODEL_FILE
-    ]
+    artifacts = sorted(name for names in backends_present(root).values() for name in names)
     if artifacts:
         repository = root.absolute().parent.parent
         return (
@@ -189,9 +192,12 @@ def _repository_guess(root: Path, entries: Sequence[Path]) -> str:
 
 
 def load_model(source: ModelSource) -> LoadedModel:
-    """Load one model with the backend its config names; raises ``ModelLoadError``."""
+    """Load one model with the backend its config names or its files call for; raises
+    ``ModelLoadError`` (``BackendNotInstalled`` when that backend's framework is not installed)."""
     try:
-        backend = get_backend(source.config.backend)
+        backend = get_backend(source.backend or detect_backend(source.path))
+    except BackendNotInstalled as exc:
+        raise BackendNotInstalled(f"model {source.name!r} version {source.version}: {exc}") from exc
     except ValueError as exc:
         raise ModelLoadError(f"model {source.name!r} ({source.path}): {exc}") from exc
     started_s = time.perf_counter()
@@ -277,6 +283,7 @@ def _read_model(
                 path=version_dir,
                 config=config,
                 available_versions=versions,
+                backend=config.backend or _detected_backend(version_dir),
                 fingerprint=fingerprint,
             )
         )
@@ -287,6 +294,16 @@ def _read_model(
         sources=tuple(sources),
         config_fingerprint=config_fingerprint,
     )
+
+
+def _detected_backend(version_dir: Path) -> str:
+    """The backend the folder's files call for, or "": a version folder with no model file (or
+    the files of two backends) fails when that version is loaded, as any broken version does,
+    not when the repository is scanned (the versions next to it keep serving)."""
+    try:
+        return detect_backend(version_dir)
+    except ValueError:
+        return ""
 
 
 def _policy_text(config: ModelConfig) -> str:

@@ -251,7 +251,7 @@ class ModelTable:
         return ModelInfo(
             name=served.name,
             version=served.version,
-            platform=model.platform if model else (source.config.backend if source else ""),
+            platform=model.platform if model else (source.backend if source else ""),
             state=served.state,
             error=entry.problems() if entry is not None else served.error,
             inputs=list(model.inputs) if model else [],

@@ -4,20 +4,44 @@ is pinned to its device (``device.pin_device``)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+
 from udfserve.runtime.backends.base import Backend, LoadedModel
+from udfserve.runtime.errors import BackendNotInstalled
+from udfserve.runtime.model_formats import BACKEND_NAMES, FORMAT_BY_BACKEND
 
-KNOWN_BACKENDS = ("tensorflow",)
+KNOWN_BACKENDS = BACKEND_NAMES
 
-__all__ = ["KNOWN_BACKENDS", "Backend", "LoadedModel", "get_backend"]
+__all__ = ["KNOWN_BACKENDS", "Backend", "LoadedModel", "backend_installed", "get_backend"]
+
+_BACKEND_CLASSES = {
+    "tensorflow": ("udfserve.runtime.backends.tensorflow", "TensorFlowBackend"),
+    "onnxruntime": ("udfserve.runtime.backends.onnxruntime", "OnnxRuntimeBackend"),
+    "pytorch": ("udfserve.runtime.backends.pytorch", "PyTorchBackend"),
+}
+
+
+def backend_installed(name: str) -> bool:
+    """Whether the framework of backend ``name`` can be imported here (found, not imported)."""
+    return importlib.util.find_spec(FORMAT_BY_BACKEND[name].module) is not None
 
 
 def get_backend(name: str) -> Backend:
-    """The backend for ``config.backend``; imports its framework on first use."""
+    """The backend ``name``; imports its framework on first use. ``ValueError`` for a name no
+    backend has, ``BackendNotInstalled`` naming the extra when its framework is missing."""
+    if name not in _BACKEND_CLASSES:
+        raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(KNOWN_BACKENDS)}")
+    format_ = FORMAT_BY_BACKEND[name]
+    if not backend_installed(name):
+        raise BackendNotInstalled(
+            f"the {name} backend (for {format_.described}) is not installed here: its framework "
+            f"{format_.module!r} cannot be imported; expected `pip install 'udfserve[{format_.extra}]'`"
+        )
     if name == "tensorflow":
         from udfserve.runtime.device import import_tensorflow
 
         import_tensorflow()  # first, so the framework's start-up lines go through its filter
-        from udfserve.runtime.backends.tensorflow import TensorFlowBackend
-
-        return TensorFlowBackend()
-    raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(KNOWN_BACKENDS)}")
+    module_name, class_name = _BACKEND_CLASSES[name]
+    backend: Backend = getattr(importlib.import_module(module_name), class_name)()
+    return backend
