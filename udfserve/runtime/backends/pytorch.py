@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import logging
 import operator
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -206,7 +207,22 @@ class PyTorchBackend:
     def _load_script(self, source: ModelSource, artifact: Path) -> PyTorchModel:
         check_torchscript(artifact)
         device = self._placement.device
-        module = torch.jit.load(str(artifact), map_location=device)
+        with warnings.catch_warnings():
+            # torch 2.13 deprecates TorchScript; its warning is said once, in the log, below
+            warnings.filterwarnings(
+                "ignore", message=r".*torch\.jit\.load.* is deprecated", category=DeprecationWarning
+            )
+            module = torch.jit.load(str(artifact), map_location=device)
+        if _torchscript_deprecated():
+            logger.warning(
+                "model %r version %d is TorchScript (%s), which torch %s deprecates: it is served, but "
+                "export the model with torch.export to %s for later releases",
+                source.name,
+                source.version,
+                artifact.name,
+                torch.__version__,
+                EXPORT_FILE_NAME,
+            )
         module.eval()
         parameters = [argument.name for argument in module.forward.schema.arguments[1:]]
         inputs, outputs = script_specs(source.config, parameters)
@@ -227,6 +243,12 @@ class PyTorchBackend:
             call=call,
             device=device,
         )
+
+
+def _torchscript_deprecated() -> bool:
+    """Whether the installed torch deprecates TorchScript (2.13 and later say so when loading it)."""
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 13)
 
 
 def _casts(inputs: tuple[TensorSpec, ...], model: Mapping[str, TensorSpec]) -> list[torch.dtype | None]:

@@ -10,7 +10,9 @@ program's ``guards_code`` (Python source) into its guard function. So a ``.pt2``
 first, as the zip and JSON it is, and refused unless:
 
 - it is one program (``models/model.json``) whose weights and constants are raw tensor bytes
-  (no pickle), with no AOTInductor, ExecuTorch or torchbind payloads and no guard code;
+  (no pickle), with no AOTInductor, ExecuTorch or torchbind payloads;
+- its guards (Python source torch compiles into the program's input check) only compare input
+  sizes and numbers;
 - every node of every graph calls an ATen or prims operator, a listed higher-order operator
   (control flow, whose subgraphs are checked too), or one of the symbolic-shape arithmetic
   functions export itself emits;
@@ -123,6 +125,12 @@ SYMBOL_NAME = re.compile(r"^[a-z]{1,4}\d+$")
 _EXPRESSION_TOKEN = re.compile(
     r"\s+|'[a-z]{1,4}\d+'|\d+(?:\.\d+)?(?:e[+-]?\d+)?|[A-Za-z_][A-Za-z0-9_]*|\*\*|[-+*/%(),=<>!&|~^]"
 )
+_GUARD = re.compile(
+    r"(?:\s+|L\['[A-Za-z_][A-Za-z0-9_]*'\](?:\.(?:size|stride)\(\))?|\[\d+\]|\d+|==|!=|<=|>=|//|\*\*|[-+*%()<>]"
+    r"|\b(?:and|or|not)\b)+"
+)
+"""What export writes as guards: ``L['image'].size()[0] == L['offset'].size()[0]``,
+``2 <= L['x'].size()[0]``."""
 PLAIN_CONTAINERS = frozenset(
     {None, "builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict"}
 )
@@ -266,11 +274,8 @@ def _check_payloads(archive: zipfile.ZipFile, root: str, relative: set[str]) -> 
 
 
 def _check_program(program: dict[str, Any]) -> None:
-    guards = program.get("guards_code") or []
-    if guards:
-        raise ArchiveRefused(
-            f"carries guard code ({len(guards)} line(s) of Python source), which is never run"
-        )
+    for guard in program.get("guards_code") or []:
+        _check_guard(str(guard))
     for key in program.get("range_constraints", {}):
         _check_expression(key)
     graph_module = program.get("graph_module", {})
@@ -334,6 +339,17 @@ def _check_expression(expression: str) -> None:
     raise ArchiveRefused(
         f"holds the shape expression {shown!r}, which is not plain shape arithmetic (at character "
         f"{position}); it would be evaluated as Python and is refused"
+    )
+
+
+def _check_guard(guard: str) -> None:
+    """Only comparisons of input sizes and numbers: the text is compiled into the guard function."""
+    if _GUARD.fullmatch(guard):
+        return
+    shown = guard if len(guard) <= 120 else f"{guard[:120]}..."
+    raise ArchiveRefused(
+        f"carries the guard {shown!r}, which is not a comparison of input sizes; guards are compiled "
+        "as Python, so it is refused"
     )
 
 
