@@ -1,4 +1,4 @@
-"""On the happy path a Spark Python worker imports neither TensorFlow nor the server side."""
+"""On the happy path a Spark Python worker imports no framework (TensorFlow, torch) nor the server side."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ def test_a_worker_that_predicts_through_the_server_never_imports_tensorflow(
 
         for batch in predictor(batches):  # type: ignore[arg-type]
             heavy = sorted(
-                name for name in sys.modules if name.split(".")[0] in {"tensorflow", "keras", "services"}
+                name
+                for name in sys.modules
+                if name.split(".")[0] in {"tensorflow", "keras", "torch", "services"}
             )
             yield batch.append_column("heavy_modules", pa.array([",".join(heavy)] * batch.num_rows))
 
