@@ -417,3 +417,41 @@ def test_a_guard_that_is_more_than_a_size_comparison_is_refused_and_never_compil
     message = load_failure(repository_with({"model.pt2": data}))
     assert "model.pt2 carries the guard" in message and "not a comparison of input sizes" in message
     assert not marker.exists()
+
+
+def test_a_program_calling_atens_file_reader_is_refused(
+    conv_program: Path, repository_with: Callable[..., Path]
+) -> None:
+    def read_a_file(program: dict[str, object]) -> None:
+        node = program["graph_module"]["graph"]["nodes"][0]  # type: ignore[index]
+        node["target"] = "torch.ops.aten.from_file.default"
+
+    message = load_failure(repository_with({"model.pt2": rewritten(conv_program, program_edit(read_a_file))}))
+    assert "model.pt2 calls 'torch.ops.aten.from_file.default', which reads or writes files" in message
+
+
+def test_torchscript_that_writes_a_file_is_refused_before_it_runs(
+    repository_with: Callable[..., Path], tmp_path: Path
+) -> None:
+    target = tmp_path / "written-by-the-model"
+
+    class Writer(torch.nn.Module):
+        def __init__(self, path: str) -> None:
+            super().__init__()
+            self.path = path
+
+        def forward(self, values: torch.Tensor) -> torch.Tensor:
+            torch.save(values, self.path)
+            return values
+
+    buffer = io.BytesIO()
+    with pytest.warns(DeprecationWarning, match="torch.jit.* is deprecated"):
+        torch.jit.save(torch.jit.script(Writer(str(target))), buffer)
+    config = {"inputs": [{"name": "values", "shape": [2]}], "outputs": [{"name": "same", "shape": [2]}]}
+    message = load_failure(repository_with({"model.pt": buffer.getvalue()}, config))
+    assert "model.pt calls aten::save, which reads or writes files; it is never run" in message
+    assert not target.exists()
+    with pytest.warns(DeprecationWarning, match="torch.jit.load` is deprecated"):
+        loaded = torch.jit.load(io.BytesIO(buffer.getvalue()))
+    loaded(torch.ones(1, 2))  # served as it is, the script would write the file
+    assert target.exists()

@@ -31,6 +31,7 @@ from torch.utils import _pytree as pytree
 
 from udfserve.runtime.backends.pytorch_archive import (
     ALLOWED_HIGHER_ORDER,
+    FILE_OPERATORS,
     ArchiveRefused,
     check_exported_program,
     check_torchscript,
@@ -224,6 +225,7 @@ class PyTorchBackend:
                 EXPORT_FILE_NAME,
             )
         module.eval()
+        _check_script_calls(module)
         parameters = [argument.name for argument in module.forward.schema.arguments[1:]]
         inputs, outputs = script_specs(source.config, parameters)
         by_parameter = {spec.name: index for index, spec in enumerate(inputs)}
@@ -302,6 +304,8 @@ def _check_calls(program: torch.export.ExportedProgram) -> None:
                 continue
             target = node.target
             if isinstance(target, torch._ops.OpOverload) and target.namespace in ALLOWED_NAMESPACES:
+                if target._schema.name.split("::")[1] in FILE_OPERATORS:
+                    raise ArchiveRefused(f"calls {target!r}, which reads or writes files; it is never run")
                 continue
             if isinstance(target, torch._ops.HigherOrderOperator) and (
                 f"torch.ops.higher_order.{target.name()}" in ALLOWED_HIGHER_ORDER
@@ -310,6 +314,17 @@ def _check_calls(program: torch.export.ExportedProgram) -> None:
             if target in allowed_functions:
                 continue
             raise ArchiveRefused(f"calls {target!r}, which is not an ATen or prims operator")
+
+
+def _check_script_calls(module: torch.jit.ScriptModule) -> None:
+    """TorchScript's forward, with every method it calls inlined, uses no file operator."""
+    blocks = [module.forward.inlined_graph]  # type: ignore[attr-defined]
+    while blocks:
+        for node in blocks.pop().nodes():
+            kind = node.kind()
+            if kind.startswith("aten::") and kind.split("::")[1] in FILE_OPERATORS:
+                raise ArchiveRefused(f"calls {kind}, which reads or writes files; it is never run")
+            blocks.extend(node.blocks())
 
 
 def _to_torch(array: np.ndarray, device: torch.device, dtype: torch.dtype | None) -> torch.Tensor:

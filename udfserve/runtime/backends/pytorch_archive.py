@@ -13,7 +13,8 @@ first, as the zip and JSON it is, and refused unless:
   (no pickle), with no AOTInductor, ExecuTorch or torchbind payloads;
 - its guards (Python source torch compiles into the program's input check) only compare input
   sizes and numbers;
-- every node of every graph calls an ATen or prims operator, a listed higher-order operator
+- every node of every graph calls an ATen or prims operator (but ``from_file`` and ``save``,
+  which read and write files), a listed higher-order operator
   (control flow, whose subgraphs are checked too), or one of the symbolic-shape arithmetic
   functions export itself emits;
 - every shape expression uses only symbol names, numbers, arithmetic and the sympy functions
@@ -54,6 +55,9 @@ SCRIPT_SAVE_HINT = (
 )
 
 ALLOWED_OPERATOR = re.compile(r"^torch\.ops\.(aten|prims)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")
+FILE_OPERATORS = frozenset({"from_file", "save"})
+"""ATen's operators that read or write a file named by a string (``aten::from_file``,
+``aten::save``): the only ones with access beyond the tensors given, refused in both formats."""
 ALLOWED_HIGHER_ORDER = frozenset(
     f"torch.ops.higher_order.{name}"
     for name in ("cond", "while_loop", "map_impl", "scan", "wrap_with_set_grad_enabled", "wrap_with_autocast")
@@ -314,6 +318,8 @@ def allowed_target_names() -> frozenset[str]:
 
 
 def _check_target(target: str) -> None:
+    if ALLOWED_OPERATOR.match(target) and target.split(".")[3] in FILE_OPERATORS:
+        raise ArchiveRefused(f"calls {target!r}, which reads or writes files; it is never run")
     if ALLOWED_OPERATOR.match(target) or target in ALLOWED_HIGHER_ORDER or target in allowed_target_names():
         return
     raise ArchiveRefused(
