@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="model repository tools")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    from services.examples.generate_models import GENERATE_DESCRIPTION, TORCH_HELP, add_publish_arguments
+    from services.examples.generate_models import GENERATE_DESCRIPTION, add_publish_arguments
+    from services.examples.torch_models import TORCH_HELP
 
     generate = models_commands.add_parser(
         "generate", help="write the example model repository", description=GENERATE_DESCRIPTION

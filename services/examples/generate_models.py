@@ -123,10 +123,6 @@ GENERATE_DESCRIPTION = (
     "kept unless --overwrite."
 )
 """The help of the generator, shared by ``udfserve models generate`` and this module's own command."""
-TORCH_HELP = (
-    "also write tabular_mlp_torch: tabular_mlp's weights in a torch module, exported with torch.export "
-    "to model.pt2 (needs the torch extra)"
-)
 
 
 def generate_example_repository(
@@ -263,7 +259,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--savedmodel", action="store_true", help="also write tabular_mlp as a TensorFlow SavedModel"
     )
-    parser.add_argument("--torch", action="store_true", help=TORCH_HELP)
     add_publish_arguments(parser)
     args = parser.parse_args(argv)
     if "tensorflow" not in sys.modules:
@@ -281,10 +276,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = generate_example_repository(
         args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel
     )
-    if args.torch:
-        from services.examples.torch_models import generate_torch_examples
-
-        names += generate_torch_examples(args.output, overwrite=args.overwrite)
     logger.info("example models in %s: %s", args.output, ", ".join(names))
     return 0
 

@@ -13,6 +13,7 @@ the default install can serve, without torch.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from functools import partial
 from pathlib import Path
@@ -27,6 +28,11 @@ logger = logging.getLogger(__name__)
 TORCH_EXAMPLE = "tabular_mlp_torch"
 KERAS_TWIN = "tabular_mlp"
 EXPORT_FILE_NAME = "model.pt2"
+TORCH_HELP = (
+    "also write tabular_mlp_torch: tabular_mlp's weights in a torch module, exported with torch.export "
+    "to model.pt2 (needs the torch extra)"
+)
+"""The help of ``udfserve models generate --torch``."""
 EXAMPLE_ROWS = 4
 """Rows of the example input export traces with; the batch dimension is dynamic, any count runs."""
 
@@ -77,6 +83,12 @@ def generate_torch_examples(root: Path, *, overwrite: bool = False) -> list[str]
     from services.examples.generate_models import EXAMPLES, _kept, _write_model
     from udfserve.runtime.device import import_tensorflow
 
+    if importlib.util.find_spec("torch") is None:
+        raise ModuleNotFoundError(
+            f"{TORCH_EXAMPLE} is a PyTorch model and torch is not installed here; expected "
+            "`pip install 'udfserve[torch]'` (docs/installing.md, \"PyTorch\": the CPU build first on a "
+            "machine without a GPU)"
+        )
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     if not overwrite and _kept(root / TORCH_EXAMPLE):
