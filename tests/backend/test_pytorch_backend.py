@@ -397,11 +397,13 @@ def test_a_torch_export_archive_named_model_pt_is_refused_naming_the_right_name(
     assert "model.pt is a torch.export archive: name it model.pt2" in message
 
 
-def test_the_process_says_where_torch_computes(caplog: pytest.LogCaptureFixture) -> None:
+def test_the_process_says_where_torch_computes(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Logged once per process, when the first model loads (it may have loaded already here)."""
     from udfserve.runtime.backends import pytorch_device
 
-    pytorch_device._placement = None  # a fresh process's state
+    monkeypatch.setattr(pytorch_device, "_placement", None)  # a fresh process's state
     with caplog.at_level(logging.INFO, logger="udfserve.runtime.backends.pytorch_device"):
         chosen = pytorch_device.placement()
     assert chosen.device == torch.device("cpu")
@@ -455,3 +457,14 @@ def test_torchscript_that_writes_a_file_is_refused_before_it_runs(
         loaded = torch.jit.load(io.BytesIO(buffer.getvalue()))
     loaded(torch.ones(1, 2))  # served as it is, the script would write the file
     assert target.exists()
+
+
+def test_an_invalid_memory_fraction_fails_the_load_naming_the_variable(
+    conv_repository: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from udfserve.runtime.backends import pytorch_device
+
+    monkeypatch.setattr(pytorch_device, "_placement", None)  # as in a process that loads its first model
+    monkeypatch.setenv("UDFSERVE_TORCH_CUDA_MEMORY_FRACTION", "2")
+    message = load_failure(conv_repository)
+    assert "UDFSERVE_TORCH_CUDA_MEMORY_FRACTION='2': Input should be less than or equal to 1" in message

@@ -22,10 +22,11 @@ import threading
 from dataclasses import dataclass
 
 import torch
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from udfserve.runtime import device
+from udfserve.runtime.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +34,13 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 """Torch's own settings of its CPU thread pool; when either is set, it decides."""
 
 
+SETTINGS_PREFIX = "UDFSERVE_TORCH_"
+
+
 class TorchSettings(BaseSettings):
     """The PyTorch backend's settings, from ``UDFSERVE_TORCH_*`` environment variables."""
 
-    model_config = SettingsConfigDict(env_prefix="UDFSERVE_TORCH_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=SETTINGS_PREFIX, extra="ignore", frozen=True)
 
     cuda_memory_fraction: float | None = Field(
         default=None,
@@ -67,10 +71,21 @@ def placement() -> TorchPlacement:
     global _placement
     with _lock:
         if _placement is None:
-            settings = TorchSettings()
+            settings = _settings()
             _set_up_threads()
             _placement = _choose_device(settings)
     return _placement
+
+
+def _settings() -> TorchSettings:
+    try:
+        return TorchSettings()
+    except ValidationError as exc:
+        wrong = "; ".join(
+            f"{SETTINGS_PREFIX}{str(error['loc'][0]).upper()}={error.get('input')!r}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ModelLoadError(f"the PyTorch backend's settings are invalid: {wrong}") from exc
 
 
 def _choose_device(settings: TorchSettings) -> TorchPlacement:
