@@ -188,6 +188,23 @@ def test_the_example_equals_its_keras_twin(example_repository: Path, tmp_path: P
     )
 
 
+def test_a_program_with_control_flow_runs_its_branches(
+    repository_with: Callable[..., Path], tmp_path: Path
+) -> None:
+    class Branching(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cond(x.sum() > 0, lambda v: v.sin(), lambda v: v.cos(), (x,))
+
+    program = torch.export.export(
+        Branching(), (torch.ones(3, 4),), dynamic_shapes=({0: torch.export.Dim("batch")},)
+    )
+    torch.export.save(program, tmp_path / "branching.pt2")
+    model = load_only(repository_with({"model.pt2": (tmp_path / "branching.pt2").read_bytes()}))
+    for sign, expected in ((1.0, np.sin(1.0)), (-1.0, np.cos(-1.0))):
+        answer = model.predict({"x": np.full((2, 4), sign, np.float32)})["output_0"]
+        np.testing.assert_allclose(answer, np.full((2, 4), expected), atol=TOLERANCE)
+
+
 # -- errors of a call ------------------------------------------------------------------------------
 def test_an_id_beyond_the_embedding_table_is_the_requests_fault(conv_repository: Path) -> None:
     inputs = conv_inputs(3)
