@@ -485,3 +485,18 @@ def test_an_invalid_memory_fraction_fails_the_load_naming_the_variable(
     monkeypatch.setenv("UDFSERVE_TORCH_CUDA_MEMORY_FRACTION", "2")
     message = load_failure(conv_repository)
     assert "UDFSERVE_TORCH_CUDA_MEMORY_FRACTION='2': Input should be less than or equal to 1" in message
+
+
+def test_a_parameter_name_that_is_python_source_is_refused_and_never_run(
+    conv_program: Path, repository_with: Callable[..., Path], tmp_path: Path
+) -> None:
+    """torch writes forward's parameter names into the module's generated source."""
+    marker = tmp_path / "name-ran"
+
+    def inject(program: dict[str, object]) -> None:
+        signature = program["graph_module"]["module_call_graph"][0]["signature"]  # type: ignore[index]
+        signature["forward_arg_names"] = ["image", f"offset=__import__('os').makedirs('{marker}')"]
+
+    message = load_failure(repository_with({"model.pt2": rewritten(conv_program, program_edit(inject))}))
+    assert "model.pt2 holds the forward parameter" in message and "not a plain name" in message
+    assert not marker.exists()

@@ -19,7 +19,10 @@ first, as the zip and JSON it is, and refused unless:
   functions export itself emits;
 - every shape expression uses only symbol names, numbers, arithmetic and the sympy functions
   export writes (no attribute access, no other names);
-- every pytree spec names plain containers (tuple, list, dict, OrderedDict);
+- every pytree spec names plain containers (tuple, list, dict, OrderedDict); ``forward``'s
+  parameter names and dict keys are Python identifiers, and parameter, buffer and constant
+  names dotted identifiers (torch writes them into the Python source it generates for the
+  module);
 - its sample inputs load with ``torch.load(weights_only=True)``, so torch's own attempt succeeds
   and never falls back to a full unpickle;
 - it was exported by the same torch major version as the one installed (the version recorded
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import io
 import json
+import keyword
 import re
 import zipfile
 from collections.abc import Iterator
@@ -135,6 +139,13 @@ _GUARD = re.compile(
 )
 """What export writes as guards: ``L['image'].size()[0] == L['offset'].size()[0]``,
 ``2 <= L['x'].size()[0]``."""
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+DOTTED_NAME = re.compile(r"(?:[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*)?")
+CODE_NAME_KEYS = frozenset(
+    {"parameter_name", "buffer_name", "tensor_constant_name", "custom_obj_name", "fqn"}
+)
+"""Fields naming a module attribute or submodule: torch writes them into the generated module's
+source (``getattr(self, "<name>")``), as it writes ``forward``'s parameter names and dict keys."""
 PLAIN_CONTAINERS = frozenset(
     {None, "builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict"}
 )
@@ -288,15 +299,27 @@ def _check_program(program: dict[str, Any]) -> None:
         for spec_key in ("in_spec", "out_spec"):
             if signature.get(spec_key):
                 _check_tree_spec(signature[spec_key])
+        for name in signature.get("forward_arg_names") or []:
+            _check_name(name, "forward parameter", IDENTIFIER)
     for node in _walk(program):
         if "__enum__" in node:
             raise ArchiveRefused(f"names a Python enum ({node.get('fqn')!r}), which is never imported")
+        for key in CODE_NAME_KEYS.intersection(node):
+            _check_name(node[key], key.replace("_", " "), DOTTED_NAME)
         if "target" in node and "inputs" in node and "outputs" in node:
             _check_target(str(node["target"]))
         if isinstance(node.get("expr_str"), str):
             _check_expression(node["expr_str"])
         if node.get("custom_obj_values"):
             raise ArchiveRefused("holds torchbind objects (custom_obj_values), which are never loaded")
+
+
+def _check_name(name: Any, what: str, pattern: re.Pattern[str]) -> None:
+    if not isinstance(name, str) or not pattern.fullmatch(name) or keyword.iskeyword(name):
+        raise ArchiveRefused(
+            f"holds the {what} {str(name)[:120]!r}, which is not a plain name; names become Python source "
+            "when torch builds the module, so it is refused"
+        )
 
 
 def _walk(value: Any) -> Iterator[dict[str, Any]]:
@@ -369,6 +392,10 @@ def _check_tree_spec(text: str) -> None:
             raise ArchiveRefused(
                 f"takes or returns a {node['type']!r}: only tensors in tuples, lists and dicts are served"
             )
+        if node.get("type") in ("builtins.dict", "collections.OrderedDict") and node.get("context"):
+            for key in json.loads(node["context"]):
+                if isinstance(key, str):
+                    _check_name(key, "dict key", IDENTIFIER)
 
 
 def _check_sample_inputs(archive: zipfile.ZipFile, root: str, relative: set[str]) -> None:
