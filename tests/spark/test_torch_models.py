@@ -6,6 +6,7 @@ fallback, which loads the same file with the same backend in the Python workers.
 from __future__ import annotations
 
 import re
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,15 +65,31 @@ def check_equal_to_torch(result: object, repository: Path, rows: int) -> None:
     np.testing.assert_allclose(ordered["energy"].to_numpy(), expected["energy"], atol=TOLERANCE)
 
 
+def counter(http_address: str, name: str) -> float:
+    """The sum of a counter's samples on the server's /metrics page."""
+    text = urllib.request.urlopen(f"http://{http_address}/metrics", timeout=10).read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((name + "{", name + " "))
+    )
+
+
 def test_a_spark_jobs_predictions_equal_torchs_in_process(
     spark: SparkSession, torch_server: ServerProcess, torch_repository: Path
 ) -> None:
+    """Through the unix socket, payloads in shared memory (the client's default on a node's server),
+    counted by the server's metrics like any model's."""
+    rows_before = counter(torch_server.http_address, "udfserve_rows_total")
+    shared_before = counter(torch_server.http_address, "udfserve_shared_memory_requests_total")
     config = ClientConfig(address=torch_server.grpc_target(), fallback="error")
     predicted = image_and_offset(spark, ROWS).select(
         "id", remote_predict("m", "image", "offset", config=config).alias("p")
     )
     result = predicted.select("id", "p.probabilities", "p.energy").toPandas()
     check_equal_to_torch(result, torch_repository, ROWS)
+    assert counter(torch_server.http_address, "udfserve_rows_total") - rows_before == ROWS
+    assert counter(torch_server.http_address, "udfserve_shared_memory_requests_total") > shared_before
 
 
 def test_a_server_killed_mid_job_answers_every_row_once_through_the_torch_fallback(
