@@ -468,7 +468,9 @@ def test_torchscript_that_writes_a_file_is_refused_before_it_runs(
         torch.jit.save(torch.jit.script(Writer(str(target))), buffer)
     config = {"inputs": [{"name": "values", "shape": [2]}], "outputs": [{"name": "same", "shape": [2]}]}
     message = load_failure(repository_with({"model.pt": buffer.getvalue()}, config))
-    assert "model.pt calls aten::save, which reads or writes files; it is never run" in message
+    assert re.search(
+        r"model\.pt holds TorchScript code \(code/\S+\.py\) naming \['save'\], ATen's file", message
+    )
     assert not target.exists()
     with pytest.warns(DeprecationWarning, match="torch.jit.load` is deprecated"):
         loaded = torch.jit.load(io.BytesIO(buffer.getvalue()))
@@ -500,3 +502,40 @@ def test_a_parameter_name_that_is_python_source_is_refused_and_never_run(
     message = load_failure(repository_with({"model.pt2": rewritten(conv_program, program_edit(inject))}))
     assert "model.pt2 holds the forward parameter" in message and "not a plain name" in message
     assert not marker.exists()
+
+
+class WritesWhenLoaded(torch.nn.Module):
+    """TorchScript whose ``__setstate__`` (run by ``torch.jit.load``) writes the file ``path``."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        return values
+
+    @torch.jit.export
+    def __getstate__(self) -> tuple[str, bool]:
+        return (self.path, self.training)
+
+    @torch.jit.export
+    def __setstate__(self, state: tuple[str, bool]) -> None:
+        self.path = state[0]
+        self.training = state[1]
+        torch.save(torch.zeros(1), self.path)
+
+
+def test_torchscript_that_writes_a_file_when_loaded_is_refused_unloaded(
+    repository_with: Callable[..., Path], tmp_path: Path
+) -> None:
+    target = tmp_path / "written-at-load"
+    buffer = io.BytesIO()
+    with pytest.warns(DeprecationWarning, match="torch.jit.* is deprecated"):
+        torch.jit.save(torch.jit.script(WritesWhenLoaded(str(target))), buffer)
+    config = {"inputs": [{"name": "values", "shape": [2]}], "outputs": [{"name": "same", "shape": [2]}]}
+    message = load_failure(repository_with({"model.pt": buffer.getvalue()}, config))
+    assert re.search(r"model\.pt holds TorchScript code \(code/\S+\.py\) naming \['save'\]", message), message
+    assert not target.exists()
+    with pytest.warns(DeprecationWarning, match="torch.jit.load` is deprecated"):
+        torch.jit.load(io.BytesIO(buffer.getvalue()))  # loading it is enough to run its code
+    assert target.exists()

@@ -158,12 +158,10 @@ class PyTorchBackend:
             if source.config.warmup:
                 for rows in sorted({1, source.config.max_batch_size}):
                     model.predict({spec.name: zeros(spec, rows) for spec in model.inputs})
-        except (ArchiveRefused, SpecMismatch) as exc:
-            raise ModelLoadError(
-                f"{where}: {artifact} {exc}"
-                if isinstance(exc, ArchiveRefused)
-                else f"{where} ({artifact}): {exc}"
-            ) from exc
+        except ArchiveRefused as exc:  # its message goes on from the file's name
+            raise ModelLoadError(f"{where}: {artifact} {exc}") from exc
+        except SpecMismatch as exc:
+            raise ModelLoadError(f"{where} ({artifact}): {exc}") from exc
         except ModelLoadError:
             raise
         except Exception as exc:
@@ -206,14 +204,14 @@ class PyTorchBackend:
         )
 
     def _load_script(self, source: ModelSource, artifact: Path) -> PyTorchModel:
-        check_torchscript(artifact)
+        data = check_torchscript(artifact)
         device = self._placement.device
         with warnings.catch_warnings():
             # torch 2.13 deprecates TorchScript; its warning is said once, in the log, below
             warnings.filterwarnings(
                 "ignore", message=r".*torch\.jit\.load.* is deprecated", category=DeprecationWarning
             )
-            module = torch.jit.load(str(artifact), map_location=device)
+            module = torch.jit.load(io.BytesIO(data), map_location=device)
         if _torchscript_deprecated():
             logger.warning(
                 "model %r version %d is TorchScript (%s), which torch %s deprecates: it is served, but "

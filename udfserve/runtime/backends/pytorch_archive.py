@@ -31,10 +31,12 @@ first, as the zip and JSON it is, and refused unless:
 The bytes checked are the bytes loaded: the caller reads the file once and hands both this module
 and torch the same buffer.
 
-A ``model.pt`` must be TorchScript (``torch.jit.save``): an archive holding compiled TorchScript
-code (``code/``) and its constants. TorchScript's own loader compiles that code and unpickles its
-data with a restricted unpickler that builds TorchScript types only, never Python objects; a file
-written by ``torch.save`` (a Python pickle, which may carry code) is refused without unpickling it.
+A ``model.pt`` must be TorchScript (``torch.jit.save``): an archive holding TorchScript source
+(``code/``) and its constants. TorchScript's own loader compiles that code and unpickles its data
+with a restricted unpickler that builds TorchScript types only, never Python objects; but the
+compiled code runs at load (a module's ``__setstate__``), so code naming ATen's file operators is
+refused before loading. A file written by ``torch.save`` (a Python pickle, which may carry code)
+is refused without unpickling it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ ALLOWED_OPERATOR = re.compile(r"^torch\.ops\.(aten|prims)\.[A-Za-z0-9_]+\.[A-Za-
 FILE_OPERATORS = frozenset({"from_file", "save"})
 """ATen's operators that read or write a file named by a string (``aten::from_file``,
 ``aten::save``): the only ones with access beyond the tensors given, refused in both formats."""
+_FILE_OPERATOR_WORD = re.compile(r"\b(" + "|".join(sorted(FILE_OPERATORS)) + r")\b")
 ALLOWED_HIGHER_ORDER = frozenset(
     f"torch.ops.higher_order.{name}"
     for name in ("cond", "while_loop", "map_impl", "scan", "wrap_with_set_grad_enabled", "wrap_with_autocast")
@@ -206,27 +209,37 @@ def check_exported_program(path: Path, installed_torch: str) -> ExportArchive:
     return ExportArchive(data=data, torch_version=torch_version)
 
 
-def check_torchscript(path: Path) -> None:
-    """Refuse a ``model.pt`` that is not a TorchScript archive, without unpickling anything."""
-    with path.open("rb") as file:
-        head = file.read(4)
-    if head[:2] == b"\x80\x02" or head[:1] == b"\x80":
+def check_torchscript(path: Path) -> bytes:
+    """Read ``path`` once; refuse it unless it is a TorchScript archive whose code names no file
+    operator, without unpickling anything. Returns the bytes checked, for ``torch.jit.load``."""
+    data = path.read_bytes()
+    if data[:1] == b"\x80":
         raise ArchiveRefused(
             "is a Python pickle (torch.save of the legacy format), which may carry code and is never "
             f"unpickled; {SCRIPT_SAVE_HINT}"
         )
-    archive = _open_zip(path.read_bytes(), "a TorchScript archive", SCRIPT_SAVE_HINT)
+    archive = _open_zip(data, "a TorchScript archive", SCRIPT_SAVE_HINT)
     with archive:
         root, names = _root_and_names(archive)
         relative = {name[len(root) + 1 :] for name in names}
-    if "archive_format" in relative:
-        raise ArchiveRefused("is a torch.export archive: name it model.pt2, not model.pt")
-    if not any(name.startswith("code/") for name in relative) or "constants.pkl" not in relative:
-        kind = "a pickle written by torch.save" if "data.pkl" in relative else "not TorchScript"
-        raise ArchiveRefused(
-            f"is {kind} (no compiled TorchScript code in it), which may carry Python code and is never "
-            f"unpickled; {SCRIPT_SAVE_HINT}"
-        )
+        if "archive_format" in relative:
+            raise ArchiveRefused("is a torch.export archive: name it model.pt2, not model.pt")
+        code = sorted(name for name in relative if name.startswith("code/") and name.endswith(".py"))
+        if not code or "constants.pkl" not in relative:
+            kind = "a pickle written by torch.save" if "data.pkl" in relative else "not TorchScript"
+            raise ArchiveRefused(
+                f"is {kind} (no compiled TorchScript code in it), which may carry Python code and is never "
+                f"unpickled; {SCRIPT_SAVE_HINT}"
+            )
+        for name in code:
+            text = archive.read(f"{root}/{name}").decode("utf-8", "replace")
+            named = sorted(set(_FILE_OPERATOR_WORD.findall(text)))
+            if named:
+                raise ArchiveRefused(
+                    f"holds TorchScript code ({name}) naming {named}, ATen's file operators; TorchScript "
+                    "runs code when it loads (__setstate__) and when it is called, so it is refused unloaded"
+                )
+    return data
 
 
 def _open_zip(data: bytes, what: str, hint: str) -> zipfile.ZipFile:
