@@ -1,9 +1,10 @@
 """A real server of a repository holding nothing but ``m/1/model.pt2`` (a model no example uses,
 no config.yaml) answers over the Arrow protocol and KServe with torch's own numbers, and tells
-a client's bad input as INVALID_ARGUMENT."""
+a client's bad input as INVALID_ARGUMENT; one server serves a PyTorch model beside a Keras one."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import tritonclient.grpc as triton
 from server_harness import batch_of, column_to_numpy, request, running_server, stream_predict
 from torch_programs import CLASSES, IMAGE_SHAPE, conv_net_repository, torch_outputs
 
+from services.examples.torch_models import TORCH_EXAMPLE, generate_torch_examples
 from services.model_server.launcher import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -111,3 +113,27 @@ def test_an_id_beyond_the_embedding_table_is_invalid_argument_and_the_server_ser
     assert answers[1].code == grpc.StatusCode.INVALID_ARGUMENT, answers[1]
     assert "model 'm'" in answers[1].message and "index" in answers[1].message
     assert answers[2].code == grpc.StatusCode.OK
+
+
+def test_one_server_serves_the_torch_example_next_to_its_keras_twin_with_the_same_answers(
+    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    repository = tmp_path_factory.mktemp("twins")
+    shutil.copytree(example_repository / "tabular_mlp", repository / "tabular_mlp")
+    generate_torch_examples(repository)
+    features = np.random.default_rng(5).standard_normal((700, 64)).astype(np.float32)
+    with running_server(repository, socket_dir, tmp_path_factory, "twins") as process:
+        answers = stream_predict(
+            process.grpc_target(),
+            [
+                request("tabular_mlp", batch_of({"features": features}), 1),
+                request(TORCH_EXAMPLE, batch_of({"features": features}), 2),
+            ],
+        )
+    keras_answer, torch_answer = (answers[batch_id].outputs for batch_id in (1, 2))
+    assert keras_answer is not None and torch_answer is not None, answers
+    np.testing.assert_allclose(
+        column_to_numpy(torch_answer.column("probabilities")),
+        column_to_numpy(keras_answer.column("probabilities")),
+        atol=TOLERANCE,
+    )
