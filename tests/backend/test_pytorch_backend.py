@@ -205,6 +205,34 @@ def test_a_program_with_control_flow_runs_its_branches(
         np.testing.assert_allclose(answer, np.full((2, 4), expected), atol=TOLERANCE)
 
 
+def test_a_constrained_free_dimension_warms_up_with_the_example_length_and_guards_requests(
+    repository_with: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Tokens in pairs: an even length of at least 4. Export records guards over input sizes, and
+    warm-up calls take their free lengths from the inputs the program was exported with."""
+
+    class Pairs(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = torch.nn.Embedding(50, 8)
+            self.head = torch.nn.Linear(16, 3)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            pairs = self.embedding(tokens).reshape(tokens.shape[0], -1, 16)
+            return self.head(pairs.sum(1)).softmax(-1)
+
+    batch, half = torch.export.Dim("batch"), torch.export.Dim("half", min=2, max=256)
+    program = torch.export.export(
+        Pairs(), (torch.zeros(3, 8, dtype=torch.int64),), dynamic_shapes={"tokens": {0: batch, 1: 2 * half}}
+    )
+    torch.export.save(program, tmp_path / "pairs.pt2")
+    model = load_only(repository_with({"model.pt2": (tmp_path / "pairs.pt2").read_bytes()}))
+    assert model.inputs == (TensorSpec(name="tokens", dtype="int64", shape=(-1,)),)
+    assert model.predict({"tokens": np.ones((2, 6), np.int64)})["output_0"].shape == (2, 3)
+    with pytest.raises(InvalidInput, match="Guard failed"):
+        model.predict({"tokens": np.ones((2, 5), np.int64)})
+
+
 # -- errors of a call ------------------------------------------------------------------------------
 def test_an_id_beyond_the_embedding_table_is_the_requests_fault(conv_repository: Path) -> None:
     inputs = conv_inputs(3)

@@ -48,7 +48,7 @@ from udfserve.runtime.backends.pytorch_specs import (
 )
 from udfserve.runtime.errors import BackendFault, InvalidInput, ModelLoadError, ServingError
 from udfserve.runtime.model_source import ModelSource
-from udfserve.runtime.tensor_spec import TensorSpec, zeros
+from udfserve.runtime.tensor_spec import TensorSpec, numpy_dtype, zeros
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class PyTorchModel:
         output_names: Sequence[str],
         call: Call,
         device: torch.device,
+        example_row_shapes: Mapping[str, tuple[int, ...]] | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -93,6 +94,9 @@ class PyTorchModel:
         self._output_dtypes = {spec.name: torch_dtype(spec.dtype) for spec in outputs}
         self._call = call
         self._device = device
+        self.example_row_shapes = dict(example_row_shapes or {})
+        """Per input, a per-row shape the model takes (from the program's example inputs): warm-up
+        calls need one where the program constrains a free dimension (an even length, at least 4)."""
 
     def predict(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = [spec.name for spec in self.inputs if spec.name not in inputs]
@@ -157,7 +161,7 @@ class PyTorchBackend:
                 model = self._load_script(source, artifact)
             if source.config.warmup:
                 for rows in sorted({1, source.config.max_batch_size}):
-                    model.predict({spec.name: zeros(spec, rows) for spec in model.inputs})
+                    model.predict(_warmup_inputs(model.inputs, model.example_row_shapes, rows))
         except ArchiveRefused as exc:  # its message goes on from the file's name
             raise ModelLoadError(f"{where}: {artifact} {exc}") from exc
         except SpecMismatch as exc:
@@ -201,6 +205,7 @@ class PyTorchBackend:
             output_names=_served_output_names(outputs, found_outputs),
             call=call,
             device=device,
+            example_row_shapes=_example_row_shapes(program, [spec.name for spec in found_inputs]),
         )
 
     def _load_script(self, source: ModelSource, artifact: Path) -> PyTorchModel:
@@ -243,6 +248,34 @@ class PyTorchBackend:
             call=call,
             device=device,
         )
+
+
+def _example_row_shapes(
+    program: torch.export.ExportedProgram, names: list[str]
+) -> dict[str, tuple[int, ...]]:
+    """Per-row shapes of the inputs the program was exported with, when it kept them."""
+    example = getattr(program, "example_inputs", None)
+    if not example:
+        return {}
+    leaves = pytree.tree_leaves(example)
+    if len(leaves) != len(names) or not all(isinstance(leaf, torch.Tensor) and leaf.ndim for leaf in leaves):
+        return {}
+    return {name: tuple(int(dim) for dim in leaf.shape[1:]) for name, leaf in zip(names, leaves, strict=True)}
+
+
+def _warmup_inputs(
+    specs: tuple[TensorSpec, ...], example_row_shapes: Mapping[str, tuple[int, ...]], rows: int
+) -> dict[str, np.ndarray]:
+    """Zeros of ``rows`` rows: free dimensions as long as in the example inputs, else 1."""
+    inputs = {}
+    for spec in specs:
+        example = example_row_shapes.get(spec.name)
+        if example is not None and len(example) == len(spec.shape):
+            shape = tuple(e if dim == -1 else dim for dim, e in zip(spec.shape, example, strict=True))
+            inputs[spec.name] = np.zeros((rows, *shape), dtype=numpy_dtype(spec.dtype))
+        else:
+            inputs[spec.name] = zeros(spec, rows)
+    return inputs
 
 
 def _torchscript_deprecated() -> bool:

@@ -137,11 +137,12 @@ _EXPRESSION_TOKEN = re.compile(
     r"\s+|'[a-z]{1,4}\d+'|\d+(?:\.\d+)?(?:e[+-]?\d+)?|[A-Za-z_][A-Za-z0-9_]*|\*\*|[-+*/%(),=<>!&|~^]"
 )
 _GUARD = re.compile(
-    r"(?:\s+|L\['[A-Za-z_][A-Za-z0-9_]*'\](?:\.(?:size|stride)\(\))?|\[\d+\]|\d+|==|!=|<=|>=|//|\*\*|[-+*%()<>]"
-    r"|\b(?:and|or|not)\b)+"
+    r"(?:\s+|L\['[A-Za-z_][A-Za-z0-9_]*'\](?:\.(?:size|stride)\(\))?|\[\d+\]|\d+(?:\.\d+)?|==|!=|<=|>=|//|\*\*"
+    r"|[-+*/%(),<>]|\b(?:and|or|not|max|min|abs)\b)+"
 )
 """What export writes as guards: ``L['image'].size()[0] == L['offset'].size()[0]``,
-``2 <= L['x'].size()[0]``."""
+``max(1, 8*(L['x'].size()[1] // 2)) == ...``: sizes, numbers, arithmetic, comparisons, and the
+builtins ``max``, ``min`` and ``abs``."""
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DOTTED_NAME = re.compile(r"(?:[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*)?")
 CODE_NAME_KEYS = frozenset(
@@ -385,7 +386,7 @@ def _check_expression(expression: str) -> None:
 
 
 def _check_guard(guard: str) -> None:
-    """Only comparisons of input sizes and numbers: the text is compiled into the guard function."""
+    """Only arithmetic on input sizes and numbers: the text is compiled into the guard function."""
     if _GUARD.fullmatch(guard):
         return
     shown = guard if len(guard) <= 120 else f"{guard[:120]}..."
