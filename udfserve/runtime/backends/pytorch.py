@@ -3,9 +3,10 @@
 Never unpickles arbitrary code. ``model.pt2`` is checked as the zip and JSON it is before torch
 reads it (``pytorch_archive``: torch's own ``torch.export.load`` would unpickle, import and
 evaluate what the file says), and after loading every call in its graph is checked again to be
-an ATen or prims operator. ``model.pt`` must be TorchScript, loaded by ``torch.jit.load``
-(compiled TorchScript, no Python); a file written by ``torch.save`` is refused unread. Nothing
-here calls ``torch.load`` but with ``weights_only=True``.
+an ATen or prims operator (ATen's file operators excepted). ``model.pt`` must be TorchScript,
+loaded by ``torch.jit.load`` (compiled TorchScript, no Python) once its code is seen to name no
+file operator (it runs at load, in ``__setstate__``); a file written by ``torch.save`` is refused
+unread. Nothing here calls ``torch.load`` but with ``weights_only=True``.
 
 Inputs and outputs come from the exported program (``pytorch_specs``), or from config.yaml for
 TorchScript, which records none. Every call runs under ``torch.inference_mode`` on the process's
