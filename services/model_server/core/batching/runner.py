@@ -118,9 +118,9 @@ class BatchRunner:
             # A fault of ours on the answer path (an observer, a slice): without this the batch
             # would stay running for good, its clients waiting and its slot never given back.
             logger.exception("model '%s': answering a batch failed", self.model_name)
-            error = BackendFault(f"model '{self.model_name}': answering the batch failed; see the server log")
+            fault = BackendFault(f"model '{self.model_name}': answering the batch failed; see the server log")
             for chunk in batch.chunks:
-                set_exception(chunk.future, error)
+                set_exception(chunk.future, fault)
         self._finish(batch)
 
     def _answer(self, batch: Batch, result: CallResult) -> None:
