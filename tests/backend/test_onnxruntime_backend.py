@@ -287,6 +287,29 @@ def test_an_unsupported_element_type_is_refused_naming_it(
     assert str(path) in message and expected in message
 
 
+def test_external_data_outside_the_models_folder_is_refused(tmp_path: Path) -> None:
+    """ONNX Runtime's own check: a graph whose weights name a file outside its folder never loads."""
+    (tmp_path / "outside.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    weights = numpy_helper.from_array(np.zeros(4, dtype=np.float32), "w")
+    weights.ClearField("raw_data")
+    weights.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "../../outside.bin"), ("length", "16")):
+        entry = weights.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        "escaping",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[weights],
+    )
+    path = write_model(tmp_path, "escaping", model_of(graph))
+
+    message = refusal(tmp_path, "escaping")
+
+    assert str(path) in message and "External data path escapes model directory" in message
+
+
 def test_a_version_folder_without_model_onnx_is_refused_naming_what_it_holds(tmp_path: Path) -> None:
     write_model(tmp_path, "renamed", identity_graph())
     (tmp_path / "renamed" / "1" / "model.onnx").rename(tmp_path / "renamed" / "1" / "graph.onnx")

@@ -60,7 +60,7 @@ def test_the_model_is_reported_at_start_up_by_name_with_the_extra_to_install(
     assert "pip install 'udfserve[onnx]'" in reported[0]
 
 
-def test_the_model_is_listed_as_not_serving_with_the_same_reason(
+def test_the_model_is_listed_as_not_serving_with_the_same_reason_and_the_server_is_ready(
     server_without_onnxruntime: ServerProcess,
 ) -> None:
     status, info = http_json(server_without_onnxruntime.http_address or "", "/v1/models/scored")
@@ -68,6 +68,9 @@ def test_the_model_is_listed_as_not_serving_with_the_same_reason(
     assert status == 200 and isinstance(info, dict)
     assert info["state"] != "ready" and info["served_versions"] == []
     assert "pip install 'udfserve[onnx]'" in info["error"]
+    status, readiness = http_json(server_without_onnxruntime.http_address or "", "/health/ready")
+    assert status == 200 and isinstance(readiness, dict) and readiness["ready"] is True
+    assert "pip install 'udfserve[onnx]'" in readiness["failed"]["scored"]
 
 
 def test_the_other_models_are_served(server_without_onnxruntime: ServerProcess) -> None:

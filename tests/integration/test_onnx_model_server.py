@@ -152,3 +152,36 @@ def test_metrics_carry_the_model(onnx_server: ServerProcess) -> None:
     assert metric_value(page, "udfserve_rows_total", model=MODEL) - before == 11
     assert metric_value(page, "udfserve_requests_total", model=MODEL, code="OK") >= 1
     assert metric_value(page, "udfserve_model_ready", model=MODEL, version="1") == 1
+
+
+RANGED_CONFIG = """\
+inputs:
+  - {name: amount, dtype: float32, shape: [3]}
+  - {name: code, dtype: int64, shape: [], range: [0, 9]}
+"""
+
+
+@pytest.fixture(scope="module")
+def ranged_server(socket_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("onnx_ranged")
+    write_model(root, MODEL, scored_graph(), config=RANGED_CONFIG)
+    with running_server(root, socket_dir, tmp_path_factory, "onnx-ranged") as process:
+        yield process
+
+
+def test_a_range_declared_in_config_refuses_an_id_before_the_graph_sees_it(
+    ranged_server: ServerProcess,
+) -> None:
+    good = scored_inputs(4, seed=3)
+    bad = scored_inputs(4, seed=4)
+    bad["code"][2] = SCORED_TABLE_ROWS
+
+    answers = stream_predict(
+        ranged_server.grpc_target(),
+        [request(MODEL, batch_of(good), batch_id=0), request(MODEL, batch_of(bad), batch_id=1)],
+    )
+
+    assert answers[0].code == grpc.StatusCode.OK
+    assert answers[1].code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'code'" in answers[1].message and "[0, 9]" in answers[1].message
+    assert "Gather" not in answers[1].message
