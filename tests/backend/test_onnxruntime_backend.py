@@ -29,6 +29,7 @@ from onnx_graphs import (
 )
 
 from udfserve.runtime import device
+from udfserve.runtime.backends import onnxruntime as onnxruntime_backend
 from udfserve.runtime.backends.onnxruntime import OnnxRuntimeModel
 from udfserve.runtime.backends.onnxruntime_session import (
     CUDA_PROVIDER,
@@ -310,6 +311,16 @@ def test_external_data_outside_the_models_folder_is_refused(tmp_path: Path) -> N
     assert str(path) in message and "External data path escapes model directory" in message
 
 
+def test_an_opset_newer_than_the_runtime_is_refused_naming_it(tmp_path: Path) -> None:
+    model = identity_graph()
+    model.opset_import[0].version = 99
+    path = write_model(tmp_path, "future", model)
+
+    message = refusal(tmp_path, "future")
+
+    assert str(path) in message and "needs an opset" in message and "Opset 99" in message
+
+
 def test_a_version_folder_without_model_onnx_is_refused_naming_what_it_holds(tmp_path: Path) -> None:
     write_model(tmp_path, "renamed", identity_graph())
     (tmp_path / "renamed" / "1" / "model.onnx").rename(tmp_path / "renamed" / "1" / "graph.onnx")
@@ -365,6 +376,23 @@ def test_sessions_leave_a_core_and_never_spin() -> None:
     assert options.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
     assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_the_intra_op_threads_setting_wins() -> None:
+    assert session_options(OnnxRuntimeSettings(intra_op_threads=3)).intra_op_num_threads == 3
+
+
+def test_an_invalid_setting_fails_the_load_naming_the_variable_and_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(onnxruntime_backend, "_settings", None)  # read again, from this environment
+    monkeypatch.setenv("UDFSERVE_ONNXRUNTIME_GPU_MEM_LIMIT_BYTES", "lots")
+    write_model(tmp_path, "scored", scored_graph())
+
+    message = refusal(tmp_path, "scored")
+
+    assert "model 'scored' version 1" in message
+    assert "UDFSERVE_ONNXRUNTIME_GPU_MEM_LIMIT_BYTES='lots'" in message and "valid integer" in message
 
 
 def test_a_process_not_pinned_to_a_gpu_computes_on_the_cpu_provider(scored: OnnxRuntimeModel) -> None:

@@ -36,6 +36,7 @@ from udfserve.runtime.backends.onnxruntime_session import (
     announce,
     check_device,
     providers,
+    read_settings,
     session_options,
 )
 from udfserve.runtime.backends.onnxruntime_specs import SpecMismatch, agreed_specs, graph_specs
@@ -53,12 +54,16 @@ _settings: OnnxRuntimeSettings | None = None
 _settings_lock = threading.Lock()
 
 
-def _process_settings() -> OnnxRuntimeSettings:
-    """The settings, read and announced once per process."""
+def _process_settings(where: str) -> OnnxRuntimeSettings:
+    """The settings, read and announced once per process; ``ModelLoadError`` naming the model and
+    the invalid variable (read again at the next load, so a fixed environment is taken)."""
     global _settings
     with _settings_lock:
         if _settings is None:
-            _settings = OnnxRuntimeSettings()
+            try:
+                _settings = read_settings()
+            except ValueError as exc:
+                raise ModelLoadError(f"{where}: {exc}") from None
             announce(_settings, ort.get_available_providers())
         return _settings
 
@@ -130,18 +135,16 @@ class OnnxRuntimeBackend:
 
     platform = PLATFORM
 
-    def __init__(self) -> None:
-        self._settings = _process_settings()
-
     def load(self, source: ModelSource) -> OnnxRuntimeModel:
         where = f"model {source.name!r} version {source.version}"
+        settings = _process_settings(where)
         artifact = _find_artifact(source.path, where)
         available = ort.get_available_providers()
         try:
             session = ort.InferenceSession(
                 str(artifact),
-                sess_options=session_options(self._settings),
-                providers=providers(self._settings, available),
+                sess_options=session_options(settings),
+                providers=providers(settings, available),
             )
         except Exception as exc:  # ONNX Runtime's status classes derive from Exception only
             raise ModelLoadError(load_error(where, artifact, exc)) from exc

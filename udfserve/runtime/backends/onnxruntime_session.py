@@ -29,7 +29,7 @@ import os
 from typing import Any
 
 import onnxruntime as ort
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from udfserve.runtime import device
@@ -62,6 +62,21 @@ class OnnxRuntimeSettings(BaseSettings):
         description="on a GPU: the most memory the CUDA provider's arena of one model takes; 0: no limit "
         "but the device's own",
     )
+
+
+def read_settings() -> OnnxRuntimeSettings:
+    """The settings from the environment; ``ValueError`` naming each variable that is invalid, its
+    value and what was expected."""
+    try:
+        return OnnxRuntimeSettings()
+    except ValidationError as exc:
+        prefix = OnnxRuntimeSettings.model_config.get("env_prefix", "")
+        problems = "; ".join(
+            f"{prefix}{'_'.join(str(part) for part in error['loc']).upper()}={error.get('input')!r}: "
+            f"{error['msg']}"
+            for error in exc.errors()
+        )
+        raise ValueError(f"invalid onnxruntime setting(s): {problems}") from None
 
 
 def intra_op_threads(settings: OnnxRuntimeSettings) -> int:
