@@ -7,6 +7,10 @@ Two questions of ``udfserve/runtime/backends/onnxruntime*.py``, on the example M
   ``OrtValue.ortvalue_from_numpy``, against I/O binding (``bind_cpu_input``, an output bound to
   the CPU, ``copy_outputs_to_cpu``), at 64, 1,024 and 4,096 rows per call. On the CPU, ``run``
   already reads a contiguous input in place and returns its outputs over ONNX Runtime's buffers.
+- **Concurrent calls** (what the server's ``cpu_parallel`` makes of a large call): 4,096 rows as
+  two concurrent 2,048-row calls of one session, against one 4,096-row call, for sessions of one
+  intra-op thread per call (the backend's on 2 cores: one core short) and of one per core, in
+  sequential and in parallel execution mode.
 - **Spinning**: a session whose pool threads spin after a call (ONNX Runtime's default) against
   one that does not (``session.intra_op.allow_spinning=0``), with a pool of two threads: CPU time
   used while calls of 64 rows come every 2 ms (a server between small batches), and rows/s of
@@ -21,10 +25,12 @@ depend on what else the machine runs; CPU seconds while idle hardly do.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnxruntime as ort
@@ -45,11 +51,11 @@ def mlp_bytes() -> bytes:
     return bytes(graph.SerializeToString())
 
 
-def session(model: bytes, *, threads: int, spinning: bool) -> ort.InferenceSession:
+def session(model: bytes, *, threads: int, spinning: bool, parallel: bool = False) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.inter_op_num_threads = threads if parallel else 1
+    options.execution_mode = ort.ExecutionMode.ORT_PARALLEL if parallel else ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
@@ -120,6 +126,39 @@ def main() -> int:
     for name in paths:
         cells = " | ".join(f"{statistics.median(samples[name, rows]):,.0f} rows/s" for rows in inputs)
         print(f"| {name} | {cells} |")
+
+    cores = len(os.sched_getaffinity(0))
+    layouts = {
+        f"{threads} intra-op thread(s), {'parallel' if parallel else 'sequential'}": session(
+            model, threads=threads, spinning=False, parallel=parallel
+        )
+        for threads in sorted({max(1, cores - 1), cores})
+        for parallel in (False, True)
+    }
+    whole, halves = inputs[4096], (inputs[4096][:2048], inputs[4096][2048:])
+    together: dict[tuple[str, str], list[float]] = {(n, w): [] for n in layouts for w in ("one", "two")}
+    with ThreadPoolExecutor(max_workers=1) as other:
+        for _ in range(args.rounds):
+            for name, opened in layouts.items():
+
+                def one_call(x: np.ndarray, opened: ort.InferenceSession = opened) -> object:
+                    return opened.run(None, {"features": x})
+
+                def two_calls(x: np.ndarray, opened: ort.InferenceSession = opened) -> object:
+                    second = other.submit(opened.run, None, {"features": halves[1]})
+                    first = opened.run(None, {"features": halves[0]})
+                    return first, second.result()
+
+                together[name, "one"].append(rows_per_s(one_call, whole, args.seconds))
+                together[name, "two"].append(rows_per_s(two_calls, whole, args.seconds))
+    print(f"\nconcurrent calls, {cores} cores, 4,096 rows, median of {args.rounds} rounds")
+    print("| session | one call of 4,096 rows | two concurrent calls of 2,048 |")
+    print("|---|---:|---:|")
+    for name in layouts:
+        print(
+            f"| {name} | {statistics.median(together[name, 'one']):,.0f} rows/s "
+            f"| {statistics.median(together[name, 'two']):,.0f} rows/s |"
+        )
 
     spin = {flag: session(model, threads=2, spinning=flag) for flag in (True, False)}
     idle: dict[bool, list[float]] = {True: [], False: []}
