@@ -52,6 +52,10 @@ def run_node(args: argparse.Namespace) -> int:
 
 
 def run_generate_models(args: argparse.Namespace) -> int:
+    from services.examples.generate_models import onnx_missing
+
+    if args.onnx and onnx_missing():
+        raise SettingsError(onnx_missing())
     configure_logging("INFO")
     from udfserve.runtime.device import pin_device
 

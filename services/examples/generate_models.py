@@ -127,6 +127,15 @@ GENERATE_DESCRIPTION = (
 ONNX_HELP = "also write tabular_mlp as an ONNX graph, tabular_mlp_onnx (needs the onnx package)"
 
 
+def onnx_missing() -> str:
+    """Why ``--onnx`` cannot run here ("" when it can): the graph is built with the onnx package."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnx") is not None:
+        return ""
+    return "--onnx needs the onnx package, which is not installed: expected `pip install onnx`"
+
+
 def generate_example_repository(
     root: Path, *, overwrite: bool = False, include_savedmodel: bool = False, include_onnx: bool = False
 ) -> list[str]:
@@ -269,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--onnx", action="store_true", help=ONNX_HELP)
     add_publish_arguments(parser)
     args = parser.parse_args(argv)
+    if args.onnx and onnx_missing():
+        parser.error(onnx_missing())
     if "tensorflow" not in sys.modules:
         # Weights are generated on the CPU: the same seeded values on any machine, and no GPU
         # memory taken from a model server that may be running on this node.
