@@ -185,3 +185,27 @@ def test_a_range_declared_in_config_refuses_an_id_before_the_graph_sees_it(
     assert answers[1].code == grpc.StatusCode.INVALID_ARGUMENT
     assert "'code'" in answers[1].message and "[0, 9]" in answers[1].message
     assert "Gather" not in answers[1].message
+
+
+@pytest.fixture(scope="module")
+def cutting_server(
+    onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    with running_server(
+        onnx_repository, socket_dir, tmp_path_factory, "onnx-cut", ["--cpu-parallel-min-rows", "64"]
+    ) as process:
+        yield process
+
+
+@pytest.mark.parametrize("rows", [127, 1000, 5001])
+def test_calls_cut_per_core_answer_what_onnxruntime_computes(
+    cutting_server: ServerProcess, onnx_repository: Path, rows: int
+) -> None:
+    """The parts of a cut call run as concurrent calls of one session."""
+    inputs = scored_inputs(rows, seed=rows)
+
+    answer = stream_predict(cutting_server.grpc_target(), [request(MODEL, batch_of(inputs))])[0]
+
+    assert answer.outputs is not None, answer.message
+    got = {name: column_to_numpy(answer.outputs.column(name)) for name in answer.outputs.schema.names}
+    assert_answers(got, onnxruntime_answer(onnx_repository, inputs))
