@@ -22,7 +22,6 @@ out. A declared numeric dtype other than the graph's is cast at the call.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,8 +42,6 @@ from udfserve.runtime.backends.onnxruntime_specs import SpecMismatch, agreed_spe
 from udfserve.runtime.errors import InvalidInput, ModelLoadError
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.tensor_spec import STRING_DTYPE, TensorSpec, zeros
-
-logger = logging.getLogger(__name__)
 
 PLATFORM = "onnxruntime_onnx"
 """Triton's name for the same backend and format."""
