@@ -104,8 +104,9 @@ def custom_op_graph() -> ModelProto:
 
 
 def allocating_graph() -> ModelProto:
-    """``n`` int64 (batch,) in; allocates a float buffer of max(n) elements: a large ``n`` is a
-    request whose call cannot get its memory."""
+    """``n`` int64 (batch,) in, ``y`` = n as float32 out; on the way, a float buffer of max(n)
+    elements is allocated (and its sum multiplied by zero): a large ``n`` is a request whose
+    call cannot get its memory."""
     nodes = [
         helper.make_node("ReduceMax", ["n"], ["largest"], keepdims=1),
         helper.make_node(
@@ -115,14 +116,16 @@ def allocating_graph() -> ModelProto:
             value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0]),
         ),
         helper.make_node("ReduceSum", ["buffer"], ["total"], keepdims=1),
+        helper.make_node("Mul", ["total", "zero"], ["nothing"]),
         helper.make_node("Cast", ["n"], ["n_float"], to=TensorProto.FLOAT),
-        helper.make_node("Add", ["n_float", "total"], ["y"]),
+        helper.make_node("Add", ["n_float", "nothing"], ["y"]),
     ]
     graph = helper.make_graph(
         nodes,
         "allocating",
         [helper.make_tensor_value_info("n", TensorProto.INT64, ["batch"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch"])],
+        initializer=[numpy_helper.from_array(np.zeros(1, dtype=np.float32), "zero")],
     )
     return model_of(graph)
 

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pyarrow as pa
 import pytest
 import tritonclient.grpc as triton
-from onnx_graphs import SCORED_TABLE_ROWS, scored_graph, scored_inputs, write_model
+from onnx_graphs import SCORED_TABLE_ROWS, allocating_graph, scored_graph, scored_inputs, write_model
 from server_harness import (
     batch_of,
     column_to_numpy,
@@ -209,3 +209,34 @@ def test_calls_cut_per_core_answer_what_onnxruntime_computes(
     assert answer.outputs is not None, answer.message
     got = {name: column_to_numpy(answer.outputs.column(name)) for name in answer.outputs.schema.names}
     assert_answers(got, onnxruntime_answer(onnx_repository, inputs))
+
+
+@pytest.fixture(scope="module")
+def allocating_server(socket_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("onnx_allocating")
+    write_model(root, "allocating", allocating_graph())
+    with running_server(root, socket_dir, tmp_path_factory, "onnx-allocating") as process:
+        yield process
+
+
+def test_a_row_whose_memory_cannot_be_allocated_fails_only_its_request_as_resource_exhausted(
+    allocating_server: ServerProcess,
+) -> None:
+    """ONNX Runtime's failed allocation is the out-of-memory the batcher splits on: a call holding
+    the row that cannot fit is split until that row runs alone, so only its request fails, whether
+    or not the batcher merged the two requests."""
+    fits = {"n": np.array([1, 2, 3], dtype=np.int64)}
+    too_big = {"n": np.array([4, 10**13], dtype=np.int64)}
+
+    answers = stream_predict(
+        allocating_server.grpc_target(),
+        [
+            request("allocating", batch_of(fits), batch_id=0),
+            request("allocating", batch_of(too_big), batch_id=1),
+        ],
+    )
+
+    assert answers[0].code == grpc.StatusCode.OK and answers[0].outputs is not None
+    np.testing.assert_array_equal(column_to_numpy(answers[0].outputs.column("y")), [1.0, 2.0, 3.0])
+    assert answers[1].code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "model 'allocating'" in answers[1].message and "out of memory" in answers[1].message
