@@ -85,6 +85,19 @@ def test_the_model_is_described_by_its_graph(onnx_server: ServerProcess) -> None
     ]
 
 
+def test_a_server_of_onnx_models_only_never_loads_tensorflow(onnx_server: ServerProcess) -> None:
+    """Backends are imported by the models that need them: the process maps ONNX Runtime's
+    library and none of TensorFlow's."""
+    libraries = {
+        Path(line.split()[-1]).name
+        for line in Path(f"/proc/{onnx_server.pid}/maps").read_text().splitlines()
+        if line.split()[-1].startswith("/")
+    }
+
+    assert any("onnxruntime" in name for name in libraries)
+    assert not [name for name in libraries if "tensorflow" in name]
+
+
 def test_arrow_answers_equal_onnxruntimes_own(onnx_server: ServerProcess, onnx_repository: Path) -> None:
     inputs = scored_inputs(1000, seed=1)
 
