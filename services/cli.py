@@ -52,6 +52,10 @@ def run_node(args: argparse.Namespace) -> int:
 
 
 def run_generate_models(args: argparse.Namespace) -> int:
+    from services.examples.generate_models import onnx_missing
+
+    if args.onnx and onnx_missing():
+        raise SettingsError(onnx_missing())
     configure_logging("INFO")
     from udfserve.runtime.device import pin_device
 
@@ -62,7 +66,7 @@ def run_generate_models(args: argparse.Namespace) -> int:
         publish_example_version(args.output, args.publish_version, args.only)
         return 0
     names = generate_example_repository(
-        args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel
+        args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel, include_onnx=args.onnx
     )
     logger.info("example model repository at %s: %s", args.output, ", ".join(names))
     return 0
@@ -139,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="model repository tools")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    from services.examples.generate_models import GENERATE_DESCRIPTION, add_publish_arguments
+    from services.examples.generate_models import GENERATE_DESCRIPTION, ONNX_HELP, add_publish_arguments
 
     generate = models_commands.add_parser(
         "generate", help="write the example model repository", description=GENERATE_DESCRIPTION
@@ -149,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument(
         "--savedmodel", action="store_true", help="also export tabular_mlp as a TensorFlow SavedModel"
     )
+    generate.add_argument("--onnx", action="store_true", help=ONNX_HELP)
     add_publish_arguments(generate)
     generate.set_defaults(handler=run_generate_models)
     _add_model_calls(models_commands)
