@@ -52,6 +52,10 @@ def run_node(args: argparse.Namespace) -> int:
 
 
 def run_generate_models(args: argparse.Namespace) -> int:
+    from services.examples.generate_models import onnx_missing
+
+    if args.onnx and onnx_missing():
+        raise SettingsError(onnx_missing())
     configure_logging("INFO")
     from udfserve.runtime.device import pin_device
 
@@ -62,7 +66,7 @@ def run_generate_models(args: argparse.Namespace) -> int:
         publish_example_version(args.output, args.publish_version, args.only)
         return 0
     names = generate_example_repository(
-        args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel
+        args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel, include_onnx=args.onnx
     )
     if args.torch:
         from services.examples.torch_models import generate_torch_examples
@@ -143,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="model repository tools")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    from services.examples.generate_models import GENERATE_DESCRIPTION, add_publish_arguments
+    from services.examples.generate_models import GENERATE_DESCRIPTION, ONNX_HELP, add_publish_arguments
     from services.examples.torch_models import TORCH_HELP
 
     generate = models_commands.add_parser(
@@ -154,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument(
         "--savedmodel", action="store_true", help="also export tabular_mlp as a TensorFlow SavedModel"
     )
+    generate.add_argument("--onnx", action="store_true", help=ONNX_HELP)
     generate.add_argument("--torch", action="store_true", help=TORCH_HELP)
     add_publish_arguments(generate)
     generate.set_defaults(handler=run_generate_models)

@@ -119,14 +119,25 @@ EXAMPLES: dict[str, tuple[Callable[[], Any], int, dict[str, Any]]] = {
 
 GENERATE_DESCRIPTION = (
     f"Write the example model repository: {', '.join(EXAMPLES)} (small Keras models with seeded "
-    f"weights), and with --savedmodel tabular_mlp{SAVEDMODEL_SUFFIX}. Models already present are "
-    "kept unless --overwrite."
+    f"weights), with --savedmodel tabular_mlp{SAVEDMODEL_SUFFIX}, and with --onnx tabular_mlp_onnx "
+    "(the same weights as an ONNX graph; needs the onnx package). Models already present are kept "
+    "unless --overwrite."
 )
 """The help of the generator, shared by ``udfserve models generate`` and this module's own command."""
+ONNX_HELP = "also write tabular_mlp as an ONNX graph, tabular_mlp_onnx (needs the onnx package)"
+
+
+def onnx_missing() -> str:
+    """Why ``--onnx`` cannot run here ("" when it can): the graph is built with the onnx package."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnx") is not None:
+        return ""
+    return "--onnx needs the onnx package, which is not installed: expected `pip install onnx`"
 
 
 def generate_example_repository(
-    root: Path, *, overwrite: bool = False, include_savedmodel: bool = False
+    root: Path, *, overwrite: bool = False, include_savedmodel: bool = False, include_onnx: bool = False
 ) -> list[str]:
     """Write the example models under ``root``; returns the names of the example models there.
 
@@ -145,7 +156,8 @@ def generate_example_repository(
     names = []
     for name, (build, seed, config) in EXAMPLES.items():
         exported = f"{name}{SAVEDMODEL_SUFFIX}" if include_savedmodel and name == "tabular_mlp" else None
-        wanted = [n for n in (name, exported) if n is not None]
+        onnx_export = f"{name}_onnx" if include_onnx and name == "tabular_mlp" else None
+        wanted = [n for n in (name, exported, onnx_export) if n is not None]
         names.extend(wanted)
         missing = [n for n in wanted if overwrite or not _kept(root / n)]
         if not missing:
@@ -160,6 +172,10 @@ def generate_example_repository(
             # "probabilities" like the .keras model does (a bare tensor would be "output_0").
             named = keras.Model(model.input, {"probabilities": model.output}, name=exported)
             _write_model(root, exported, config, partial(_save_savedmodel, named))
+        if onnx_export in missing:
+            from services.examples.onnx_models import save_tabular_mlp_onnx
+
+            _write_model(root, onnx_export, config, partial(save_tabular_mlp_onnx, model))
     return names
 
 
@@ -259,8 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--savedmodel", action="store_true", help="also write tabular_mlp as a TensorFlow SavedModel"
     )
+    parser.add_argument("--onnx", action="store_true", help=ONNX_HELP)
     add_publish_arguments(parser)
     args = parser.parse_args(argv)
+    if args.onnx and onnx_missing():
+        parser.error(onnx_missing())
     if "tensorflow" not in sys.modules:
         # Weights are generated on the CPU: the same seeded values on any machine, and no GPU
         # memory taken from a model server that may be running on this node.
@@ -274,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             logger.info("published %s", folder)
         return 0
     names = generate_example_repository(
-        args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel
+        args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel, include_onnx=args.onnx
     )
     logger.info("example models in %s: %s", args.output, ", ".join(names))
     return 0

@@ -68,9 +68,8 @@ def pin_device(device: str) -> None:
 
 
 def pinned_device() -> str | None:
-    """The device ``pin_device`` exposed in this process; None when it was never called (the
-    Spark client's CPU fallback, tests). Backends other than TensorFlow read it to say where they
-    compute."""
+    """The device ``pin_device`` exposed in this process; None when it was never called (a test,
+    a script): backends other than TensorFlow choose their execution device from it."""
     return _pinned_device
 
 
