@@ -38,7 +38,7 @@ from services.model_server.event_loop import running_loop_kind
 from services.model_server.frontends.admin_server import AdminThread, ServingLoop
 from services.model_server.frontends.arrow.grpc_api import InferenceServicer
 from services.model_server.frontends.http_api import AdminLimits, create_admin_app
-from services.model_server.frontends.kserve.native_bridge import NativeKServeFrontend
+from services.model_server.frontends.kserve.native_bridge import NativeBoundsCollector, NativeKServeFrontend
 from services.model_server.frontends.kserve.servicer import add_kserve_service
 from services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
 from services.model_server.frontends.readable_requests import add_service
@@ -162,7 +162,10 @@ class RunningServer:
                 config.max_message_bytes,
                 self.auth_token,
                 *_tls_pem(config),
+                max_concurrent_calls=config.max_concurrent_calls,
+                max_held_bytes=config.max_unary_held_bytes,
             )
+            self.metrics.register([NativeBoundsCollector(self.kserve_native)])
         add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.grpc_server)
         self.addresses: BoundAddresses | None = None
         self._admin: AdminThread | None = None
