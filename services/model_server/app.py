@@ -31,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.model_server.config import ServerConfig, is_loopback
 from services.model_server.core.in_flight import InFlightRequests
+from services.model_server.core.memory_trim import MemoryTrimmer
 from services.model_server.core.model_control import ModelControl
 from services.model_server.core.model_table import ModelTable
 from services.model_server.core.request_lifecycle import RequestLifecycle
@@ -145,7 +146,12 @@ class RunningServer:
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if self.auth_token:
             interceptors.append(TokenInterceptor(self.auth_token))
-        unary_budget = UnaryBudget(config.max_unary_held_bytes, config.max_message_bytes, self.metrics)
+        unary_budget = UnaryBudget(
+            config.max_unary_held_bytes,
+            config.max_message_bytes,
+            self.metrics,
+            MemoryTrimmer(config.trim_after_call_bytes),
+        )
         interceptors += [UnaryAdmission(unary_budget), RawStreamRequests()]
         self.grpc_server = grpc.aio.server(
             options=options, interceptors=interceptors, maximum_concurrent_rpcs=config.max_concurrent_calls
