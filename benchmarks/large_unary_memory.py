@@ -3,7 +3,8 @@ by side in one run.
 
     python -m benchmarks.large_unary_memory --model-repository /tmp/models --rounds 2
 
-Each variant is a fresh server of ``tabular_mlp`` on the unix socket, with
+Each variant is a fresh server of ``tabular_mlp`` on the unix socket (or, with
+``--kserve-frontend native``, the native front end's port), with
 ``--max-unary-held-bytes`` of one message (the calls are read one at a time, as the budget
 does when it is full). ``calls`` concurrent KServe ``ModelInfer`` calls of ``call_mib`` MiB of
 rows each are sent; the figures are the server's resident memory before, its peak during the
@@ -76,11 +77,12 @@ async def _calls(target: str, message: bytes, calls: int) -> None:
 
 
 def measure(server: ServerProcess, message: bytes, calls: int, settle_s: float) -> dict[str, float]:
-    asyncio.run(_calls(server.grpc_target(), _request(8), 1))  # the model and the channel warm
+    target = server.kserve_address or server.grpc_target()
+    asyncio.run(_calls(target, _request(8), 1))  # the model and the channel warm
     before = _status_bytes(server.pid, "VmRSS")
     Path(f"/proc/{server.pid}/clear_refs").write_text("5")
     started = time.perf_counter()
-    asyncio.run(_calls(server.grpc_target(), message, calls))
+    asyncio.run(_calls(target, message, calls))
     seconds = time.perf_counter() - started
     peak = _status_bytes(server.pid, "VmHWM")
     time.sleep(settle_s)
@@ -103,6 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--settle-s", type=float, default=3.0, help="wait before the last reading (default 3)"
     )
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated (default: all)")
+    parser.add_argument(
+        "--kserve-frontend",
+        choices=["python", "native"],
+        default="python",
+        help="the front end the calls go to (native: its own port; default python, the unix socket)",
+    )
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.variants.split(",") if name.strip()]
     unknown = sorted(set(names) - set(VARIANTS))
@@ -128,6 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "--max-unary-held-bytes",
                         str(len(message) + MIB),
                         *server_args,
+                        *(
+                            ["--kserve-frontend", "native", "--kserve-port", "0"]
+                            if args.kserve_frontend == "native"
+                            else []
+                        ),
                     ],
                     env={**os.environ, **env_overrides},
                 )

@@ -170,6 +170,7 @@ class RunningServer:
                 *_tls_pem(config),
                 max_concurrent_calls=config.max_concurrent_calls,
                 max_held_bytes=config.max_unary_held_bytes,
+                trim_after_call_bytes=config.trim_after_call_bytes,
             )
             self.metrics.register([NativeBoundsCollector(self.kserve_native)])
         add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.grpc_server)

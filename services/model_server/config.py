@@ -128,9 +128,9 @@ class ServerConfig(BaseSettings):
     trim_after_call_bytes: int = Field(
         default=16 << 20,
         ge=0,
-        description="after a unary KServe ModelInfer call of at least this many bytes is answered, hand "
-        "the memory the process freed back to the system (glibc's malloc_trim, at most once a second): "
-        "without it each call of tens of MiB left about twice its size resident; 0 never trims",
+        description="after a unary KServe ModelInfer call (any call on the native KServe port) of at "
+        "least this many bytes is answered, hand the memory the process freed back to the system "
+        "(glibc's malloc_trim, at most once a second); 0 never trims",
     )
     max_concurrent_calls: int = Field(
         default=1024,

@@ -19,7 +19,8 @@ Metrics, statistics, in-flight accounting and draining are the servicer's, as fo
 front end. The module itself applies the port's bounds before it reads a call's message: the
 token (every call must carry it, as on the main port), ``--max-concurrent-calls`` (calls of this
 port handled at once) and ``--max-unary-held-bytes`` (bytes of this port's calls read or being
-read and not yet answered); see ``native/kserve_frontend.cpp``.
+read and not yet answered); see ``native/kserve_frontend.cpp``. It also trims the heap after
+large calls (``--trim-after-call-bytes``), as ``core/memory_trim.py`` does for the main port.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class NativeKServeFrontend:
         *,
         max_concurrent_calls: int,
         max_held_bytes: int,
+        trim_after_call_bytes: int = 0,
     ) -> None:
         self._servicer = servicer
         self._address = address
@@ -120,6 +122,7 @@ class NativeKServeFrontend:
         self._token = auth_token
         self._max_concurrent_calls = max_concurrent_calls
         self._max_held_bytes = max_held_bytes
+        self._trim_after_call_bytes = trim_after_call_bytes
         self._tls = (tls_key.decode(), tls_cert.decode(), tls_client_ca.decode())
         self._methods = _request_classes()
         self._frontend: Any = None
@@ -140,7 +143,7 @@ class NativeKServeFrontend:
         room in it); zeros before the start."""
         if self._frontend is None:
             return 0, 0, 0
-        calls, held_bytes, waiting = self._frontend.bounds()
+        calls, held_bytes, waiting, _trims = self._frontend.bounds()
         return int(calls), int(held_bytes), int(waiting)
 
     def start(self) -> int:
@@ -157,6 +160,7 @@ class NativeKServeFrontend:
                 auth_token=self._token or "",
                 max_concurrent_calls=self._max_concurrent_calls,
                 max_held_bytes=self._max_held_bytes,
+                trim_after_call_bytes=self._trim_after_call_bytes,
             )
         except RuntimeError as exc:
             raise OSError(f"native KServe front end: {exc}") from exc

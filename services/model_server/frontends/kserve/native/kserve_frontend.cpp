@@ -22,6 +22,7 @@
 //   message of the largest size; the room is then cut to the message's own size and held until
 //   the call is done (answered, failed or cancelled). A call that finds no room waits, unread,
 //   first come first served; one call is always read while none is held.
+// Once a call of at least trim_after_call_bytes is done, the Trimmer hands the freed memory back.
 //
 // Lifetime: a call's reactor lives until Python answers it (only an answer or a failure finishes
 // it, also for a call its client cancelled); the parsed request lives as long as the arrays that
@@ -32,6 +33,9 @@
 #include <pybind11/stl.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
@@ -40,6 +44,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <thread>
@@ -99,6 +104,73 @@ const Datatype* FindDatatype(const std::string& name) {
 
 class Frontend;
 
+// Hands the memory freed by large calls back to the system (glibc's malloc_trim), at most once a
+// second; a trim asked for sooner runs at the end of the second, so the last call's memory goes
+// back too. The twin of the Python front end's core/memory_trim.py: grpc++'s receive buffers and
+// the parsed request of a call of tens of MiB come from the heap and the threads' arenas, which
+// the launcher's allocator settings keep. Its own thread: a trim never delays an answer.
+class Trimmer {
+ public:
+  explicit Trimmer(int64_t min_bytes) : min_bytes_(min_bytes) {
+#ifdef __GLIBC__
+    if (min_bytes_ > 0) thread_ = std::thread([this] { Loop(); });
+#endif
+  }
+  ~Trimmer() { Stop(); }
+
+  // A call that held `bytes` is done and its memory freed.
+  void CallDone(int64_t bytes) {
+    if (!thread_.joinable() || bytes < min_bytes_) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      wanted_ = true;
+    }
+    cv_.notify_one();
+  }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  uint64_t trims() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return trims_;
+  }
+
+ private:
+  void Loop() {
+    using Clock = std::chrono::steady_clock;
+    constexpr auto kInterval = std::chrono::seconds(1);
+    std::unique_lock<std::mutex> lock(mutex_);
+    Clock::time_point last = Clock::now() - kInterval;
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || wanted_; });
+      if (stop_ || cv_.wait_until(lock, last + kInterval, [this] { return stop_; })) return;
+      wanted_ = false;
+      last = Clock::now();
+      lock.unlock();
+#ifdef __GLIBC__
+      malloc_trim(0);
+#endif
+      lock.lock();
+      ++trims_;
+    }
+  }
+
+  const int64_t min_bytes_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool wanted_ = false;
+  bool stop_ = false;
+  uint64_t trims_ = 0;
+  std::thread thread_;
+};
+
 // A call answered from its headers alone (refused): its message is never read.
 class Refusal final : public grpc::ServerGenericBidiReactor {
  public:
@@ -121,8 +193,8 @@ class ReadBudget {
   bool ReserveOrWait(Call* call);
   // `call` read its message of `size_bytes`: hold that instead of the reservation.
   void Settle(Call* call, int64_t size_bytes);
-  // `call` is done: what it held is free.
-  void Release(Call* call);
+  // `call` is done: what it held is free; the bytes it held.
+  int64_t Release(Call* call);
   // `call`'s client went away or the server stops: true when it was still waiting (then it never
   // reads, and its caller finishes it).
   bool Withdraw(Call* call);
@@ -209,13 +281,16 @@ void ReadBudget::Settle(Call* call, int64_t size_bytes) {
   Wake();
 }
 
-void ReadBudget::Release(Call* call) {
+int64_t ReadBudget::Release(Call* call) {
+  int64_t released;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    held_bytes_ -= call->held_bytes;
+    released = call->held_bytes;
+    held_bytes_ -= released;
     call->held_bytes = 0;
   }
   Wake();
+  return released;
 }
 
 bool ReadBudget::Withdraw(Call* call) {
@@ -256,11 +331,12 @@ class Frontend {
  public:
   Frontend(const std::string& address, int64_t max_message_bytes, const std::string& tls_key,
            const std::string& tls_cert, const std::string& tls_client_ca, const std::string& auth_token,
-           int64_t max_concurrent_calls, int64_t max_held_bytes)
+           int64_t max_concurrent_calls, int64_t max_held_bytes, int64_t trim_after_call_bytes)
       : wakeup_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
         token_(auth_token),
         max_concurrent_calls_(max_concurrent_calls),
-        budget_(max_held_bytes, max_message_bytes) {
+        budget_(max_held_bytes, max_message_bytes),
+        trimmer_(trim_after_call_bytes) {
     if (max_concurrent_calls < 1 || max_held_bytes < 1 || max_message_bytes < 1) {
       if (wakeup_fd_ >= 0) close(wakeup_fd_);
       throw std::invalid_argument("expected at least 1 concurrent call, 1 held byte and a message limit of 1 byte");
@@ -484,6 +560,7 @@ class Frontend {
     if (sender_.joinable()) sender_.join();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
     server_->Wait();
+    trimmer_.Stop();
   }
 
   void StopAccepting() {
@@ -496,9 +573,9 @@ class Frontend {
     return calls_.size();
   }
 
-  // (calls handled now, bytes the read budget holds, calls waiting unread for room)
+  // (calls handled now, bytes the read budget holds, calls waiting unread for room, trims done)
   py::tuple Bounds() {
-    return py::make_tuple(active_calls_.load(), budget_.held_bytes(), budget_.waiting());
+    return py::make_tuple(active_calls_.load(), budget_.held_bytes(), budget_.waiting(), trimmer_.trims());
   }
 
  private:
@@ -539,8 +616,11 @@ class Frontend {
     return new Call(this, context, &budget_);
   }
 
-  // A call admitted by `Admit` is done.
-  void CallDone() { active_calls_.fetch_sub(1); }
+  // A call admitted by `Admit` is done, and freed: it held `bytes` of the budget.
+  void CallDone(int64_t bytes) {
+    active_calls_.fetch_sub(1);
+    trimmer_.CallDone(bytes);
+  }
 
   static bool IsCContiguous(const py::buffer_info& info) {
     py::ssize_t expected = info.itemsize;
@@ -615,6 +695,7 @@ class Frontend {
   const int64_t max_concurrent_calls_;
   std::atomic<int64_t> active_calls_{0};
   ReadBudget budget_;
+  Trimmer trimmer_;
   std::mutex mutex_;
   uint64_t last_id_ = 0;
   bool stopping_ = false;
@@ -661,10 +742,11 @@ void Call::OnCancel() {
 }
 
 void Call::OnDone() {
-  frontend_->Forget(this);
-  budget_->Release(this);
-  frontend_->CallDone();
-  delete this;
+  Frontend* frontend = frontend_;
+  frontend->Forget(this);
+  const int64_t bytes = budget_->Release(this);
+  delete this;  // its request's buffers are freed before the trim
+  frontend->CallDone(bytes);
 }
 
 bool Call::Decode() {
@@ -714,10 +796,11 @@ PYBIND11_MODULE(_kserve_frontend, module) {
   module.doc() = "The native KServe v2 gRPC front end (grpc++): see kserve_frontend.cpp.";
   py::class_<Frontend>(module, "Frontend")
       .def(py::init<const std::string&, int64_t, const std::string&, const std::string&, const std::string&,
-                    const std::string&, int64_t, int64_t>(),
+                    const std::string&, int64_t, int64_t, int64_t>(),
            py::arg("address"), py::arg("max_message_bytes"), py::arg("tls_key") = "", py::arg("tls_cert") = "",
            py::arg("tls_client_ca") = "", py::arg("auth_token") = "", py::arg("max_concurrent_calls") = 1024,
-           py::arg("max_held_bytes") = int64_t{256} << 20, py::call_guard<py::gil_scoped_release>())
+           py::arg("max_held_bytes") = int64_t{256} << 20, py::arg("trim_after_call_bytes") = 0,
+           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("port", &Frontend::port)
       .def_property_readonly("wakeup_fd", &Frontend::wakeup_fd)
       .def("take", &Frontend::Take)
