@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,25 +56,30 @@ class Settings:
         return cls(quick, repeats=1 if quick else 3)
 
 
-def _request() -> pb.PredictRequest:
+def _request(model: str = MODEL) -> pb.PredictRequest:
     values = np.random.default_rng(0).standard_normal(ROWS * 64, dtype=np.float32)
     offsets = np.arange(0, ROWS * 64 + 1, 64, dtype=np.int32)
     batch = pa.record_batch({"features": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))})
-    return pb.PredictRequest(model=MODEL, batch_id=1, arrow_ipc=encode_batch(batch))
+    return pb.PredictRequest(model=model, batch_id=1, arrow_ipc=encode_batch(batch))
 
 
 def _call(stub: pb_grpc.InferenceStub, request: pb.PredictRequest) -> float:
     started = time.perf_counter()
     for response in stub.Predict(iter([request]), timeout=60):
         if response.HasField("error"):
-            raise RuntimeError(f"model {MODEL!r}: {response.error.message}")
+            raise RuntimeError(f"model {request.model!r}: {response.error.message}")
     return time.perf_counter() - started
 
 
 def server_cold_start(
-    workspace: Workspace, repository: Path, label: str
+    workspace: Workspace,
+    repository: Path,
+    label: str,
+    model: str = MODEL,
+    loaded: Sequence[str] = REPOSITORIES["all three example models"],
 ) -> tuple[dict[str, float], ServerProcess]:
-    """Start a server, time it to listening, to serving and its first requests; leaves it running."""
+    """Start a server, time it to listening, to serving and its first requests of ``model``
+    (``loaded``: the models whose load times are summed); leaves it running."""
     started = time.perf_counter()
     server = workspace.start_server(repository, label, wait=False)
     while not server.ready_file.exists():
@@ -87,10 +93,9 @@ def server_cold_start(
     serving_s = time.perf_counter() - started
     metrics = scrape(server)
     loads = {
-        name: metric_value(metrics, "udfserve_model_load_duration_seconds", model=name)
-        for name in REPOSITORIES["all three example models"]
+        name: metric_value(metrics, "udfserve_model_load_duration_seconds", model=name) for name in loaded
     }
-    request = _request()
+    request = _request(model)
     with grpc.insecure_channel(server.grpc_target()) as channel:
         stub = pb_grpc.InferenceStub(channel)
         first_s = _call(stub, request)

@@ -44,7 +44,7 @@ class Workspace:
     def __init__(self, prefix: str = "udfsb-") -> None:
         self.root = Path(tempfile.mkdtemp(prefix=prefix))
         self._servers: list[ServerProcess] = []
-        self._examples: Path | None = None
+        self._examples: dict[tuple[str, ...], Path] = {}
         self._counter = 0
 
     def __enter__(self) -> Workspace:
@@ -62,25 +62,30 @@ class Workspace:
         return self.root / f"{self._counter}-{name}"
 
     # -- model repositories ---------------------------------------------------------------------
-    def example_models(self) -> Path:
-        """The project's example models, generated once per workspace in a child process."""
-        if self._examples is None:
-            target = self.root / "examples"
-            command = [sys.executable, "-m", "services", "models", "generate", "--output", str(target)]
+    def example_models(self, flags: Sequence[str] = ()) -> Path:
+        """The project's example models, generated once per workspace (and per set of ``udfserve
+        models generate`` flags, such as ``--onnx``) in a child process."""
+        key = tuple(sorted(flags))
+        if key not in self._examples:
+            target = self.root / ("examples" + "".join(flag.replace("-", "_") for flag in key))
+            command = [sys.executable, "-m", "services", "models", "generate", "--output", str(target), *key]
             completed = subprocess.run(command, capture_output=True, text=True, env=child_env(), check=False)
             if completed.returncode != 0:
                 raise RuntimeError(
                     f"generating the example models failed with exit code {completed.returncode}: "
                     f"{completed.stderr[-2000:]}"
                 )
-            self._examples = target
-        return self._examples
+            self._examples[key] = target
+        return self._examples[key]
 
-    def repository(self, name: str, models: Mapping[str, Mapping[str, Any]]) -> Path:
-        """A repository of example models by name, each with config.yaml fields overridden."""
+    def repository(
+        self, name: str, models: Mapping[str, Mapping[str, Any]], flags: Sequence[str] = ()
+    ) -> Path:
+        """A repository of example models by name, each with config.yaml fields overridden;
+        ``flags`` are those of ``udfserve models generate`` that write the models named."""
         root = self.path(name)
         for model, overrides in models.items():
-            source = self.example_models() / model
+            source = self.example_models(flags) / model
             shutil.copytree(source, root / model)
             config_path = root / model / "config.yaml"
             config = yaml.safe_load(config_path.read_text()) or {}

@@ -37,6 +37,9 @@ SAMPLE_ROWS = 64
 MODELS = {
     # model -> (input column, flat values per row, output name, output width)
     "tabular_mlp": ("features", 64, "probabilities", 8),
+    # its exports, served by the ONNX Runtime and PyTorch backends (benchmarks.backends)
+    "tabular_mlp_onnx": ("features", 64, "probabilities", 8),
+    "tabular_mlp_torch": ("features", 64, "probabilities", 8),
     "sequence_bilstm": ("lines", 16 * 32, "class_probabilities", 4),
 }
 
