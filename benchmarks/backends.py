@@ -251,6 +251,12 @@ def _rows_s_at(rows: int) -> Callable[[Round], float]:
     return lambda measured: measured.load[rows]["rows_s"]
 
 
+def _cpu_per_row_at(rows: int) -> Callable[[Round], float]:
+    """A round's server CPU µs per row at ``rows`` rows per request: steadier than rows/s on a busy
+    machine, since a neighbour's burst delays the server more than it adds to its work."""
+    return lambda measured: measured.load[rows]["server_cpu_us_per_row"]
+
+
 def _spark_difference(rounds: dict[str, list[Round]], backend: str) -> float:
     mine, theirs = rounds[backend][0].spark["sample"], rounds[REFERENCE][0].spark["sample"]
     shared = [key for key in mine if key in theirs]
@@ -290,6 +296,7 @@ def _result(
                 f"{rows:,}: by round",
                 f"{rows:,}: p50 ms",
                 f"{rows:,}: server CPU µs/row",
+                f"{rows:,}: CPU/row ÷ TF",
             )
         ],
     )
@@ -302,6 +309,7 @@ def _result(
             row[f"{rows:,}: by round"] = _by_round([c["rows_s"] for c in cells])
             row[f"{rows:,}: p50 ms"] = _median([c["p50_ms"] for c in cells])
             row[f"{rows:,}: server CPU µs/row"] = _median([c["server_cpu_us_per_row"] for c in cells])
+            row[f"{rows:,}: CPU/row ÷ TF"] = _ratio(rounds, backend, _cpu_per_row_at(rows))
         throughput.rows.append(row)
     memory = Table(
         f"Server resident memory (MiB), median of {count} round(s)",
@@ -463,6 +471,10 @@ def _notes(rounds: dict[str, list[Round]]) -> list[str]:
     return [
         *(
             best(f"Server at {rows:,} rows per request", _rows_s_at(rows), True, "rows/s")
+            for rows in BATCH_ROWS
+        ),
+        *(
+            best(f"Least server CPU per row at {rows:,} rows per request", _cpu_per_row_at(rows), False, "µs")
             for rows in BATCH_ROWS
         ),
         best("Spark end to end", lambda r: r.spark["rows_s"], True, "rows/s"),

@@ -37,6 +37,8 @@ SECTIONS = (
     ("footprint", "4. Executor footprint"),
     ("cold_start", "5. Cold start"),
 )
+LATE_SECTIONS = (("backends", "7. Backends side by side: TensorFlow, ONNX Runtime, PyTorch"),)
+"""Comparisons of ``run_all`` rendered after the KServe section (6), which runs outside it."""
 
 INTRO = """\
 # Benchmarks
@@ -45,11 +47,13 @@ udfserve side by side with what data teams use today. Every comparison runs all 
 in one run, on the same model and data, and is regenerated with one command:
 
 ```
-python -m benchmarks.run_all            # everything, 15-25 minutes; rewrites this page
+python -m benchmarks.run_all            # everything, 30-40 minutes (15 of them the
+                                        # backends); rewrites this page
 python -m benchmarks.run_all --quick    # small and short, to check that the scripts work;
                                         # writes to benchmarks/results/tmp/quick/ only
 python -m benchmarks.transport          # one comparison (also: batching, cold_start,
-                                        # spark_e2e, footprint); then python -m benchmarks.docs
+                                        # spark_e2e, footprint, backends); then
+                                        # python -m benchmarks.docs
 ```
 
 The scripts live in `benchmarks/`; each comparison writes a Markdown table, a JSON file and a PNG
@@ -78,33 +82,51 @@ def load_result(path: Path) -> tuple[ComparisonResult, dict[str, Any]]:
 def render(results_dir: Path, doc_path: Path) -> str:
     image_prefix = os.path.relpath(results_dir, doc_path.parent).replace(os.sep, "/") + "/"
     loaded: dict[str, tuple[ComparisonResult, dict[str, Any]]] = {}
-    for name, _ in SECTIONS:
+    for name, _ in (*SECTIONS, *LATE_SECTIONS):
         path = results_dir / f"{name}.json"
         if path.exists():
             loaded[name] = load_result(path)
     parts = [INTRO, "## Targets at a glance", ""]
     parts += ["| comparison | target | measured | verdict |", "|---|---|---|---|"]
-    for name, heading in SECTIONS:
-        if name not in loaded:
-            parts.append(f"| {heading} | - | not run yet | not measured |")
-            continue
-        for target in loaded[name][0].targets:
-            parts.append(f"| {heading} | {target.target} | {target.measured} | {target.verdict} |")
+    parts += _target_rows(SECTIONS, loaded)
     parts.append(kserve_target_row(KSERVE_RESULTS_DIR))
+    parts += _target_rows(LATE_SECTIONS, loaded)
     parts.append("")
     for name, heading in SECTIONS:
-        parts += [f"## {heading}", ""]
-        if name not in loaded:
-            parts += [f"Not run yet: `python -m benchmarks.{name}`.", ""]
-            continue
-        result, machine = loaded[name]
-        parts += [f"*{result.title}.* Run time {result.duration_s / 60:.1f} min.", ""]
-        parts += [result.to_markdown(plot_prefix=image_prefix), machine_markdown(machine)]
-        findings = FINDINGS_DIR / f"{name}.md"
-        if findings.exists():
-            parts += ["### Reading the numbers", "", findings.read_text(encoding="utf-8").strip(), ""]
+        parts += _section(name, heading, loaded, image_prefix)
     parts += kserve_section(KSERVE_RESULTS_DIR)
+    for name, heading in LATE_SECTIONS:
+        parts += _section(name, heading, loaded, image_prefix)
     return "\n".join(parts).rstrip() + "\n"
+
+
+def _target_rows(
+    sections: Sequence[tuple[str, str]], loaded: dict[str, tuple[ComparisonResult, dict[str, Any]]]
+) -> list[str]:
+    rows = []
+    for name, heading in sections:
+        if name not in loaded:
+            rows.append(f"| {heading} | - | not run yet | not measured |")
+            continue
+        for target in loaded[name][0].targets:
+            rows.append(f"| {heading} | {target.target} | {target.measured} | {target.verdict} |")
+    return rows
+
+
+def _section(
+    name: str, heading: str, loaded: dict[str, tuple[ComparisonResult, dict[str, Any]]], image_prefix: str
+) -> list[str]:
+    """One comparison's section: its tables and plot, the machine, and the findings written for it."""
+    parts = [f"## {heading}", ""]
+    if name not in loaded:
+        return [*parts, f"Not run yet: `python -m benchmarks.{name}`.", ""]
+    result, machine = loaded[name]
+    parts += [f"*{result.title}.* Run time {result.duration_s / 60:.1f} min.", ""]
+    parts += [result.to_markdown(plot_prefix=image_prefix), machine_markdown(machine)]
+    findings = FINDINGS_DIR / f"{name}.md"
+    if findings.exists():
+        parts += ["### Reading the numbers", "", findings.read_text(encoding="utf-8").strip(), ""]
+    return parts
 
 
 def kserve_target_row(results_dir: Path) -> str:
