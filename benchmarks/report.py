@@ -27,6 +27,8 @@ VERSIONED_PACKAGES = (
     "udfserve",
     "tensorflow",
     "keras",
+    "onnxruntime",
+    "torch",
     "pyarrow",
     "grpcio",
     "protobuf",
