@@ -38,5 +38,6 @@ def test_the_quick_backends_run_checks_the_answers_and_measures_all_three() -> N
         (measured,) = rounds
         assert measured["cold"]["serving_s"] > 0 and measured["rss_after_load_mib"] > 0
         for cell in measured["load"].values():
-            assert cell["rows_s"] > 0 and cell["shared_memory_requests"] == cell["requests"]
+            # the server also counts the client's warm-up requests
+            assert cell["rows_s"] > 0 and cell["shared_memory_requests"] >= cell["requests"] > 0
         assert measured["spark"]["rows"] == 8192 and measured["spark"]["shared_memory_requests"] > 0
