@@ -189,6 +189,7 @@ def _frameworks() -> tuple[Any, Any]:
             f"`pip install 'udfserve[{IMPORT_EXTRA}]'` on the machine that imports (not on servers or "
             "executors)"
         ) from exc
+    transformers.utils.logging.disable_progress_bar()  # bars of a one-file load, in a command's log
     return torch, transformers
 
 

@@ -119,16 +119,25 @@ EXAMPLES: dict[str, tuple[Callable[[], Any], int, dict[str, Any]]] = {
 
 GENERATE_DESCRIPTION = (
     f"Write the example model repository: {', '.join(EXAMPLES)} (small Keras models with seeded "
-    f"weights), and with --savedmodel tabular_mlp{SAVEDMODEL_SUFFIX}. Models already present are "
+    f"weights), with --savedmodel tabular_mlp{SAVEDMODEL_SUFFIX}, and with --text-classifier text_classifier "
+    "(a Hugging Face classifier imported to ONNX; needs torch and transformers). Models already present are "
     "kept unless --overwrite."
 )
 """The help of the generator, shared by ``udfserve models generate`` and this module's own command."""
 
 
 def generate_example_repository(
-    root: Path, *, overwrite: bool = False, include_savedmodel: bool = False
+    root: Path,
+    *,
+    overwrite: bool = False,
+    include_savedmodel: bool = False,
+    include_text_classifier: bool = False,
 ) -> list[str]:
     """Write the example models under ``root``; returns the names of the example models there.
+
+    ``include_text_classifier`` adds ``text_classifier`` (``services.examples.text_classifier``),
+    which needs torch and transformers: asked for, never implied, so the default repository stays
+    the same whatever is installed.
 
     Models already present are kept unless ``overwrite`` (and then not even built, so a
     repository that holds them all costs no TensorFlow import). Each model is written to a
@@ -160,6 +169,11 @@ def generate_example_repository(
             # "probabilities" like the .keras model does (a bare tensor would be "output_0").
             named = keras.Model(model.input, {"probabilities": model.output}, name=exported)
             _write_model(root, exported, config, partial(_save_savedmodel, named))
+    if include_text_classifier:
+        from services.examples.text_classifier import NAME, generate_text_classifier
+
+        generate_text_classifier(root, overwrite=overwrite)
+        names.append(NAME)
     return names
 
 
@@ -259,6 +273,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--savedmodel", action="store_true", help="also write tabular_mlp as a TensorFlow SavedModel"
     )
+    parser.add_argument(
+        "--text-classifier",
+        action="store_true",
+        help="also write text_classifier (a Hugging Face classifier exported to ONNX; needs torch and "
+        "transformers)",
+    )
     add_publish_arguments(parser)
     args = parser.parse_args(argv)
     if "tensorflow" not in sys.modules:
@@ -274,7 +294,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             logger.info("published %s", folder)
         return 0
     names = generate_example_repository(
-        args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel
+        args.output,
+        overwrite=args.overwrite,
+        include_savedmodel=args.savedmodel,
+        include_text_classifier=args.text_classifier,
     )
     logger.info("example models in %s: %s", args.output, ", ".join(names))
     return 0

@@ -98,6 +98,9 @@ def write_fine_tuned_folder(folder: Path, seed: int = SEED) -> Path:
     writes it: config.json, model.safetensors, tokenizer.json, tokenizer_config.json."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # the bars of saving one small file, in a command's log
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=train_tokenizer(generated_texts(5_000, seed)),
