@@ -207,3 +207,20 @@ def test_the_step_is_what_the_config_declared(version_dir: Path) -> None:
     model = wrapped(TokenCounter(), version_dir, max_length=32)
 
     assert model.tokenize.step == TextPreprocess(max_length=32)
+
+
+def test_a_text_is_cut_to_max_characters_before_it_is_tokenized(version_dir: Path) -> None:
+    """What lies past the cut is never tokenized: a client cannot make the server tokenize a
+    megabyte to keep a few tokens."""
+    counter = TokenCounter()
+    tokenizer = Tokenizer.from_file(str(version_dir / "tokenizer.json"))
+
+    wrapped(counter, version_dir, max_characters=9).predict({"text": texts("good bad " + "awful " * 1000)})
+
+    assert counter.fed["input_ids"].tolist() == [tokenizer.encode("good bad ").ids]
+
+
+def test_a_text_is_cut_by_default_at_32_characters_a_token(version_dir: Path) -> None:
+    step = TextPreprocess(max_length=64)
+
+    assert step.characters == 32 * 64

@@ -107,6 +107,9 @@ TOKENIZER_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
 real token and 0 for padding, and the segment of each token (all 0 for one text)."""
 MAX_TOKENS = 8192
 """The longest ``max_length`` accepted: a bound on every batch's width whatever a client sends."""
+CHARACTERS_PER_TOKEN = 32
+"""Characters of a text read per token kept, by default: a token of a natural-language text
+spans a few characters, so a text is cut well past its ``max_length``-th token."""
 
 
 class TextPreprocess(BaseModel):
@@ -132,6 +135,14 @@ class TextPreprocess(BaseModel):
         le=MAX_TOKENS,
         description="tokens per text, special tokens included; longer texts are truncated",
     )
+    max_characters: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 24,
+        description=f"characters of a text tokenized, the rest cut first (default {CHARACTERS_PER_TOKEN} x "
+        "max_length): tokenizing costs in proportion to the text, and what lies past max_length tokens "
+        "is thrown away, so a client cannot make the server tokenize a megabyte to keep a few tokens",
+    )
     pad_token: str = Field(default="[PAD]", min_length=1, description="the token that pads shorter texts")
     outputs: tuple[str, ...] = Field(
         default=("input_ids", "attention_mask"),
@@ -139,6 +150,11 @@ class TextPreprocess(BaseModel):
         description=f"the tokenizer's outputs fed to the model, each to the input of its name: some of "
         f"{', '.join(TOKENIZER_OUTPUTS)}; the model's inputs are exactly these",
     )
+
+    @property
+    def characters(self) -> int:
+        """The characters of a text that are tokenized."""
+        return self.max_characters or CHARACTERS_PER_TOKEN * self.max_length
 
     @field_validator("tokenizer")
     @classmethod

@@ -10,8 +10,10 @@ models through ``repository.load_model`` too, so it tokenizes the same way.
 
 The batch is padded to its longest text (at most ``max_length`` tokens), so short texts cost
 short calls; every text of a batch is truncated to ``max_length`` tokens, its special tokens
-included. A value that is not UTF-8 is refused naming its row; nulls never reach the model (the
-tensor conversion refuses them, naming the column and row).
+included, after being cut to ``max_characters`` characters (tokenizing costs in proportion to the
+text: the cut bounds what one row costs, whatever a client sends). A value that is not UTF-8 is
+refused naming its row; nulls never reach the model (the tensor conversion refuses them, naming
+the column and row).
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ class BatchTokenizer:
     def __call__(self, texts: np.ndarray, model: str = "") -> dict[str, np.ndarray]:
         """The model's inputs for ``texts``, an object array of UTF-8 ``bytes`` (or of ``str``);
         ``InvalidInput`` naming the first row that is not UTF-8."""
-        encodings: list[Encoding] = self._tokenizer.encode_batch_fast(_decoded(model, self.step.input, texts))
+        decoded = _decoded(model, self.step.input, texts, self.step.characters)
+        encodings: list[Encoding] = self._tokenizer.encode_batch_fast(decoded)
         width = len(encodings[0].ids) if encodings else (self._width or 1)
         return {
             name: np.array([getattr(encoding, field) for encoding in encodings], dtype=dtype).reshape(
@@ -185,15 +188,16 @@ def _checked_inputs(inputs: Sequence[TensorSpec], step: TextPreprocess, where: s
     return width
 
 
-def _decoded(model: str, column: str, texts: np.ndarray) -> list[str]:
-    """``texts`` as ``str``: UTF-8 ``bytes`` decoded, refused naming the first row that is not."""
+def _decoded(model: str, column: str, texts: np.ndarray, characters: int) -> list[str]:
+    """``texts`` as ``str`` of at most ``characters`` characters: UTF-8 ``bytes`` decoded, refused
+    naming the first row that is not."""
     decoded = []
     for row, value in enumerate(texts.tolist()):
         if not isinstance(value, bytes):
-            decoded.append(str(value))
+            decoded.append(str(value)[:characters])
             continue
         try:
-            decoded.append(value.decode("utf-8"))
+            decoded.append(value.decode("utf-8")[:characters])
         except UnicodeDecodeError as exc:
             raise InvalidInput(
                 f"model {model!r}: input {column!r} row {row} is not UTF-8 text ({exc.reason} at byte "
