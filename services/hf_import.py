@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import yaml
+from pydantic import ValidationError
 
-from udfserve.runtime.model_config import TOKENIZER_OUTPUTS, ModelConfig, validate_model_name
+from udfserve.runtime.model_config import MAX_TOKENS, TOKENIZER_OUTPUTS, ModelConfig, validate_model_name
 
 if TYPE_CHECKING:
     import torch
@@ -84,6 +85,10 @@ def import_hugging_face(
     """Export the classifier of ``folder`` as version ``version`` (default: one more than the
     highest present) of model ``name`` in ``repository``. ``HfImportError`` naming what is wrong."""
     validate_model_name(name)
+    if model_format not in MODEL_FILES:
+        raise HfImportError(f"format {model_format!r}: expected one of {', '.join(MODEL_FILES)}")
+    if version is not None and version < 1:
+        raise HfImportError(f"version {version}: expected a positive integer")
     folder = Path(folder)
     _check_folder(folder)
     torch, transformers = _frameworks()
@@ -99,11 +104,22 @@ def import_hugging_face(
             "batches are padded"
         )
     length = max_length or _default_length(tokenizer, model)
-    feeds = tuple(name for name in tokenizer.model_input_names if name in TOKENIZER_OUTPUTS)
-    if "input_ids" not in feeds:
+    positions = int(getattr(model.config, "max_position_embeddings", MAX_TOKENS))
+    if not 1 <= length <= min(positions, MAX_TOKENS):
         raise HfImportError(
-            f"the tokenizer of {folder} gives {tokenizer.model_input_names}; expected input_ids"
+            f"max_length {length}: expected 1 to {min(positions, MAX_TOKENS)} tokens (the model has "
+            f"{positions} positions)"
         )
+    # In the order of the wrapper's parameters: input_ids, attention_mask, then token_type_ids
+    # when the tokenizer makes them, whatever order the tokenizer lists them in.
+    feeds = tuple(name for name in TOKENIZER_OUTPUTS if name in tokenizer.model_input_names)
+    if feeds[:2] != ("input_ids", "attention_mask"):
+        raise HfImportError(
+            f"the tokenizer of {folder} gives {tokenizer.model_input_names}; expected input_ids and "
+            "attention_mask (the texts of a batch are padded: the model must be told which tokens are)"
+        )
+    labels = tuple(str(model.config.id2label[index]) for index in range(model.config.num_labels))
+    config = _config(name, feeds, length, tokenizer.pad_token, max_batch_size)
     probabilities = _probabilities(model).eval()
     samples = tokenizer(
         list(SAMPLE_TEXTS), padding=True, truncation=True, max_length=length, return_tensors="pt"
@@ -135,8 +151,7 @@ def import_hugging_face(
                 f"expected at most {AGREEMENT:g}"
             )
         shutil.copyfile(folder / TOKENIZER_FILE, staging / TOKENIZER_FILE)
-        labels = tuple(str(model.config.id2label[index]) for index in range(model.config.num_labels))
-        _write_config(model_dir, name, labels, feeds, length, tokenizer.pad_token, max_batch_size)
+        _write_config(model_dir, config, labels)
         staging.chmod(0o755)
         staging.rename(target)
     finally:
@@ -282,15 +297,10 @@ def _difference(
     return float(np.abs(np.asarray(found) - expected).max())
 
 
-def _write_config(
-    model_dir: Path,
-    name: str,
-    labels: tuple[str, ...],
-    feeds: tuple[str, ...],
-    max_length: int,
-    pad_token: str,
-    max_batch_size: int,
-) -> None:
+def _config(
+    name: str, feeds: tuple[str, ...], max_length: int, pad_token: str, max_batch_size: int
+) -> dict[str, Any]:
+    """The model's config.yaml, checked as the server will read it (before anything is exported)."""
     config = {
         "name": name,
         "max_batch_size": max_batch_size,
@@ -302,7 +312,15 @@ def _write_config(
             "outputs": list(feeds),
         },
     }
-    ModelConfig.model_validate(config)  # what the server will read
+    try:
+        ModelConfig.model_validate(config)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, error['loc']))}: {error['msg']}" for error in exc.errors())
+        raise HfImportError(f"the model's config.yaml would be invalid: {problems}") from None
+    return config
+
+
+def _write_config(model_dir: Path, config: dict[str, Any], labels: tuple[str, ...]) -> None:
     header = (
         f"# A Hugging Face text classifier: one string per row in (text), {OUTPUT_NAME} of the labels "
         f"{', '.join(labels)} out.\n"

@@ -6,6 +6,7 @@ what transformers answers in-process; folders it cannot import safely are refuse
 from __future__ import annotations
 
 import pickle
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -96,6 +97,7 @@ def test_the_version_holds_the_model_file_and_its_tokenizer_and_the_config_token
         "tokenizer": "tokenizer.json",
         "input": "text",
         "max_length": MAX_LENGTH,
+        "max_characters": None,
         "pad_token": "[PAD]",
         "outputs": ("input_ids", "attention_mask"),
     }
@@ -223,6 +225,47 @@ def test_the_config_written_is_what_the_server_reads(repository: Path) -> None:
         "negative, neutral, positive out."
     )
     assert ModelConfig.model_validate(yaml.safe_load(text)).max_batch_size == 256
+
+
+def test_a_tokenizer_listing_token_type_ids_first_feeds_each_input_by_its_name(
+    fine_tuned: Path, tmp_path: Path
+) -> None:
+    """BERT's own tokenizers list input_ids, token_type_ids, attention_mask: the export takes them
+    by name, whatever their order, and the server feeds all three."""
+    import json
+
+    import onnxruntime
+
+    folder = tmp_path / "bert_order"
+    shutil.copytree(fine_tuned, folder)
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tokenizer_config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+
+    imported = import_hugging_face(folder, tmp_path / "repository", "bert_order", max_length=MAX_LENGTH)
+
+    assert imported.feeds == ("input_ids", "attention_mask", "token_type_ids")
+    session = onnxruntime.InferenceSession(str(imported.version_dir / "model.onnx"))
+    assert [node.name for node in session.get_inputs()] == list(imported.feeds)
+    feeds = tuple(TensorSpec(name=name, dtype="int64", shape=(-1,)) for name in imported.feeds)
+    config = scan_repository(tmp_path / "repository").models[0].config
+    assert config.preprocess is not None and config.preprocess.outputs == imported.feeds
+    tokenize = open_tokenizer(imported.version_dir / "tokenizer.json", config.preprocess, feeds, "test")
+    (found,) = session.run(["probabilities"], tokenize(as_bytes(TEXTS[:300])))
+    np.testing.assert_allclose(
+        found, transformers_probabilities(folder, TEXTS[:300], MAX_LENGTH), atol=TOLERANCE
+    )
+
+
+def test_max_length_beyond_the_models_positions_is_refused_before_anything_is_written(
+    fine_tuned: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(
+        HfImportError, match=r"max_length 4096: expected 1 to 128 tokens \(the model has 128 positions\)"
+    ):
+        import_hugging_face(fine_tuned, tmp_path, "too_long", max_length=4096)
+
+    assert list((tmp_path).iterdir()) == []
 
 
 class _RunsCode:
