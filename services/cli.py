@@ -52,6 +52,10 @@ def run_node(args: argparse.Namespace) -> int:
 
 
 def run_generate_models(args: argparse.Namespace) -> int:
+    from services.examples.generate_models import onnx_missing
+
+    if args.onnx and onnx_missing():
+        raise SettingsError(onnx_missing())
     configure_logging("INFO")
     from udfserve.runtime.device import pin_device
 
@@ -65,6 +69,7 @@ def run_generate_models(args: argparse.Namespace) -> int:
         args.output,
         overwrite=args.overwrite,
         include_savedmodel=args.savedmodel,
+        include_onnx=args.onnx,
         include_text_classifier=args.text_classifier,
     )
     logger.info("example model repository at %s: %s", args.output, ", ".join(names))
@@ -167,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="model repository tools")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    from services.examples.generate_models import GENERATE_DESCRIPTION, add_publish_arguments
+    from services.examples.generate_models import GENERATE_DESCRIPTION, ONNX_HELP, add_publish_arguments
 
     generate = models_commands.add_parser(
         "generate", help="write the example model repository", description=GENERATE_DESCRIPTION
@@ -177,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument(
         "--savedmodel", action="store_true", help="also export tabular_mlp as a TensorFlow SavedModel"
     )
+    generate.add_argument("--onnx", action="store_true", help=ONNX_HELP)
     generate.add_argument(
         "--text-classifier",
         action="store_true",

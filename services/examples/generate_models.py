@@ -119,11 +119,22 @@ EXAMPLES: dict[str, tuple[Callable[[], Any], int, dict[str, Any]]] = {
 
 GENERATE_DESCRIPTION = (
     f"Write the example model repository: {', '.join(EXAMPLES)} (small Keras models with seeded "
-    f"weights), with --savedmodel tabular_mlp{SAVEDMODEL_SUFFIX}, and with --text-classifier text_classifier "
-    "(a Hugging Face classifier imported to ONNX; needs torch and transformers). Models already present are "
-    "kept unless --overwrite."
+    f"weights), with --savedmodel tabular_mlp{SAVEDMODEL_SUFFIX}, with --onnx tabular_mlp_onnx "
+    "(the same weights as an ONNX graph; needs the onnx package), and with --text-classifier "
+    "text_classifier (a Hugging Face classifier imported to ONNX; needs torch and transformers). Models "
+    "already present are kept unless --overwrite."
 )
 """The help of the generator, shared by ``udfserve models generate`` and this module's own command."""
+ONNX_HELP = "also write tabular_mlp as an ONNX graph, tabular_mlp_onnx (needs the onnx package)"
+
+
+def onnx_missing() -> str:
+    """Why ``--onnx`` cannot run here ("" when it can): the graph is built with the onnx package."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnx") is not None:
+        return ""
+    return "--onnx needs the onnx package, which is not installed: expected `pip install onnx`"
 
 
 def generate_example_repository(
@@ -131,6 +142,7 @@ def generate_example_repository(
     *,
     overwrite: bool = False,
     include_savedmodel: bool = False,
+    include_onnx: bool = False,
     include_text_classifier: bool = False,
 ) -> list[str]:
     """Write the example models under ``root``; returns the names of the example models there.
@@ -154,7 +166,8 @@ def generate_example_repository(
     names = []
     for name, (build, seed, config) in EXAMPLES.items():
         exported = f"{name}{SAVEDMODEL_SUFFIX}" if include_savedmodel and name == "tabular_mlp" else None
-        wanted = [n for n in (name, exported) if n is not None]
+        onnx_export = f"{name}_onnx" if include_onnx and name == "tabular_mlp" else None
+        wanted = [n for n in (name, exported, onnx_export) if n is not None]
         names.extend(wanted)
         missing = [n for n in wanted if overwrite or not _kept(root / n)]
         if not missing:
@@ -169,6 +182,10 @@ def generate_example_repository(
             # "probabilities" like the .keras model does (a bare tensor would be "output_0").
             named = keras.Model(model.input, {"probabilities": model.output}, name=exported)
             _write_model(root, exported, config, partial(_save_savedmodel, named))
+        if onnx_export in missing:
+            from services.examples.onnx_models import save_tabular_mlp_onnx
+
+            _write_model(root, onnx_export, config, partial(save_tabular_mlp_onnx, model))
     if include_text_classifier:
         from services.examples.text_classifier import NAME, generate_text_classifier
 
@@ -273,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--savedmodel", action="store_true", help="also write tabular_mlp as a TensorFlow SavedModel"
     )
+    parser.add_argument("--onnx", action="store_true", help=ONNX_HELP)
     parser.add_argument(
         "--text-classifier",
         action="store_true",
@@ -281,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_publish_arguments(parser)
     args = parser.parse_args(argv)
+    if args.onnx and onnx_missing():
+        parser.error(onnx_missing())
     if "tensorflow" not in sys.modules:
         # Weights are generated on the CPU: the same seeded values on any machine, and no GPU
         # memory taken from a model server that may be running on this node.
@@ -297,6 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.output,
         overwrite=args.overwrite,
         include_savedmodel=args.savedmodel,
+        include_onnx=args.onnx,
         include_text_classifier=args.text_classifier,
     )
     logger.info("example models in %s: %s", args.output, ", ".join(names))

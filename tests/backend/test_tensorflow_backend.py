@@ -455,7 +455,8 @@ def test_version_folder_without_a_model_is_refused_listing_what_it_holds(tmp_pat
     (source,) = scan_repository(tmp_path).sources
 
     with pytest.raises(
-        ModelLoadError, match=r"expected model\.keras or saved_model\.pb; found \['notes\.txt'\]"
+        ModelLoadError,
+        match=r"no model file in .*: expected model\.keras or a SavedModel .*; found \['notes\.txt'\]",
     ):
         load_model(source)
 

@@ -1,4 +1,5 @@
-"""On the happy path a Spark Python worker imports neither TensorFlow nor the server side."""
+"""On the happy path a Spark Python worker imports no framework (TensorFlow, ONNX Runtime, PyTorch)
+and nothing of the server side."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from spark_data import feature_column
 
@@ -30,7 +32,9 @@ def test_a_worker_that_predicts_through_the_server_never_imports_tensorflow(
 
         for batch in predictor(batches):  # type: ignore[arg-type]
             heavy = sorted(
-                name for name in sys.modules if name.split(".")[0] in {"tensorflow", "keras", "services"}
+                name
+                for name in sys.modules
+                if name.split(".")[0] in {"tensorflow", "keras", "onnxruntime", "onnx", "torch", "services"}
             )
             yield batch.append_column("heavy_modules", pa.array([",".join(heavy)] * batch.num_rows))
 
@@ -42,3 +46,47 @@ def test_a_worker_that_predicts_through_the_server_never_imports_tensorflow(
         frame.mapInArrow(predict_then_list_heavy_modules, schema).select("heavy_modules").distinct().collect()
     )
     assert [row.heavy_modules for row in rows] == [""]
+
+
+def test_a_worker_that_predicts_an_onnx_model_through_the_server_never_imports_onnxruntime(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The same check against a server of an ONNX graph: the client's happy path is the same
+    whatever backend the server runs."""
+    from onnx_graphs import scored_graph, write_model
+
+    from services.model_server.launcher import launch_server
+
+    root = tmp_path_factory.mktemp("onnx_lightness")
+    write_model(root / "repository", "scored", scored_graph())
+    onnx_server = launch_server(root / "repository", socket=root / "grpc.sock", port=0, http_port=0)
+    try:
+        predictor = arrow_predictor(
+            "scored", config=ClientConfig(address=onnx_server.grpc_target(), fallback="error")
+        )
+
+        def predict_then_list_frameworks(batches: Iterator[object]) -> Iterator[object]:
+            import sys
+
+            import pyarrow as pa
+
+            for batch in predictor(batches):  # type: ignore[arg-type]
+                frameworks = sorted(
+                    name for name in sys.modules if name.split(".")[0] in {"onnxruntime", "onnx", "torch"}
+                )
+                yield batch.append_column("frameworks", pa.array([",".join(frameworks)] * batch.num_rows))
+
+        frame = spark.range(5_000, numPartitions=2).select(
+            "id",
+            feature_column((3,)).alias("amount"),  # type: ignore[attr-defined]
+            (F.col("id") % 10).cast("long").alias("code"),
+        )
+        schema = T.StructType(
+            [*frame.schema.fields, *predictor.output_fields(), T.StructField("frameworks", T.StringType())]
+        )
+        rows = (
+            frame.mapInArrow(predict_then_list_frameworks, schema).select("frameworks").distinct().collect()
+        )
+    finally:
+        onnx_server.terminate()
+    assert [row.frameworks for row in rows] == [""]

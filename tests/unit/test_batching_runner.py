@@ -64,9 +64,10 @@ class Runs:
         *,
         max_batch_size: int = 8,
         observer: Recorder | None = None,
+        limit_class: type[RowLimit] = RowLimit,
     ) -> None:
         self.loop = asyncio.get_running_loop()
-        self.limit = RowLimit(max_batch_size, Reports("m", observer))
+        self.limit = limit_class(max_batch_size, Reports("m", observer))
         self.running: set[Batch] = set()
         self.finished: list[Batch] = []
         self.all_finished = asyncio.Event()
@@ -152,6 +153,29 @@ def test_the_observer_sees_each_chunks_wait_and_the_call(executor: concurrent.fu
 
     run(body)
     assert (observer.waits, observer.batches) == (2, [(3, 2, True)])
+
+
+class BrokenLimit(RowLimit):
+    """A fault of ours on the answer path of a successful call."""
+
+    def on_success(self, rows: int) -> None:
+        raise RuntimeError("row limit bug")
+
+
+def test_a_fault_on_the_answer_path_fails_the_batchs_requests_and_finishes_it(
+    executor: concurrent.futures.Executor,
+) -> None:
+    async def body() -> None:
+        runs = Runs(doubled, executor, limit_class=BrokenLimit)
+        chunks = [runs.chunk(1), runs.chunk(2, 3)]
+        batch = runs.start(chunks)
+        await runs.all_finished.wait()
+        assert runs.finished == [batch]
+        for chunk in chunks:
+            with pytest.raises(BackendFault, match="model 'm': answering the batch failed"):
+                await chunk.future
+
+    run(body)
 
 
 def test_an_output_without_one_row_per_input_row_fails_the_request(

@@ -67,6 +67,12 @@ def pin_device(device: str) -> None:
     logger.debug("pinned to device %s (CUDA_VISIBLE_DEVICES=%r)", device, visible)
 
 
+def pinned_device() -> str | None:
+    """The device ``pin_device`` exposed in this process; None when it was never called (a test,
+    a script): backends other than TensorFlow choose their execution device from it."""
+    return _pinned_device
+
+
 def import_tensorflow() -> Any:
     """TensorFlow, imported once per process, without the start-up lines that are no concern of
     the user; logs the one line that says where it computes (a WARNING when a process pinned to

@@ -32,7 +32,8 @@ class BackendFormat:
 FORMATS = (
     BackendFormat(
         "tensorflow",
-        ("model.keras", "*.keras", SAVED_MODEL_FILE),
+        # legacy HDF5 files too: the TensorFlow backend refuses them, saying how to convert them
+        ("model.keras", "*.keras", SAVED_MODEL_FILE, "*.h5", "*.hdf5"),
         "tensorflow",
         "server",
         "a Keras file or a SavedModel",

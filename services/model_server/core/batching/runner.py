@@ -107,25 +107,37 @@ class BatchRunner:
             result = call.result()
         except Exception as error:  # _call_backend never raises; the executor might
             result = CallResult(None, error, 0.0)
-        self._reports.batch(batch.rows, len(batch.chunks), result.seconds, result.error is None)
-        if result.error is not None:
-            assert self._loop is not None
-            batch.task = self._loop.create_task(self._run_batch(batch, result))
-            return
+        try:
+            self._reports.batch(batch.rows, len(batch.chunks), result.seconds, result.error is None)
+            if result.error is not None:
+                assert self._loop is not None
+                batch.task = self._loop.create_task(self._run_batch(batch, result))
+                return
+            self._answer(batch, result)
+        except Exception:
+            # A fault of ours on the answer path (an observer, a slice): without this the batch
+            # would stay running for good, its clients waiting and its slot never given back.
+            logger.exception("model '%s': answering a batch failed", self.model_name)
+            fault = BackendFault(f"model '{self.model_name}': answering the batch failed; see the server log")
+            for chunk in batch.chunks:
+                set_exception(chunk.future, fault)
+        self._finish(batch)
+
+    def _answer(self, batch: Batch, result: CallResult) -> None:
+        """Each chunk of a batch its own rows of the call's outputs."""
         self._limit.on_success(batch.rows)
         outputs = result.outputs
         assert outputs is not None
         reports = self._reports
         if len(batch.chunks) == 1:
             resolve(batch.chunks[0], outputs, result.seconds, reports)
-        else:
-            start = 0
-            for chunk in batch.chunks:
-                stop = start + chunk.rows
-                chunk_outputs = {name: array[start:stop] for name, array in outputs.items()}
-                resolve(chunk, chunk_outputs, result.seconds, reports)
-                start = stop
-        self._finish(batch)
+            return
+        start = 0
+        for chunk in batch.chunks:
+            stop = start + chunk.rows
+            chunk_outputs = {name: array[start:stop] for name, array in outputs.items()}
+            resolve(chunk, chunk_outputs, result.seconds, reports)
+            start = stop
 
     async def _run_batch(self, batch: Batch, first: CallResult | None) -> None:
         """The batch in as many calls as it takes; ``first`` is its failed whole-batch call."""
