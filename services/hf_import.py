@@ -138,7 +138,7 @@ def import_hugging_face(
     try:
         model_file = staging / MODEL_FILES[model_format]
         with torch.inference_mode():
-            expected = probabilities(*example).numpy()
+            expected = probabilities(*example)[OUTPUT_NAME].numpy()
         if model_format == "onnx":
             _export_onnx(torch, probabilities, example, feeds, model_file)
         else:
@@ -220,7 +220,8 @@ def _probabilities_module() -> type:
 
     class Probabilities(torch.nn.Module):
         """The classifier's logits through a softmax. The parameters are named, in this order, so
-        that the exported graph's inputs are named after the tokenizer's outputs."""
+        that the exported graph's inputs are named after the tokenizer's outputs; the answer is a
+        dict so that a torch.export program names its output too (ONNX names it on export)."""
 
         def __init__(self, model: torch.nn.Module) -> None:
             super().__init__()
@@ -231,11 +232,11 @@ def _probabilities_module() -> type:
             input_ids: torch.Tensor,
             attention_mask: torch.Tensor,
             token_type_ids: torch.Tensor | None = None,
-        ) -> torch.Tensor:
+        ) -> dict[str, torch.Tensor]:
             logits = self.model(
                 input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
             ).logits
-            return torch.softmax(logits.float(), dim=-1)
+            return {OUTPUT_NAME: torch.softmax(logits.float(), dim=-1)}
 
     return Probabilities
 
@@ -293,7 +294,7 @@ def _difference(
 
         program = torch.export.load(str(path))
         with torch.inference_mode():
-            found = program.module()(*example).numpy()
+            found = program.module()(*example)[OUTPUT_NAME].numpy()
     return float(np.abs(np.asarray(found) - expected).max())
 
 

@@ -149,7 +149,7 @@ def test_the_torch_export_fed_by_the_servers_tokenization_answers_like_transform
                         torch.from_numpy(array)
                         for array in tokenize(as_bytes(TEXTS[start : start + 100])).values()
                     )
-                ).numpy()
+                )["probabilities"].numpy()
                 for start in range(0, len(TEXTS), 100)
             ]
         )
