@@ -10,8 +10,8 @@ exported with free batch and sequence dimensions:
   Runtime; the server and the executors' CPU fallback then need neither torch nor transformers.
 - ``pt2``: ``model.pt2``, a ``torch.export`` program, served by the PyTorch backend.
 
-The exported file is checked against transformers in-process on sample texts before anything is
-written. The new version folder gets the model file and a copy of ``tokenizer.json``, and the
+The exported file is checked against transformers in-process, on batches of other sizes and
+lengths than it was traced with, before anything is written. The new version folder gets the model file and a copy of ``tokenizer.json``, and the
 model's ``config.yaml`` a ``preprocess`` step, so the server tokenizes each batch
 (``udfserve.runtime.preprocessing``). The version is written to a hidden folder and renamed, so a
 server watching the repository never sees half of it.
@@ -53,6 +53,17 @@ SAMPLE_TEXTS = (
     "A second one, longer, so that the batch is padded: its tokens, and more of them, and a few more.",
     "Short.",
 )
+CHECK_TEXTS = (
+    ("One text alone.",),
+    (
+        "Other texts than the traced ones,",
+        "of other lengths, in a batch of four,",
+        "",
+        "check the free dimensions.",
+    ),
+)
+"""Batches the exported file must answer as transformers does: other sizes and lengths than the
+sample it was traced with, an empty text among them."""
 
 
 class HfImportError(ValueError):
@@ -137,13 +148,19 @@ def import_hugging_face(
     staging = Path(tempfile.mkdtemp(prefix=f".{number}.", dir=model_dir))
     try:
         model_file = staging / MODEL_FILES[model_format]
+        checks = []
         with torch.inference_mode():
-            expected = probabilities(*example)[OUTPUT_NAME].numpy()
+            for texts in CHECK_TEXTS:
+                encoded = tokenizer(
+                    list(texts), padding=True, truncation=True, max_length=length, return_tensors="pt"
+                )
+                inputs = tuple(encoded[feed] for feed in feeds)
+                checks.append((inputs, probabilities(*inputs)[OUTPUT_NAME].numpy()))
         if model_format == "onnx":
             _export_onnx(torch, probabilities, example, feeds, model_file)
         else:
             _export_pt2(torch, probabilities, example, feeds, model_file, length)
-        difference = _difference(model_format, model_file, feeds, example, expected)
+        difference = _difference(model_format, model_file, feeds, checks)
         if difference is not None and difference > AGREEMENT:
             raise HfImportError(
                 f"the exported {model_file.name} differs from transformers by {difference:.2e} on "
@@ -275,10 +292,10 @@ def _export_pt2(
 
 
 def _difference(
-    model_format: str, path: Path, feeds: tuple[str, ...], example: tuple[Any, ...], expected: np.ndarray
+    model_format: str, path: Path, feeds: tuple[str, ...], checks: list[tuple[tuple[Any, ...], np.ndarray]]
 ) -> float | None:
-    """The largest difference between the exported file's answers and ``expected``."""
-    arrays = [tensor.numpy() for tensor in example]
+    """The largest difference between the exported file's answers to each check's inputs and the
+    answers transformers gave; None when the runtime that serves the file is not installed here."""
     if model_format == "onnx":
         try:
             import onnxruntime
@@ -288,14 +305,20 @@ def _difference(
             )
             return None
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        (found,) = session.run([OUTPUT_NAME], dict(zip(feeds, arrays, strict=True)))
+
+        def answer(inputs: tuple[Any, ...]) -> np.ndarray:
+            arrays = {feed: tensor.numpy() for feed, tensor in zip(feeds, inputs, strict=True)}
+            return np.asarray(session.run([OUTPUT_NAME], arrays)[0])
     else:
         import torch
 
-        program = torch.export.load(str(path))
-        with torch.inference_mode():
-            found = program.module()(*example)[OUTPUT_NAME].numpy()
-    return float(np.abs(np.asarray(found) - expected).max())
+        program = torch.export.load(str(path)).module()
+
+        def answer(inputs: tuple[Any, ...]) -> np.ndarray:
+            with torch.inference_mode():
+                return np.asarray(program(*inputs)[OUTPUT_NAME].numpy())
+
+    return max(float(np.abs(answer(inputs) - expected).max()) for inputs, expected in checks)
 
 
 def _config(
