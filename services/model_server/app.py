@@ -31,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.model_server.config import ServerConfig, is_loopback
 from services.model_server.core.in_flight import InFlightRequests
+from services.model_server.core.memory_trim import MemoryTrimmer
 from services.model_server.core.model_control import ModelControl
 from services.model_server.core.model_table import ModelTable
 from services.model_server.core.request_lifecycle import RequestLifecycle
@@ -38,7 +39,7 @@ from services.model_server.event_loop import running_loop_kind
 from services.model_server.frontends.admin_server import AdminThread, ServingLoop
 from services.model_server.frontends.arrow.grpc_api import InferenceServicer
 from services.model_server.frontends.http_api import AdminLimits, create_admin_app
-from services.model_server.frontends.kserve.native_bridge import NativeKServeFrontend
+from services.model_server.frontends.kserve.native_bridge import NativeBoundsCollector, NativeKServeFrontend
 from services.model_server.frontends.kserve.servicer import add_kserve_service
 from services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
 from services.model_server.frontends.readable_requests import add_service
@@ -145,7 +146,12 @@ class RunningServer:
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if self.auth_token:
             interceptors.append(TokenInterceptor(self.auth_token))
-        unary_budget = UnaryBudget(config.max_unary_held_bytes, config.max_message_bytes, self.metrics)
+        unary_budget = UnaryBudget(
+            config.max_unary_held_bytes,
+            config.max_message_bytes,
+            self.metrics,
+            MemoryTrimmer(config.trim_after_call_bytes),
+        )
         interceptors += [UnaryAdmission(unary_budget), RawStreamRequests()]
         self.grpc_server = grpc.aio.server(
             options=options, interceptors=interceptors, maximum_concurrent_rpcs=config.max_concurrent_calls
@@ -162,7 +168,11 @@ class RunningServer:
                 config.max_message_bytes,
                 self.auth_token,
                 *_tls_pem(config),
+                max_concurrent_calls=config.max_concurrent_calls,
+                max_held_bytes=config.max_unary_held_bytes,
+                trim_after_call_bytes=config.trim_after_call_bytes,
             )
+            self.metrics.register([NativeBoundsCollector(self.kserve_native)])
         add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.grpc_server)
         self.addresses: BoundAddresses | None = None
         self._admin: AdminThread | None = None

@@ -122,7 +122,15 @@ class ServerConfig(BaseSettings):
         ge=1 << 16,
         description="bytes of unary KServe ModelInfer calls the server holds, read or being read, and not "
         "yet answered; a call is read once there is room for a message of --max-message-bytes "
-        "and waits unread until then (one call is always read while none is held)",
+        "and waits unread until then (one call is always read while none is held); the native KServe "
+        "port has a budget of this size of its own, for all its calls",
+    )
+    trim_after_call_bytes: int = Field(
+        default=16 << 20,
+        ge=0,
+        description="after a unary KServe ModelInfer call (any call on the native KServe port) of at "
+        "least this many bytes is answered, hand the memory the process freed back to the system "
+        "(glibc's malloc_trim, at most once a second); 0 never trims",
     )
     max_concurrent_calls: int = Field(
         default=1024,
@@ -130,7 +138,8 @@ class ServerConfig(BaseSettings):
         le=1_000_000,
         description="gRPC calls (streams and unary calls, health checks included) the server handles "
         "at once; calls beyond are refused RESOURCE_EXHAUSTED before anything of them is read (some "
-        "may first wait, unread, in gRPC's queue of calls not yet handed to the server)",
+        "may first wait, unread, in gRPC's queue of calls not yet handed to the server); the native "
+        "KServe port counts its own calls against a limit of this size",
     )
     shared_memory_dir: Path | None = Field(
         default=Path(DEFAULT_SHARED_MEMORY_DIRECTORY),

@@ -141,7 +141,7 @@ class ServerProcess:
         return code
 
 
-def server_command(
+def serve_arguments(
     model_repository: Path,
     *,
     device: str = "cpu",
@@ -151,12 +151,8 @@ def server_command(
     ready_file: Path,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """The command line of ``udfserve serve`` run with this interpreter."""
-    command = [
-        sys.executable,
-        "-m",
-        "services",
-        "serve",
+    """The flags of ``udfserve serve`` for a server of these settings (``extra_args`` last)."""
+    arguments = [
         "--model-repository",
         str(model_repository),
         "--device",
@@ -169,8 +165,31 @@ def server_command(
         "off" if http_port is None else str(http_port),
     ]
     if socket is not None:
-        command += ["--socket", str(socket)]
-    return command + list(extra_args)
+        arguments += ["--socket", str(socket)]
+    return arguments + list(extra_args)
+
+
+def server_command(
+    model_repository: Path,
+    *,
+    device: str = "cpu",
+    socket: Path | None = None,
+    port: int | None = 0,
+    http_port: int | None = 0,
+    ready_file: Path,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The command line of ``udfserve serve`` run with this interpreter."""
+    arguments = serve_arguments(
+        model_repository,
+        device=device,
+        socket=socket,
+        port=port,
+        http_port=http_port,
+        ready_file=ready_file,
+        extra_args=extra_args,
+    )
+    return [sys.executable, "-m", "services", "serve", *arguments]
 
 
 def launch_server(

@@ -12,6 +12,7 @@ from services.node.admin import AdminAddressUnavailable
 from services.node.config import NodeConfig
 from services.node.devices import DeviceError, detect_gpus, plan_devices
 from services.node.lock import NodeLockHeld
+from services.node.server_flags import check_server_command
 from services.node.supervisor import Supervisor
 from services.process_setup import configure_logging
 from services.settings_cli import settings_from_args
@@ -33,8 +34,19 @@ def run_node(args: argparse.Namespace) -> int:
         logger.error("%s", exc)
         return EXIT_CONFIG_ERROR
     prometheus_client.disable_created_metrics()
+    supervisor = Supervisor(config, devices, detection)
+    for slot in supervisor.slots:
+        try:
+            check_server_command(slot.serve_arguments(config))
+        except ValueError as exc:
+            logger.error(
+                "refusing to start: the model server on %s would refuse its settings: %s",
+                slot.device.device,
+                exc,
+            )
+            return EXIT_CONFIG_ERROR
     try:
-        return asyncio.run(Supervisor(config, devices, detection).run())
+        return asyncio.run(supervisor.run())
     except NodeLockHeld as exc:
         logger.error("refusing to start: %s", exc)
         return EXIT_LOCK_HELD

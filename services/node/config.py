@@ -142,7 +142,8 @@ class NodeConfig(BaseSettings):
         default="",
         description="more `udfserve serve` flags for every server, given with '=', e.g. "
         "--server-args='--inference-threads 2'; a flag the node sets itself (one of its own, such as "
-        "--model-control, or a server's device, socket, ports) is refused",
+        "--model-control, or a server's device, socket, ports) is refused, and so is, before any "
+        "server starts, a server command line that `udfserve serve` would refuse",
     )
     allow_insecure_remote: bool = Field(
         default=False,

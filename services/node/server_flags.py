@@ -9,6 +9,12 @@ would run every server otherwise than the node believes (its SIGKILL deadline sh
 server's own grace period, every server on one ``--device``, a ``--model-control`` the node's
 own setting does not say). So such ``--server-args`` are refused when the node starts, naming
 the node's flag to use instead.
+
+Before it starts anything, the node also reads each server's whole command line as ``udfserve
+serve`` will (``check_server_command``): a configuration the server refuses (TLS on a
+non-loopback host that authenticates no client, a TLS file that is not PEM, an unknown flag)
+would make it exit at every start, and the node restart it in a loop; the node refuses to start
+instead, with the server's own message.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from services.model_server.config import ServerConfig
-from services.settings_cli import add_settings_arguments, env_name, flag_name
+from services.settings_cli import add_settings_arguments, env_name, flag_name, settings_from_args
 
 SHARED_SETTINGS = (
     "grace_period_s",
@@ -80,3 +86,17 @@ def check_server_args(words: Sequence[str]) -> None:
             f"--server-args give flags that the node sets for every server itself: {problems}; "
             "expected only flags the node does not set (e.g. --inference-threads 2)"
         )
+
+
+def check_server_command(arguments: Sequence[str]) -> ServerConfig:
+    """Read a server's ``udfserve serve`` flags as the server does, with its own settings class
+    and the environment it inherits, and its token and TLS files as it reads them at start; the
+    server's settings, or a ValueError with the server's own message."""
+    parser = _ServeFlags(prog="udfserve serve", add_help=False)
+    add_settings_arguments(parser, ServerConfig)
+    given = parser.parse_args(list(arguments))  # a flag serve does not have: ValueError
+    config = settings_from_args(ServerConfig, given)
+    from services.model_server.security import check_credentials  # grpc and FastAPI: only here
+
+    check_credentials(config)
+    return config

@@ -38,7 +38,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from services.model_server.launcher import ServerProcess, ServerStartError, launch_server, wait_until_serving
+from services.model_server.launcher import (
+    ServerProcess,
+    ServerStartError,
+    launch_server,
+    serve_arguments,
+    wait_until_serving,
+)
 from services.node.admin import AdminServer, SupervisorMetrics
 from services.node.config import NodeConfig
 from services.node.devices import DeviceSlot, GpuDetection
@@ -72,6 +78,22 @@ class ServerSlot:
         self.watch: ReadyFileWatch | None = None
         self.problem = ""
         """Why the last start failed (the server's own reason when it serves no model); "" once ready."""
+
+    def server_args(self, config: NodeConfig) -> list[str]:
+        """The flags the node gives this server beyond ``launch_server``'s own ones."""
+        return config.server_flags(self.device) + config.server_extra_args
+
+    def serve_arguments(self, config: NodeConfig) -> list[str]:
+        """This server's whole ``udfserve serve`` command line (its lifeline aside)."""
+        return serve_arguments(
+            config.model_repository,
+            device=self.device.device,
+            socket=self.socket_path,
+            port=self.port,
+            http_port=self.http_port,
+            ready_file=self.ready_file,
+            extra_args=self.server_args(config),
+        )
 
     def entry(self) -> ServerEntry:
         ready = self.state == "ready" and self.process is not None
@@ -261,7 +283,7 @@ class Supervisor:
             socket=slot.socket_path,
             port=slot.port,
             http_port=slot.http_port,
-            extra_args=config.server_flags(slot.device) + config.server_extra_args,
+            extra_args=slot.server_args(config),
             log_path=slot.log_path,
             wait=False,
             ready_file=slot.ready_file,

@@ -1,11 +1,13 @@
 """A client that never reads its answers, or many callers without the token, cannot make the server
 hold more memory than its bounds: the stream stops being read, the unread call is refused before
-its message is read. The server's peak resident memory during each attack is measured (its peak
-is reset first) and must stay within ``RSS_GROWTH_BOUND_BYTES`` of what it held before."""
+its message is read, on the main port and on the native KServe front end's own port alike. The
+server's peak resident memory during each attack is measured (its peak is reset first) and must
+stay within ``RSS_GROWTH_BOUND_BYTES`` of what it held before."""
 
 from __future__ import annotations
 
 import logging
+import resource
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +35,9 @@ ATTACK_TIMEOUT_S = 300.0
 NEVER_READING_CLIENT = [("grpc.http2.bdp_probe", 0)]
 """A client that never reads keeps its receive window at gRPC's initial 64 KiB (no BDP growth)."""
 TOKEN = "bounded-memory-token"
+NATIVE = ["--kserve-frontend", "native", "--kserve-port", "0"]
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+SERVER_LIVE = "/inference.GRPCInferenceService/ServerLive"
 
 server = module_server("bounded", ["--models", "tabular_mlp"], port=None, http_port=0)
 
@@ -162,22 +167,68 @@ def test_a_client_on_another_stream_is_answered_while_a_stream_that_never_reads_
     )
 
 
+def launch_token_server(
+    example_repository: Path, folder: Path, socket: Path, extra_args: list[str]
+) -> ServerProcess:
+    (folder / "token").write_text(TOKEN + "\n")
+    return launch_server(
+        example_repository,
+        socket=socket,
+        port=None,
+        http_port=None,
+        extra_args=["--models", "tabular_mlp", "--auth-token-file", str(folder / "token"), *extra_args],
+        log_path=folder / "server.log",
+    )
+
+
 @pytest.fixture(scope="module")
 def token_server(
     example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("bounded-token")
-    (folder / "token").write_text(TOKEN + "\n")
-    process = launch_server(
-        example_repository,
-        socket=socket_dir / "bounded-token.sock",
-        port=None,
-        http_port=None,
-        extra_args=["--models", "tabular_mlp", "--auth-token-file", str(folder / "token")],
-        log_path=folder / "server.log",
-    )
+    process = launch_token_server(example_repository, folder, socket_dir / "bounded-token.sock", [])
     yield process
     process.terminate()
+
+
+@pytest.fixture(scope="module")
+def native_token_server(
+    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("bounded-native-token")
+    process = launch_token_server(example_repository, folder, socket_dir / "bounded-native.sock", NATIVE)
+    yield process
+    process.terminate()
+
+
+def kserve_target(request: pytest.FixtureRequest, frontend: str) -> tuple[ServerProcess, str]:
+    """The token server of ``frontend`` and the address its KServe calls go to."""
+    if frontend == "python":
+        process: ServerProcess = request.getfixturevalue("token_server")
+        return process, process.grpc_target()
+    process = request.getfixturevalue("native_token_server")
+    assert process.kserve_address is not None
+    return process, process.kserve_address
+
+
+def small_infer_request() -> bytes:
+    message = kpb.ModelInferRequest(model_name="tabular_mlp")
+    message.inputs.add(name="features", datatype="FP32", shape=[2, 64])
+    message.raw_input_contents.append(np.ones((2, 64), np.float32).tobytes())
+    return message.SerializeToString()
+
+
+def warm_up(target: str, callers: int) -> None:
+    """The first calls of a port start gRPC's threads and their buffers, once for the server's
+    life: a round of small calls without the token, so that the peak measured is the attack's."""
+    assert set(unauthenticated_attack(target, callers, 1, call_bytes=1024)) == {
+        grpc.StatusCode.UNAUTHENTICATED
+    }
+
+
+def own_peak_bytes() -> int:
+    """This test process's peak resident memory (the callers' messages are in it)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 UNAUTHENTICATED_CALLERS = 16
@@ -185,18 +236,20 @@ CALLS_PER_CALLER = 2
 CALL_BYTES = 60 * MIB
 
 
-def test_unary_calls_of_large_messages_without_the_token_are_refused_within_bounded_memory(
-    token_server: ServerProcess,
-) -> None:
-    large = kpb.ModelInferRequest(model_name="tabular_mlp", raw_input_contents=[bytes(CALL_BYTES)])
+def unauthenticated_attack(
+    target: str, callers: int, calls_per_caller: int, call_bytes: int = CALL_BYTES
+) -> list[grpc.StatusCode]:
+    """``callers`` callers without the token, each making ``calls_per_caller`` unary ModelInfer
+    calls of ``call_bytes`` one after the other, all at once; every call's status code."""
+    large = kpb.ModelInferRequest(model_name="tabular_mlp", raw_input_contents=[bytes(call_bytes)])
     message = large.SerializeToString()
     del large
 
     def caller(_: int) -> list[grpc.StatusCode]:
         codes = []
-        with grpc.insecure_channel(token_server.grpc_target()) as channel:
-            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-            for _ in range(CALLS_PER_CALLER):
+        with grpc.insecure_channel(target) as channel:
+            infer = channel.unary_unary(MODEL_INFER)
+            for _ in range(calls_per_caller):
                 try:
                     infer(message, timeout=ATTACK_TIMEOUT_S)
                     codes.append(grpc.StatusCode.OK)
@@ -204,15 +257,46 @@ def test_unary_calls_of_large_messages_without_the_token_are_refused_within_boun
                     codes.append(exc.code())
         return codes
 
-    memory = PeakMemory(token_server.pid)
-    with ThreadPoolExecutor(UNAUTHENTICATED_CALLERS) as pool:
-        codes = [
-            code for caller_codes in pool.map(caller, range(UNAUTHENTICATED_CALLERS)) for code in caller_codes
-        ]
+    with ThreadPoolExecutor(callers) as pool:
+        return [code for caller_codes in pool.map(caller, range(callers)) for code in caller_codes]
+
+
+@pytest.mark.parametrize("frontend", ["python", "native"])
+def test_unary_calls_of_large_messages_without_the_token_are_refused_within_bounded_memory(
+    request: pytest.FixtureRequest, frontend: str
+) -> None:
+    process, target = kserve_target(request, frontend)
+    warm_up(target, UNAUTHENTICATED_CALLERS)
+    memory = PeakMemory(process.pid)
+    started = time.monotonic()
+    codes = unauthenticated_attack(target, UNAUTHENTICATED_CALLERS, CALLS_PER_CALLER)
     growth = report(memory.growth_bytes())
-    assert len(codes) == UNAUTHENTICATED_CALLERS * CALLS_PER_CALLER
-    assert set(codes) <= {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    logger.info(
+        "%s front end: %d calls in %.1f s; this process's own peak %.0f MiB",
+        frontend,
+        len(codes),
+        time.monotonic() - started,
+        own_peak_bytes() / MIB,
+    )
+    assert codes == [grpc.StatusCode.UNAUTHENTICATED] * (UNAUTHENTICATED_CALLERS * CALLS_PER_CALLER)
     assert growth <= RSS_GROWTH_BOUND_BYTES, f"the server's peak grew by {growth / MIB:.0f} MiB"
+
+
+@pytest.mark.parametrize("frontend", ["python", "native"])
+def test_calls_with_the_token_are_served_by_a_server_that_refuses_those_without(
+    request: pytest.FixtureRequest, frontend: str
+) -> None:
+    _, target = kserve_target(request, frontend)
+    with grpc.insecure_channel(target) as channel:
+        answer = kpb.ModelInferResponse.FromString(
+            channel.unary_unary(MODEL_INFER)(
+                small_infer_request(),
+                metadata=[("authorization", f"Bearer {TOKEN}")],
+                timeout=ATTACK_TIMEOUT_S,
+            )
+        )
+    assert [output.name for output in answer.outputs] == ["probabilities"]
+    assert list(answer.outputs[0].shape) == [2, 8]
 
 
 def test_a_stream_of_large_messages_without_the_token_is_refused_within_bounded_memory(
@@ -226,6 +310,24 @@ def test_a_stream_of_large_messages_without_the_token_is_refused_within_bounded_
             list(stub.ModelStreamInfer(iter([large] * 4), timeout=ATTACK_TIMEOUT_S))
     assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert report(memory.growth_bytes()) <= RSS_GROWTH_BOUND_BYTES
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("frontend", ["python", "native"])
+def test_the_issues_full_attack_is_refused_within_bounded_memory(
+    request: pytest.FixtureRequest, frontend: str
+) -> None:
+    """The attack of the report at its full scale: 32 callers without the token, 3 unary calls of
+    60 MiB each."""
+    process, target = kserve_target(request, frontend)
+    warm_up(target, 32)
+    memory = PeakMemory(process.pid)
+    started = time.monotonic()
+    codes = unauthenticated_attack(target, 32, 3)
+    growth = report(memory.growth_bytes())
+    logger.info("%s front end: 96 calls in %.1f s", frontend, time.monotonic() - started)
+    assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 96
+    assert growth <= RSS_GROWTH_BOUND_BYTES, f"the server's peak grew by {growth / MIB:.0f} MiB"
 
 
 CONCURRENT_CALLS = 2
@@ -282,3 +384,126 @@ def test_calls_beyond_the_concurrent_limit_are_refused_resource_exhausted(
     finally:
         for stream in idle:
             stream.close()
+
+
+NATIVE_CONCURRENT_CALLS = 2
+NATIVE_HELD_BYTES = 64 * MIB
+"""The native port's budget: room for one message of --max-message-bytes (64 MiB)."""
+
+
+@pytest.fixture(scope="module")
+def native_limited_server(
+    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    process = launch_server(
+        example_repository,
+        socket=socket_dir / "bounded-native-calls.sock",
+        port=None,
+        http_port=0,
+        extra_args=[
+            "--models",
+            "tabular_mlp",
+            "--max-concurrent-calls",
+            str(NATIVE_CONCURRENT_CALLS),
+            "--max-unary-held-bytes",
+            str(NATIVE_HELD_BYTES),
+            "--max-message-bytes",
+            str(64 * MIB),
+            *NATIVE,
+        ],
+        log_path=tmp_path_factory.mktemp("bounded-native-calls") / "server.log",
+    )
+    yield process
+    process.terminate()
+
+
+class UnsentCall:
+    """A unary ModelInfer call whose message the client never sends: the server admitted it (it
+    counts against the call limit) and, once it has room, reserves the budget for its message."""
+
+    def __init__(self, target: str) -> None:
+        self._done = threading.Event()
+        self._channel = grpc.insecure_channel(target)
+        requests = iter(lambda: self._done.wait() and None, None)  # sends nothing, ends when done
+        self._call = self._channel.stream_unary(MODEL_INFER).future(requests, timeout=ATTACK_TIMEOUT_S)
+
+    def close(self) -> None:
+        self._call.cancel()
+        self._done.set()
+        self._channel.close()
+
+
+def native_bounds(process: ServerProcess) -> tuple[float, float, float]:
+    """(calls the native port handles, bytes its budget holds, calls waiting for room)."""
+    text = scrape(process.http_address or "")
+    return (
+        metric_value(text, "udfserve_native_kserve_calls"),
+        metric_value(text, "udfserve_native_kserve_held_bytes"),
+        metric_value(text, "udfserve_native_kserve_calls_waiting"),
+    )
+
+
+def wait_for_native_bounds(process: ServerProcess, calls: int, held_bytes: int, waiting: int) -> None:
+    wanted = (float(calls), float(held_bytes), float(waiting))
+    deadline = time.monotonic() + ATTACK_TIMEOUT_S
+    while (seen := native_bounds(process)) != wanted:
+        assert time.monotonic() < deadline, f"the native port's bounds stayed at {seen}, expected {wanted}"
+        time.sleep(0.05)
+
+
+@contextmanager
+def unsent_calls(target: str, count: int) -> Iterator[list[UnsentCall]]:
+    calls = [UnsentCall(target) for _ in range(count)]
+    try:
+        yield calls
+    finally:
+        for call in calls:
+            call.close()
+
+
+def test_native_calls_beyond_the_concurrent_limit_are_refused_resource_exhausted(
+    native_limited_server: ServerProcess,
+) -> None:
+    target = native_limited_server.kserve_address
+    assert target is not None
+    with unsent_calls(target, NATIVE_CONCURRENT_CALLS), grpc.insecure_channel(target) as channel:
+        # the first reserved the budget for its message, the second waits for room
+        wait_for_native_bounds(native_limited_server, NATIVE_CONCURRENT_CALLS, NATIVE_HELD_BYTES, 1)
+        live = channel.unary_unary(SERVER_LIVE)
+        with pytest.raises(grpc.RpcError) as raised:
+            live(kpb.ServerLiveRequest().SerializeToString(), timeout=ATTACK_TIMEOUT_S)
+    assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--max-concurrent-calls 2" in (raised.value.details() or "")
+    wait_for_native_bounds(native_limited_server, 0, 0, 0)
+    with grpc.insecure_channel(target) as channel:
+        answer = channel.unary_unary(SERVER_LIVE)(kpb.ServerLiveRequest().SerializeToString())
+    assert kpb.ServerLiveResponse.FromString(answer).live
+
+
+def test_a_native_call_waits_unread_while_the_budget_is_held_and_is_served_once_it_frees(
+    native_limited_server: ServerProcess,
+) -> None:
+    target = native_limited_server.kserve_address
+    assert target is not None
+    with grpc.insecure_channel(target) as channel, unsent_calls(target, 1) as (holder,):
+        wait_for_native_bounds(native_limited_server, 1, NATIVE_HELD_BYTES, 0)
+        waiting = channel.unary_unary(MODEL_INFER).future(small_infer_request(), timeout=ATTACK_TIMEOUT_S)
+        wait_for_native_bounds(native_limited_server, 2, NATIVE_HELD_BYTES, 1)
+        assert not waiting.done()
+        holder.close()
+        answer = kpb.ModelInferResponse.FromString(waiting.result())
+    assert list(answer.outputs[0].shape) == [2, 8]
+    wait_for_native_bounds(native_limited_server, 0, 0, 0)
+
+
+def test_a_native_call_waiting_for_room_whose_client_leaves_is_dropped_unread(
+    native_limited_server: ServerProcess,
+) -> None:
+    target = native_limited_server.kserve_address
+    assert target is not None
+    with unsent_calls(target, 1):
+        wait_for_native_bounds(native_limited_server, 1, NATIVE_HELD_BYTES, 0)
+        with unsent_calls(target, 1):
+            wait_for_native_bounds(native_limited_server, 2, NATIVE_HELD_BYTES, 1)
+        wait_for_native_bounds(native_limited_server, 1, NATIVE_HELD_BYTES, 0)
+    wait_for_native_bounds(native_limited_server, 0, 0, 0)

@@ -16,7 +16,11 @@ with the same ``KServeServicer`` as the Python front end:
   served.
 
 Metrics, statistics, in-flight accounting and draining are the servicer's, as for the Python
-front end. With a token configured every call must carry it, as on the main port.
+front end. The module itself applies the port's bounds before it reads a call's message: the
+token (every call must carry it, as on the main port), ``--max-concurrent-calls`` (calls of this
+port handled at once) and ``--max-unary-held-bytes`` (bytes of this port's calls read or being
+read and not yet answered); see ``native/kserve_frontend.cpp``. It also trims the heap after
+large calls (``--trim-after-call-bytes``), as ``core/memory_trim.py`` does for the main port.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 from tritonclient.grpc import service_pb2 as kpb
 
 from services.model_server.core.job_context import parse_job_context
@@ -39,13 +45,11 @@ from services.model_server.core.pending import Pending
 from services.model_server.frontends.kserve.answers import DecodedHead, Failure, TensorAnswer
 from services.model_server.frontends.kserve.native import load_frontend_module
 from services.model_server.frontends.kserve.servicer import KServeServicer
-from services.model_server.security import AUTHORIZATION_HEADER, token_matches
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
 MODEL_INFER = f"/{SERVICE}/ModelInfer"
-UNAUTHENTICATED_MESSAGE = "missing or wrong token: send metadata 'authorization: Bearer <token>'"
 UNREADABLE = "the request cannot be parsed as inference.{}; expected a serialized message of that type"
 
 FastCall = tuple[int, str, str, str, list[Any], list[str], list[tuple[str, str]]]
@@ -107,11 +111,18 @@ class NativeKServeFrontend:
         tls_key: bytes = b"",
         tls_cert: bytes = b"",
         tls_client_ca: bytes = b"",
+        *,
+        max_concurrent_calls: int,
+        max_held_bytes: int,
+        trim_after_call_bytes: int = 0,
     ) -> None:
         self._servicer = servicer
         self._address = address
         self._max_message_bytes = max_message_bytes
         self._token = auth_token
+        self._max_concurrent_calls = max_concurrent_calls
+        self._max_held_bytes = max_held_bytes
+        self._trim_after_call_bytes = trim_after_call_bytes
         self._tls = (tls_key.decode(), tls_cert.decode(), tls_client_ca.decode())
         self._methods = _request_classes()
         self._frontend: Any = None
@@ -127,12 +138,30 @@ class NativeKServeFrontend:
         assert self._frontend is not None, "not started"
         return int(self._frontend.port)
 
+    def bounds(self) -> tuple[int, int, int]:
+        """(calls of the port handled now, bytes its read budget holds, calls waiting unread for
+        room in it); zeros before the start."""
+        if self._frontend is None:
+            return 0, 0, 0
+        calls, held_bytes, waiting, _trims = self._frontend.bounds()
+        return int(calls), int(held_bytes), int(waiting)
+
     def start(self) -> int:
         """Listen (raising ``OSError`` when the address cannot be had); the bound port."""
         module = load_frontend_module()
         key, cert, client_ca = self._tls
         try:
-            self._frontend = module.Frontend(self._address, self._max_message_bytes, key, cert, client_ca)
+            self._frontend = module.Frontend(
+                self._address,
+                self._max_message_bytes,
+                key,
+                cert,
+                client_ca,
+                auth_token=self._token or "",
+                max_concurrent_calls=self._max_concurrent_calls,
+                max_held_bytes=self._max_held_bytes,
+                trim_after_call_bytes=self._trim_after_call_bytes,
+            )
         except RuntimeError as exc:
             raise OSError(f"native KServe front end: {exc}") from exc
         self._loop = asyncio.get_running_loop()
@@ -177,16 +206,8 @@ class NativeKServeFrontend:
             logger.exception("native KServe front end: answering call %s failed", call[0])
             self._fail(call[0], grpc.StatusCode.INTERNAL, "the server failed to answer; see its log")
 
-    def _authorized(self, call_id: int, metadata: Sequence[tuple[str, str]]) -> bool:
-        if self._token is None or token_matches(self._token, dict(metadata).get(AUTHORIZATION_HEADER)):
-            return True
-        self._frontend.fail(call_id, grpc.StatusCode.UNAUTHENTICATED.value[0], UNAUTHENTICATED_MESSAGE)
-        return False
-
     def _answer_decoded(self, call: FastCall) -> None:
         call_id, model, version, request_id, tensors, output_names, metadata = call
-        if not self._authorized(call_id, metadata):
-            return
         head = DecodedHead(request_id, model, version)
         outcome = self._servicer.start_decoded(head, tensors, output_names, parse_job_context(metadata))
         if outcome is None:  # not the common request: the message's checks say why, or coerce it
@@ -203,8 +224,6 @@ class NativeKServeFrontend:
 
     def _answer_message(self, call: SlowCall) -> None:
         call_id, method, payload, metadata = call
-        if not self._authorized(call_id, metadata):
-            return
         if method == MODEL_INFER:
             try:
                 request = kpb.ModelInferRequest.FromString(payload)
@@ -295,3 +314,29 @@ class NativeKServeFrontend:
     def _fail(self, call_id: int, code: grpc.StatusCode, message: str) -> None:
         with contextlib.suppress(Exception):
             self._frontend.fail(call_id, code.value[0], message)
+
+
+class NativeBoundsCollector(Collector):
+    """The native port's bounds on ``/metrics``, read from the module at each scrape."""
+
+    def __init__(self, frontend: NativeKServeFrontend) -> None:
+        self._frontend = frontend
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        calls, held_bytes, waiting = self._frontend.bounds()
+        yield GaugeMetricFamily(
+            "udfserve_native_kserve_calls",
+            "Calls the native KServe port handles now (at most --max-concurrent-calls).",
+            value=calls,
+        )
+        yield GaugeMetricFamily(
+            "udfserve_native_kserve_held_bytes",
+            "Bytes of the native KServe port's calls reserved for reading or read and not yet answered "
+            "(at most --max-unary-held-bytes).",
+            value=held_bytes,
+        )
+        yield GaugeMetricFamily(
+            "udfserve_native_kserve_calls_waiting",
+            "Native KServe calls waiting, unread, for room in --max-unary-held-bytes.",
+            value=waiting,
+        )

@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from services.model_server.core.memory_trim import MemoryTrimmer
 from services.model_server.observability.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,13 @@ class UnaryBudget:
     """Bytes of unary calls reserved for reading or read and not yet answered, and the most the
     server holds."""
 
-    def __init__(self, limit_bytes: int, max_message_bytes: int, metrics: ServerMetrics) -> None:
+    def __init__(
+        self,
+        limit_bytes: int,
+        max_message_bytes: int,
+        metrics: ServerMetrics,
+        trimmer: MemoryTrimmer | None = None,
+    ) -> None:
         if limit_bytes < 1 or max_message_bytes < 1:
             raise ValueError(
                 f"the unary budget needs at least 1 byte and a message limit of at least 1 byte, "
@@ -46,6 +53,8 @@ class UnaryBudget:
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._gauge = metrics.unary_held_bytes
         self._waiting_gauge = metrics.unary_calls_waiting
+        self._trimmer = trimmer
+        """Told of every call's bytes once it is answered: large calls' freed memory goes back."""
 
     def _has_room(self) -> bool:
         return self.held_bytes == 0 or self.held_bytes + self.max_message_bytes <= self.limit_bytes
@@ -83,6 +92,8 @@ class UnaryBudget:
         """The call is answered (or its client went away): its bytes are free."""
         self._hold(-held_bytes)
         self._wake()
+        if self._trimmer is not None:
+            self._trimmer.call_done(held_bytes)
 
     def _hold(self, delta_bytes: int) -> None:
         self.held_bytes += delta_bytes
@@ -124,15 +135,19 @@ def _admitted(handler: grpc.RpcMethodHandler, budget: UnaryBudget) -> grpc.RpcMe
     behaviour = handler.unary_unary
     parse = handler.request_deserializer
 
-    async def admitted(raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
+    async def admitted(_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
         held = await budget.reserve()
         try:
-            try:
-                raw = await anext(raw_requests)
-            except StopAsyncIteration:
+            # ``context.read``, not the request iterator: grpcio's iterator is an async generator
+            # in a reference cycle with its owner, whose suspended frame keeps the message it
+            # yielded alive until the cyclic garbage collector runs, which an idle server may
+            # not do for a long time (8 answered calls of 60 MiB kept 480 MiB resident).
+            raw = await context.read()
+            if raw is grpc.aio.EOF:
                 await context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT, "expected one request message, received none"
                 )
+            assert isinstance(raw, bytes)
             held = budget.settle(held, len(raw))
             try:
                 request = parse(raw) if parse is not None else raw

@@ -12,6 +12,18 @@
 // as its serialized bytes and is answered by the Python servicer, so the protocol's behaviour is
 // the Python front end's. The module knows nothing of models: what a model accepts is Python's.
 //
+// Bounds (what a client can make this port hold), checked here in C++ before a call's message is
+// read, as the Python front end's interceptors check them on the main port:
+// - with a token, a call whose metadata lacks it is answered UNAUTHENTICATED from its headers,
+//   its message never read;
+// - at most max_concurrent_calls calls are handled at once; one beyond is answered
+//   RESOURCE_EXHAUSTED from its headers;
+// - a call's message is read only once the ReadBudget (max_unary_held_bytes) has room for a
+//   message of the largest size; the room is then cut to the message's own size and held until
+//   the call is done (answered, failed or cancelled). A call that finds no room waits, unread,
+//   first come first served; one call is always read while none is held.
+// Once a call of at least trim_after_call_bytes is done, the Trimmer hands the freed memory back.
+//
 // Lifetime: a call's reactor lives until Python answers it (only an answer or a failure finishes
 // it, also for a call its client cancelled); the parsed request lives as long as the arrays that
 // view its bytes.
@@ -21,13 +33,18 @@
 #include <pybind11/stl.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/proto_utils.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <thread>
@@ -49,6 +66,22 @@ namespace {
 
 constexpr const char* kModelInfer = "/inference.GRPCInferenceService/ModelInfer";
 constexpr const char* kStreamInfer = "/inference.GRPCInferenceService/ModelStreamInfer";
+constexpr const char* kUnauthenticated = "missing or wrong token: send metadata 'authorization: Bearer <token>'";
+constexpr const char* kShuttingDown = "the server is shutting down; retry on another";
+
+// Whether an `authorization` value is "Bearer <token>", in time that depends on the lengths only.
+bool TokenMatches(const std::string& token, grpc::string_ref authorization) {
+  static constexpr char kBearer[] = "Bearer ";
+  constexpr size_t kPrefix = sizeof(kBearer) - 1;
+  if (authorization.size() != kPrefix + token.size()) return false;
+  const char* value = authorization.data();
+  unsigned char difference = 0;
+  for (size_t i = 0; i < kPrefix; ++i) difference |= static_cast<unsigned char>(value[i] ^ kBearer[i]);
+  for (size_t i = 0; i < token.size(); ++i) {
+    difference |= static_cast<unsigned char>(value[kPrefix + i] ^ token[i]);
+  }
+  return difference == 0;
+}
 
 // Fixed-size KServe datatypes: numpy dtype name and item size. BYTES is not among them.
 struct Datatype {
@@ -71,12 +104,133 @@ const Datatype* FindDatatype(const std::string& name) {
 
 class Frontend;
 
+// Hands the memory freed by large calls back to the system (glibc's malloc_trim), at most once a
+// second; a trim asked for sooner runs at the end of the second, so the last call's memory goes
+// back too. The twin of the Python front end's core/memory_trim.py: grpc++'s receive buffers and
+// the parsed request of a call of tens of MiB come from the heap and the threads' arenas, which
+// the launcher's allocator settings keep. Its own thread: a trim never delays an answer.
+class Trimmer {
+ public:
+  explicit Trimmer(int64_t min_bytes) : min_bytes_(min_bytes) {
+#ifdef __GLIBC__
+    if (min_bytes_ > 0) thread_ = std::thread([this] { Loop(); });
+#endif
+  }
+  ~Trimmer() { Stop(); }
+
+  // A call that held `bytes` is done and its memory freed.
+  void CallDone(int64_t bytes) {
+    if (!thread_.joinable() || bytes < min_bytes_) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      wanted_ = true;
+    }
+    cv_.notify_one();
+  }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  uint64_t trims() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return trims_;
+  }
+
+ private:
+  void Loop() {
+    using Clock = std::chrono::steady_clock;
+    constexpr auto kInterval = std::chrono::seconds(1);
+    std::unique_lock<std::mutex> lock(mutex_);
+    Clock::time_point last = Clock::now() - kInterval;
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || wanted_; });
+      if (stop_ || cv_.wait_until(lock, last + kInterval, [this] { return stop_; })) return;
+      wanted_ = false;
+      last = Clock::now();
+      lock.unlock();
+#ifdef __GLIBC__
+      malloc_trim(0);
+#endif
+      lock.lock();
+      ++trims_;
+    }
+  }
+
+  const int64_t min_bytes_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool wanted_ = false;
+  bool stop_ = false;
+  uint64_t trims_ = 0;
+  std::thread thread_;
+};
+
+// A call answered from its headers alone (refused): its message is never read.
+class Refusal final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit Refusal(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+class Call;
+
+// The bytes of this port's calls being read or read and not yet answered, and the most it holds
+// (--max-unary-held-bytes). Reading a call reserves room for a message of the largest size; once
+// read, the reservation is cut to the message's size; the rest is released when the call is done.
+class ReadBudget {
+ public:
+  ReadBudget(int64_t limit_bytes, int64_t max_message_bytes)
+      : limit_bytes_(limit_bytes), max_message_bytes_(max_message_bytes) {}
+
+  // Room for `call` to read now (reserved: true), or `call` waits its turn (false) and is
+  // started by `Settle`/`Release` once there is room.
+  bool ReserveOrWait(Call* call);
+  // `call` read its message of `size_bytes`: hold that instead of the reservation.
+  void Settle(Call* call, int64_t size_bytes);
+  // `call` is done: what it held is free; the bytes it held.
+  int64_t Release(Call* call);
+  // `call`'s client went away or the server stops: true when it was still waiting (then it never
+  // reads, and its caller finishes it).
+  bool Withdraw(Call* call);
+  // Every call still waiting, removed (the server stops).
+  std::vector<Call*> TakeWaiting();
+
+  int64_t held_bytes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return held_bytes_;
+  }
+  size_t waiting() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return waiting_.size();
+  }
+
+ private:
+  bool HasRoomLocked() const { return held_bytes_ == 0 || held_bytes_ + max_message_bytes_ <= limit_bytes_; }
+  void Wake();  // start the waiting calls that fit now, first come first served
+
+  const int64_t limit_bytes_;
+  const int64_t max_message_bytes_;
+  std::mutex mutex_;
+  int64_t held_bytes_ = 0;
+  std::deque<Call*> waiting_;
+};
+
 // One call, from its first message to its answer. Only unary methods are served here.
 class Call final : public grpc::ServerGenericBidiReactor {
  public:
-  Call(Frontend* frontend, grpc::GenericCallbackServerContext* context) : frontend_(frontend), context_(context) {
-    StartRead(&request_buffer_);
+  Call(Frontend* frontend, grpc::GenericCallbackServerContext* context, ReadBudget* budget)
+      : frontend_(frontend), context_(context), budget_(budget) {
+    if (budget_->ReserveOrWait(this)) StartReading();
   }
+
+  // Read the message: the budget has reserved room for it.
+  void StartReading() { StartRead(&request_buffer_); }
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool) override {}
@@ -93,6 +247,7 @@ class Call final : public grpc::ServerGenericBidiReactor {
   void Fail(const grpc::Status& status) { Finish(status); }
 
   uint64_t id = 0;
+  int64_t held_bytes = 0;  // of the ReadBudget, guarded by its mutex
   std::string method;
   grpc::ByteBuffer request_buffer_;
   // Shared with the numpy arrays viewing its raw contents, which may outlive the call.
@@ -102,14 +257,90 @@ class Call final : public grpc::ServerGenericBidiReactor {
  private:
   Frontend* frontend_;
   grpc::GenericCallbackServerContext* context_;
+  ReadBudget* budget_;
   grpc::ByteBuffer response_buffer_;
 };
+
+bool ReadBudget::ReserveOrWait(Call* call) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (waiting_.empty() && HasRoomLocked()) {
+    held_bytes_ += max_message_bytes_;
+    call->held_bytes = max_message_bytes_;
+    return true;
+  }
+  waiting_.push_back(call);
+  return false;
+}
+
+void ReadBudget::Settle(Call* call, int64_t size_bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    held_bytes_ += size_bytes - call->held_bytes;
+    call->held_bytes = size_bytes;
+  }
+  Wake();
+}
+
+int64_t ReadBudget::Release(Call* call) {
+  int64_t released;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    released = call->held_bytes;
+    held_bytes_ -= released;
+    call->held_bytes = 0;
+  }
+  Wake();
+  return released;
+}
+
+bool ReadBudget::Withdraw(Call* call) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if (*it == call) {
+      waiting_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<Call*> ReadBudget::TakeWaiting() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Call*> calls(waiting_.begin(), waiting_.end());
+  waiting_.clear();
+  return calls;
+}
+
+void ReadBudget::Wake() {
+  std::vector<Call*> ready;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (!waiting_.empty() && HasRoomLocked()) {
+      Call* call = waiting_.front();
+      waiting_.pop_front();
+      held_bytes_ += max_message_bytes_;
+      call->held_bytes = max_message_bytes_;
+      ready.push_back(call);
+    }
+  }
+  // Outside the lock: a read may complete at once, on this thread.
+  for (Call* call : ready) call->StartReading();
+}
 
 class Frontend {
  public:
   Frontend(const std::string& address, int64_t max_message_bytes, const std::string& tls_key,
-           const std::string& tls_cert, const std::string& tls_client_ca)
-      : wakeup_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+           const std::string& tls_cert, const std::string& tls_client_ca, const std::string& auth_token,
+           int64_t max_concurrent_calls, int64_t max_held_bytes, int64_t trim_after_call_bytes)
+      : wakeup_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+        token_(auth_token),
+        max_concurrent_calls_(max_concurrent_calls),
+        budget_(max_held_bytes, max_message_bytes),
+        trimmer_(trim_after_call_bytes) {
+    if (max_concurrent_calls < 1 || max_held_bytes < 1 || max_message_bytes < 1) {
+      if (wakeup_fd_ >= 0) close(wakeup_fd_);
+      throw std::invalid_argument("expected at least 1 concurrent call, 1 held byte and a message limit of 1 byte");
+    }
     if (wakeup_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
     std::shared_ptr<grpc::ServerCredentials> credentials;
     if (tls_cert.empty()) {
@@ -127,6 +358,12 @@ class Frontend {
     builder.SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
     builder.SetMaxSendMessageSize(static_cast<int>(max_message_bytes));
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // two servers must never share a port
+    // No window growth by bandwidth-delay probes: a client may send a call's message up to its
+    // stream's window before the call is refused from its headers, and with the probes (grpc++
+    // 1.51) the windows grew so that 16 connections of calls refused unread made the process
+    // hold +24 to +67 MiB at once; at HTTP/2's 64 KiB windows +0 to +1 MiB. The cost: a 60 MiB
+    // message takes about 0.6 s instead of 0.4 s to arrive over loopback (docs/reliability.md).
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     builder.RegisterCallbackGenericService(&service_);
     service_.frontend = this;
     server_ = builder.BuildAndStart();
@@ -150,7 +387,7 @@ class Frontend {
     bool fast = call->method == kModelInfer && call->Decode();
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) {
-      call->Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down; retry on another"));
+      call->Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE, kShuttingDown));
       return;
     }
     call->id = ++last_id_;
@@ -310,7 +547,10 @@ class Frontend {
     py::gil_scoped_release release;
     for (Call* call : unanswered) {
       call->id = 0;
-      call->Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down; retry on another"));
+      call->Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE, kShuttingDown));
+    }
+    for (Call* call : budget_.TakeWaiting()) {  // never read: ended here, unread
+      call->Fail(grpc::Status(grpc::StatusCode::UNAVAILABLE, kShuttingDown));
     }
     {
       std::lock_guard<std::mutex> lock(send_mutex_);
@@ -320,6 +560,7 @@ class Frontend {
     if (sender_.joinable()) sender_.join();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
     server_->Wait();
+    trimmer_.Stop();
   }
 
   void StopAccepting() {
@@ -332,26 +573,54 @@ class Frontend {
     return calls_.size();
   }
 
+  // (calls handled now, bytes the read budget holds, calls waiting unread for room, trims done)
+  py::tuple Bounds() {
+    return py::make_tuple(active_calls_.load(), budget_.held_bytes(), budget_.waiting(), trimmer_.trims());
+  }
+
  private:
   struct Service : grpc::CallbackGenericService {
     Frontend* frontend = nullptr;
+    // Called once the call's headers arrived and before any of its message is read: every
+    // refusal here costs the server the headers alone.
     grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
-      if (context->method() == kStreamInfer) {
-        // Streams are served by the Python front end's port; a bidi proxy is future work.
-        class Refuse : public grpc::ServerGenericBidiReactor {
-         public:
-          Refuse() {
-            Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                "ModelStreamInfer is not served by the native KServe front end; expected "
-                                "unary ModelInfer here, or the stream on the server's main gRPC port"));
-          }
-          void OnDone() override { delete this; }
-        };
-        return new Refuse();
-      }
-      return new Call(frontend, context);
+      return frontend->Admit(context);
     }
   };
+
+  grpc::ServerGenericBidiReactor* Admit(grpc::GenericCallbackServerContext* context) {
+    if (!token_.empty()) {
+      const auto& metadata = context->client_metadata();
+      auto found = metadata.find("authorization");
+      if (found == metadata.end() || !TokenMatches(token_, found->second)) {
+        return new Refusal(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, kUnauthenticated));
+      }
+    }
+    if (context->method() == kStreamInfer) {
+      // Streams are served by the Python front end's port; a bidi proxy is future work.
+      return new Refusal(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                      "ModelStreamInfer is not served by the native KServe front end; expected "
+                                      "unary ModelInfer here, or the stream on the server's main gRPC port"));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, kShuttingDown));
+    }
+    if (active_calls_.fetch_add(1) >= max_concurrent_calls_) {
+      active_calls_.fetch_sub(1);
+      return new Refusal(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          "the server handles --max-concurrent-calls " + std::to_string(max_concurrent_calls_) +
+              " calls at once on this port; expected fewer at a time: retry after a back-off"));
+    }
+    return new Call(this, context, &budget_);
+  }
+
+  // A call admitted by `Admit` is done, and freed: it held `bytes` of the budget.
+  void CallDone(int64_t bytes) {
+    active_calls_.fetch_sub(1);
+    trimmer_.CallDone(bytes);
+  }
 
   static bool IsCContiguous(const py::buffer_info& info) {
     py::ssize_t expected = info.itemsize;
@@ -422,6 +691,11 @@ class Frontend {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   int wakeup_fd_;
+  const std::string token_;  // empty: no token required
+  const int64_t max_concurrent_calls_;
+  std::atomic<int64_t> active_calls_{0};
+  ReadBudget budget_;
+  Trimmer trimmer_;
   std::mutex mutex_;
   uint64_t last_id_ = 0;
   bool stopping_ = false;
@@ -449,6 +723,7 @@ void Call::OnReadDone(bool ok) {
     Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the call ended before its request arrived"));
     return;
   }
+  budget_->Settle(this, static_cast<int64_t>(request_buffer_.Length()));
   method = context_->method();
   for (const auto& entry : context_->client_metadata()) {
     std::string key(entry.first.data(), entry.first.size());
@@ -458,11 +733,20 @@ void Call::OnReadDone(bool ok) {
   frontend_->Accept(this);
 }
 
-void Call::OnCancel() { frontend_->Cancelled(this); }
+void Call::OnCancel() {
+  if (budget_->Withdraw(this)) {  // it waited, unread, for room: nothing of it reached Python
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+    return;
+  }
+  frontend_->Cancelled(this);
+}
 
 void Call::OnDone() {
-  frontend_->Forget(this);
-  delete this;
+  Frontend* frontend = frontend_;
+  frontend->Forget(this);
+  const int64_t bytes = budget_->Release(this);
+  delete this;  // its request's buffers are freed before the trim
+  frontend->CallDone(bytes);
 }
 
 bool Call::Decode() {
@@ -511,9 +795,12 @@ bool Call::Decode() {
 PYBIND11_MODULE(_kserve_frontend, module) {
   module.doc() = "The native KServe v2 gRPC front end (grpc++): see kserve_frontend.cpp.";
   py::class_<Frontend>(module, "Frontend")
-      .def(py::init<const std::string&, int64_t, const std::string&, const std::string&, const std::string&>(),
+      .def(py::init<const std::string&, int64_t, const std::string&, const std::string&, const std::string&,
+                    const std::string&, int64_t, int64_t, int64_t>(),
            py::arg("address"), py::arg("max_message_bytes"), py::arg("tls_key") = "", py::arg("tls_cert") = "",
-           py::arg("tls_client_ca") = "", py::call_guard<py::gil_scoped_release>())
+           py::arg("tls_client_ca") = "", py::arg("auth_token") = "", py::arg("max_concurrent_calls") = 1024,
+           py::arg("max_held_bytes") = int64_t{256} << 20, py::arg("trim_after_call_bytes") = 0,
+           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("port", &Frontend::port)
       .def_property_readonly("wakeup_fd", &Frontend::wakeup_fd)
       .def("take", &Frontend::Take)
@@ -523,5 +810,6 @@ PYBIND11_MODULE(_kserve_frontend, module) {
       .def("fail", &Frontend::Fail)
       .def("stop_accepting", &Frontend::StopAccepting)
       .def("stop", &Frontend::Stop)
-      .def("unanswered", &Frontend::unanswered);
+      .def("unanswered", &Frontend::unanswered)
+      .def("bounds", &Frontend::Bounds);
 }
