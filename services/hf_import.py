@@ -11,10 +11,10 @@ exported with free batch and sequence dimensions:
 - ``pt2``: ``model.pt2``, a ``torch.export`` program, served by the PyTorch backend.
 
 The exported file is checked against transformers in-process, on batches of other sizes and
-lengths than it was traced with, before anything is written. The new version folder gets the model file and a copy of ``tokenizer.json``, and the
-model's ``config.yaml`` a ``preprocess`` step, so the server tokenizes each batch
-(``udfserve.runtime.preprocessing``). The version is written to a hidden folder and renamed, so a
-server watching the repository never sees half of it.
+lengths than it was traced with, before anything is written. The new version folder gets the
+model file and a copy of ``tokenizer.json``, and the model's ``config.yaml`` a ``preprocess``
+step, so the server tokenizes each batch (``udfserve.runtime.preprocessing``). The version is
+written to a hidden folder and renamed, so a server watching the repository never sees half of it.
 """
 
 from __future__ import annotations
