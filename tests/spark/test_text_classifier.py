@@ -223,17 +223,24 @@ def test_a_text_server_killed_mid_job_leaves_every_row_answered_once_by_it_or_th
     text_repository: Path,
     texts: list[str],
     expected: np.ndarray,
+    tmp_path: Path,
 ) -> None:
-    """A step after the prediction SIGKILLs the server when it sees row ``kill_at``; the rows it
-    had not answered are tokenized and scored by the CPU fallback, each exactly once."""
-    rows, kill_at, pid = 20_000, 5_000, own_text_server.pid
+    """A step after the prediction SIGKILLs the server when the first answered batch reaches it
+    (once: a marker file only one worker can create), with most of the job's 100,000 rows still
+    to go; the rows the server had not answered are tokenized and scored by the CPU fallback,
+    each exactly once."""
+    pid, marker = own_text_server.pid, str(tmp_path / "killed")
 
-    def kill_server_at_row(batches: Iterator[object]) -> Iterator[object]:
+    def kill_server_at_first_batch(batches: Iterator[object]) -> Iterator[object]:
         import os
         import signal
 
         for batch in batches:
-            if kill_at in batch.column("id").to_pylist():  # type: ignore[attr-defined]
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
                 os.kill(pid, signal.SIGKILL)
             yield batch
 
@@ -241,14 +248,14 @@ def test_a_text_server_killed_mid_job_leaves_every_row_answered_once_by_it_or_th
         address=own_text_server.grpc_target(), model_repository=str(text_repository), rows_per_request=1_000
     )
     predict = remote_predict(MODELS["onnx"], config=config)
-    predicted = text_frame(spark, texts[:rows], partitions=2).select("id", predict("text").alias("p"))
-    result = predicted.mapInArrow(kill_server_at_row, predicted.schema).toPandas()
+    predicted = text_frame(spark, texts, partitions=2).select("id", predict("text").alias("p"))
+    result = predicted.mapInArrow(kill_server_at_first_batch, predicted.schema).toPandas()
 
     assert own_text_server.process.wait(timeout=30) == -9
     ids = result["id"].to_numpy()
-    assert len(ids) == rows and len(np.unique(ids)) == rows
+    assert len(ids) == ROWS and len(np.unique(ids)) == ROWS
     result = result.sort_values("id")
-    np.testing.assert_allclose(stacked(result["p"]), expected[:rows], atol=TOLERANCE)
+    np.testing.assert_allclose(stacked(result["p"]), expected, atol=TOLERANCE)
     stats = predict.stats()
-    assert stats.rows_by_server + stats.rows_by_fallback == rows
-    assert stats.rows_by_server > 0 and stats.rows_by_fallback > 0
+    assert stats.rows_by_server + stats.rows_by_fallback == ROWS
+    assert stats.rows_by_server > 0 and stats.rows_by_fallback > 0, stats
