@@ -19,12 +19,48 @@ case "$1" in
     what="60 packages, about 2.9 GB: TensorFlow 1.9 GB, PySpark with its jars 491 MB, pyarrow 170 MB, pandas 79 MB, numpy 72 MB, libclang 61 MB (a TensorFlow dependency), Keras, gRPC and 49 smaller ones"
     took="a few minutes (about 3 on a 2-core machine), most of it downloading and unpacking TensorFlow and PySpark" ;;
   dev)
-    what="96 packages, about 3.2 GB: what the demo installs (2.9 GB: TensorFlow, PySpark, ...), plus the test and lint tools (kubernetes-validate 110 MB, mypy 61 MB, schemathesis, grpcio-tools, ...)"
-    took="a few minutes (about 3 on a 2-core machine; less after the demo's install), most of it downloading and unpacking TensorFlow and PySpark" ;;
+    what="107 packages, about 4.2 GB: what the demo installs (2.9 GB: TensorFlow, PySpark, ...), torch's CPU build (0.9 GB with sympy and networkx), ONNX Runtime, plus the test and lint tools (kubernetes-validate 110 MB, mypy 61 MB, schemathesis, grpcio-tools, ...)"
+    took="a few minutes (about 5 on a busy 2-core machine; less after the demo's install), most of it downloading and unpacking TensorFlow, torch and PySpark" ;;
   *)
     what="the packages of these extras (docs/installing.md lists what each brings)"
     took="" ;;
 esac
+# PyTorch (the torch extra, and dev): PyPI's Linux wheel of torch is a CUDA build whose nvidia-*
+# libraries are several GB. On a machine without a GPU the CPU build is installed first, from
+# PyTorch's CPU index (TORCH_CPU_INDEX; pip's own indexes and find-links are searched too), and
+# the project's install then finds torch there. docs/installing.md, "PyTorch".
+TORCH_VERSION="2.13.0"  # the dev extra's pin (pyproject.toml)
+TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+
+has_gpu() {
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+}
+
+install_torch_cpu_build() {
+  case ",$1," in *,dev,*|*,torch,*|*,bench,*) ;; *) return 0 ;; esac
+  if has_gpu; then
+    return 0
+  fi
+  if .venv/bin/python -c "import sys, torch; sys.exit(torch.__version__ != '${TORCH_VERSION}+cpu')" 2>/dev/null; then
+    return 0  # the CPU build is there already
+  fi
+  echo "no GPU here: installing torch ${TORCH_VERSION}, the CPU build (about 190 MB to download, 0.9 GB installed), from ${TORCH_CPU_INDEX}" >&2
+  .venv/bin/python -m pip install $quiet --no-deps "torch==${TORCH_VERSION}+cpu" --extra-index-url "$TORCH_CPU_INDEX"
+}
+
+warn_of_cuda_packages() {
+  if has_gpu; then
+    return 0
+  fi
+  local cuda
+  cuda=$(.venv/bin/python -m pip list --format=freeze 2>/dev/null | cut -d= -f1 \
+    | grep -iE '^(nvidia-|cuda-|triton$)' | grep -viE '^nvidia-ml-py$' | tr '\n' ' ' || true)
+  if [ -n "$cuda" ]; then
+    echo "WARNING: this machine has no GPU, yet .venv holds CUDA packages: ${cuda}(a CUDA build of torch brought them;" \
+      "pip uninstall them and torch, then install torch==${TORCH_VERSION}+cpu --extra-index-url ${TORCH_CPU_INDEX})" >&2
+  fi
+}
+
 # Installed once already with these extras: pip only checks them, quietly.
 stamp=".venv/.udfserve-installed-${1//,/-}"
 started=$SECONDS
@@ -39,6 +75,8 @@ else
   quiet=""
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
+install_torch_cpu_build "$1"
 .venv/bin/python -m pip install $quiet -e ".[$1]"
+warn_of_cuda_packages
 touch "$stamp"
 echo "udfserve[$1] is installed in .venv ($((SECONDS - started)) s)" >&2

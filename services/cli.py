@@ -72,6 +72,10 @@ def run_generate_models(args: argparse.Namespace) -> int:
         include_onnx=args.onnx,
         include_text_classifier=args.text_classifier,
     )
+    if args.torch:
+        from services.examples.torch_models import generate_torch_examples
+
+        names += generate_torch_examples(args.output, overwrite=args.overwrite)
     logger.info("example model repository at %s: %s", args.output, ", ".join(names))
     return 0
 
@@ -173,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="model repository tools")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     from services.examples.generate_models import GENERATE_DESCRIPTION, ONNX_HELP, add_publish_arguments
+    from services.examples.torch_models import TORCH_HELP
 
     generate = models_commands.add_parser(
         "generate", help="write the example model repository", description=GENERATE_DESCRIPTION
@@ -183,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--savedmodel", action="store_true", help="also export tabular_mlp as a TensorFlow SavedModel"
     )
     generate.add_argument("--onnx", action="store_true", help=ONNX_HELP)
+    generate.add_argument("--torch", action="store_true", help=TORCH_HELP)
     generate.add_argument(
         "--text-classifier",
         action="store_true",
