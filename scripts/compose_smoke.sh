@@ -177,9 +177,11 @@ fi
 mkdir -p "$WORK/python-base/ca-certificates"
 cp deploy/local/Dockerfile.python "$WORK/python-base/Dockerfile"
 cp /usr/local/share/ca-certificates/*.crt "$WORK/python-base/ca-certificates/" 2>/dev/null || true
-docker build -q --build-arg BASE_IMAGE="$DEBIAN_IMAGE" -t "$PYTHON_IMAGE" "$WORK/python-base" >/dev/null
-docker build -q --build-arg BASE_IMAGE="$DEBIAN_IMAGE" -t "$PROMETHEUS_IMAGE" \
-  -f deploy/local/Dockerfile.prometheus deploy/local >/dev/null
+docker build --build-arg BASE_IMAGE="$DEBIAN_IMAGE" -t "$PYTHON_IMAGE" "$WORK/python-base" \
+  >"$WORK/build-python.log" 2>&1 || { tail -20 "$WORK/build-python.log" >&2; exit 1; }
+docker build --build-arg BASE_IMAGE="$DEBIAN_IMAGE" -t "$PROMETHEUS_IMAGE" \
+  -f deploy/local/Dockerfile.prometheus deploy/local >"$WORK/build-prometheus.log" 2>&1 \
+  || { tail -20 "$WORK/build-prometheus.log" >&2; exit 1; }
 echo "  $DEBIAN_IMAGE, $PYTHON_IMAGE ($(docker run --rm "$PYTHON_IMAGE" python3 --version)), $PROMETHEUS_IMAGE"
 
 # -- project images --------------------------------------------------------------------------------
@@ -208,8 +210,10 @@ for name in server spark; do
     failed "udfserve/$name runs as uid 10001 (declares '$user', runs as $uid)"
   fi
 done
-if grep -q "^native KServe front end: loads" "$WORK/native.txt"; then
-  held "the server image has the native KServe front end ($(sed -n 's/.*built against \(grpc++ [0-9.]*\).*/\1/p' "$WORK/native.txt"))"
+if docker run --rm "udfserve/server:$VERSION" python3 -c \
+     "from services.model_server.frontends.kserve.native import load_frontend_module as f; f()" >/dev/null 2>&1; then
+  grpc=$(docker run --rm "udfserve/server:$VERSION" dpkg-query -W -f '${Package} ${Version}\n' 'libgrpc++*')
+  held "the server image has the native KServe front end, linked to ${grpc:-grpc++}"
 elif grep -q "^native KServe front end SKIPPED" "$WORK/native.txt"; then
   held "the server image skipped the native KServe front end, saying why"
 else
