@@ -25,7 +25,6 @@
 # Each step prints its time; the last line says which checks held.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
 
 ROWS=200000
 KEEP_DATA_ROOT=0
