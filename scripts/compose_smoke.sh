@@ -267,7 +267,7 @@ all_targets_up() {
   curl -fsS http://127.0.0.1:9090/api/v1/targets | python3 -c '
 import json, sys
 targets = json.load(sys.stdin)["data"]["activeTargets"]
-print(" ".join(f"{t[\"scrapeUrl\"]}={t[\"health\"]}" for t in targets))
+print(" ".join("%s=%s" % (t["scrapeUrl"], t["health"]) for t in targets))
 sys.exit(0 if len(targets) >= 3 and all(t["health"] == "up" for t in targets) else 1)'
 }
 rows_counted() { [ "$(prometheus_query 'sum(udfserve_rows_total)')" -ge "$ROWS" ] 2>/dev/null; }
