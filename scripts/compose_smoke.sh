@@ -454,6 +454,7 @@ trap - EXIT
 stop_engine
 rm -rf "$WORK"
 echo
+joined() { local first=$1; shift; printf '%s' "$first"; [ $# -eq 0 ] || printf '; %s' "$@"; }
 echo "compose smoke: $(( $(date +%s) - SCRIPT_START )) s; ${#HELD[@]} checks held, ${#FAILED[@]} failed." \
-  "Held: $(IFS=';'; echo "${HELD[*]}")." "${FAILED[*]:+Failed: $(IFS=';'; echo "${FAILED[*]}").}"
+  "Held: $(joined "${HELD[@]}")." "${FAILED[*]:+Failed: $(joined "${FAILED[@]}").}"
 [ "${#FAILED[@]}" -eq 0 ]
