@@ -454,7 +454,7 @@ trap - EXIT
 stop_engine
 rm -rf "$WORK"
 echo
-joined() { local first=$1; shift; printf '%s' "$first"; [ $# -eq 0 ] || printf '; %s' "$@"; }
+joined() { [ $# -gt 0 ] || return 0; local first=$1; shift; printf '%s' "$first"; [ $# -eq 0 ] || printf '; %s' "$@"; }
 echo "compose smoke: $(( $(date +%s) - SCRIPT_START )) s; ${#HELD[@]} checks held, ${#FAILED[@]} failed." \
   "Held: $(joined "${HELD[@]}")." "${FAILED[*]:+Failed: $(joined "${FAILED[@]}").}"
 [ "${#FAILED[@]}" -eq 0 ]
