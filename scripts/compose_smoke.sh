@@ -93,6 +93,8 @@ start_engine() {
   [ "$(id -u)" -eq 0 ] || { echo "no Docker engine answers, and starting one needs root" >&2; exit 1; }
   install_packages docker.io iptables debootstrap
   IP_FORWARD_BEFORE=$(cat /proc/sys/net/ipv4/ip_forward)
+  TABLES_BEFORE=$(iptables-save | sed -n 's/^\*//p' | tr '\n' ' ')
+  FORWARD_POLICY_BEFORE=$(iptables -S FORWARD | awk '$1 == "-P" {print $3}')
   mkdir -p "$DATA_ROOT" "$EXEC_ROOT"
   dockerd --data-root "$DATA_ROOT" --exec-root "$EXEC_ROOT" --pidfile "$EXEC_ROOT/dockerd.pid" \
     --host "unix://$SOCKET" --storage-driver overlay2 >"$WORK/dockerd.log" 2>&1 &
@@ -112,24 +114,39 @@ stop_engine() {
   [ "$STARTED_ENGINE" -eq 1 ] || return 0
   kill "$DOCKERD_PID" 2>/dev/null || true
   for _ in $(seq 30); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 1; done
-  # dockerd leaves its bridge and its iptables rules behind; remove them, and restore ip_forward.
+  undo_engine_network
+  umount "$EXEC_ROOT"/netns/* 2>/dev/null || true
+  rm -rf "$EXEC_ROOT" "$SOCKET"
+  if [ "$KEEP_DATA_ROOT" -eq 0 ]; then rm -rf "$DATA_ROOT"; fi
+  echo "  stopped dockerd; its bridges and iptables rules removed, FORWARD policy $FORWARD_POLICY_BEFORE and" \
+    "ip_forward=$IP_FORWARD_BEFORE restored"
+}
+
+# dockerd leaves its bridges, iptables rules and chains, the FORWARD policy (DROP) and
+# ip_forward (1) behind when it stops: put them back as they were before it started.
+undo_engine_network() {
   ip link delete docker0 2>/dev/null || true
   for link in $(ip -o link show type bridge | awk -F': ' '{print $2}' | grep -E '^br-[0-9a-f]{12}$' || true); do
     ip link delete "$link" || true
   done
   for table in nat filter; do
-    iptables -t "$table" -S | grep -E '^-A ' | grep -E 'DOCKER|docker0|br-[0-9a-f]{12}' \
-      | sed 's/^-A /-D /' | while read -r rule; do eval "iptables -t $table $rule" || true; done
+    rules=$(iptables -t "$table" -S | grep -E '^-A .*(DOCKER|docker0|br-[0-9a-f]{12})' | sed 's/^-A /-D /' || true)
+    while read -r rule; do
+      [ -z "$rule" ] || eval "iptables -t $table $rule" || true
+    done <<<"$rules"
     for chain in $(iptables -t "$table" -S | awk '$1 == "-N" && $2 ~ /^DOCKER/ {print $2}'); do
       iptables -t "$table" -F "$chain" || true
       iptables -t "$table" -X "$chain" || true
     done
   done
+  iptables -P FORWARD "${FORWARD_POLICY_BEFORE:-ACCEPT}"
+  # Tables that did not exist before (iptables-nft makes them), now empty, go too.
+  for table in nat filter; do
+    if [[ " ${TABLES_BEFORE:-} " != *" $table "* ]] && command -v nft >/dev/null; then
+      nft delete table ip "$table" 2>/dev/null || true
+    fi
+  done
   echo "$IP_FORWARD_BEFORE" > /proc/sys/net/ipv4/ip_forward
-  umount "$EXEC_ROOT"/netns/* 2>/dev/null || true
-  rm -rf "$EXEC_ROOT" "$SOCKET"
-  if [ "$KEEP_DATA_ROOT" -eq 0 ]; then rm -rf "$DATA_ROOT"; fi
-  echo "  stopped dockerd; docker0, its iptables rules and ip_forward=$IP_FORWARD_BEFORE restored"
 }
 
 ensure_compose() {
