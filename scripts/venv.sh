@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by demo.sh and test.sh: create .venv if absent, make it this shell's environment,
 # and install the project with the extras named in $1 ("server,spark" or "dev"), saying what
 # is installed and how long it takes: the first install downloads TensorFlow and PySpark.

@@ -66,13 +66,42 @@ def run_generate_models(args: argparse.Namespace) -> int:
         publish_example_version(args.output, args.publish_version, args.only)
         return 0
     names = generate_example_repository(
-        args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel, include_onnx=args.onnx
+        args.output,
+        overwrite=args.overwrite,
+        include_savedmodel=args.savedmodel,
+        include_onnx=args.onnx,
+        include_text_classifier=args.text_classifier,
     )
     if args.torch:
         from services.examples.torch_models import generate_torch_examples
 
         names += generate_torch_examples(args.output, overwrite=args.overwrite)
     logger.info("example model repository at %s: %s", args.output, ", ".join(names))
+    return 0
+
+
+def run_import_hf(args: argparse.Namespace) -> int:
+    """``models import-hf``: a fine-tuned Hugging Face classifier into the repository."""
+    configure_logging("INFO")
+    from udfserve.runtime.device import pin_device
+
+    pin_device("cpu")  # exporting needs no GPU; never take a GPU's memory for it
+    from services.hf_import import HfImportError, import_hugging_face
+
+    try:
+        imported = import_hugging_face(
+            args.folder,
+            args.repository,
+            args.name,
+            model_format=args.format,
+            max_length=args.max_length,
+            version=args.version,
+            max_batch_size=args.max_batch_size,
+        )
+    except (HfImportError, ValueError, FileExistsError) as exc:
+        logger.error("cannot import %s: %s", args.folder, exc)
+        return 1
+    logger.info("model %s version %s is ready to serve", args.name, imported.version_dir.name)
     return 0
 
 
@@ -160,10 +189,58 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--onnx", action="store_true", help=ONNX_HELP)
     generate.add_argument("--torch", action="store_true", help=TORCH_HELP)
+    generate.add_argument(
+        "--text-classifier",
+        action="store_true",
+        help="also write text_classifier: a small BERT-like Hugging Face classifier built with random "
+        "weights, imported with `models import-hf` to ONNX (needs torch and transformers here; served by "
+        "ONNX Runtime, which tokenizes its string input)",
+    )
     add_publish_arguments(generate)
     generate.set_defaults(handler=run_generate_models)
+    _add_import_hf(models_commands)
     _add_model_calls(models_commands)
     return parser
+
+
+def _add_import_hf(models_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``models import-hf``: a fine-tuned Hugging Face text classifier into the repository."""
+    from pathlib import Path
+
+    from services.hf_import import MODEL_FILES
+
+    command = models_commands.add_parser(
+        "import-hf",
+        help="import a fine-tuned Hugging Face text classifier into the repository",
+        description="Load a sequence classifier saved with save_pretrained (config.json, model.safetensors, "
+        "tokenizer.json; no hub, no remote code, no pickle files) with transformers, export it with a "
+        "softmax inside (output `probabilities`) and free batch and sequence dimensions, check the export "
+        "against transformers on sample texts, and write it as a new version of the model: model.onnx or "
+        "model.pt2 and tokenizer.json, with a config.yaml whose preprocess step makes the server tokenize "
+        "a string input `text`. Needs torch and transformers on this machine only.",
+    )
+    command.add_argument("folder", type=Path, help="the fine-tuned model's folder (save_pretrained)")
+    command.add_argument("--repository", type=Path, required=True, help="the model repository to write into")
+    command.add_argument("--name", required=True, help="the model's name in the repository")
+    command.add_argument(
+        "--format",
+        choices=tuple(MODEL_FILES),
+        default="onnx",
+        help="onnx (default: model.onnx, served by ONNX Runtime) or pt2 (model.pt2 from torch.export, "
+        "served by PyTorch)",
+    )
+    command.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="tokens per text, longer texts truncated (default the smallest of the tokenizer's "
+        "model_max_length, the model's max_position_embeddings and 512)",
+    )
+    command.add_argument(
+        "--version", type=int, default=None, help="the version to write (default one more than the highest)"
+    )
+    command.add_argument("--max-batch-size", type=int, default=256, help="the model's max_batch_size (256)")
+    command.set_defaults(handler=run_import_hf)
 
 
 def _add_model_calls(models_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

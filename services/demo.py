@@ -111,8 +111,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def example_model_names() -> list[str]:
     from services.examples.generate_models import EXAMPLES
+    from services.examples.text_classifier import NAME as TEXT_CLASSIFIER
 
-    return list(EXAMPLES)
+    return [*EXAMPLES, TEXT_CLASSIFIER]
+
+
+def generate_command(repository: Path, model: str) -> list[str]:
+    """The command that writes the example repository, the text classifier too when it is the model
+    (it needs torch and transformers, which the other examples do not)."""
+    from services.examples.text_classifier import NAME as TEXT_CLASSIFIER
+
+    command = [sys.executable, "-m", "services", "models", "generate", "--output", str(repository)]
+    return [*command, "--text-classifier"] if model == TEXT_CLASSIFIER else command
 
 
 def options_from_args(args: argparse.Namespace) -> DemoOptions:
@@ -155,9 +165,7 @@ def ensure_example_models(repository: Path, model: str) -> None:
             f"example models are {', '.join(examples)}; expected one of them"
         )
     logger.info("step 1/4: generating the example models into %s", repository)
-    subprocess.run(
-        [sys.executable, "-m", "services", "models", "generate", "--output", str(repository)], check=True
-    )
+    subprocess.run(generate_command(repository, model), check=True)
 
 
 def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDiscovery) -> dict[str, object]:

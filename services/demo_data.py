@@ -4,8 +4,9 @@ The demo reads the model's inputs from its metadata (what ``remote_predict`` lea
 server) and generates one Spark column per input, named after it: random floats for a float
 tensor (a flat array of the shape's size, which the server reshapes), small integers for an
 integer tensor (the example models use them as category ids: ``multi_io`` embeds 16), random
-booleans, and a short text per row for a string tensor. A free dimension (-1) gets
-``FREE_DIMENSION`` values.
+booleans, and a short review-like sentence per row for a string tensor (words drawn from the
+row's id: the example text classifier sees words its tokenizer knows, and rows differ). A free
+dimension (-1) gets ``FREE_DIMENSION`` values.
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ FREE_DIMENSION = 8
 SAMPLE_VALUES = 8
 """Values of an array shown per sample prediction; longer arrays end in an ellipsis."""
 
+TEXT_WORDS = (
+    ("the movie", "this film", "the plot", "the acting", "the ending"),
+    ("was", "is", "felt", "seemed"),
+    ("very", "not", "quite", "really", "barely"),
+    ("good", "great", "boring", "awful", "fine", "surprising", "délicieux"),
+)
+"""The words of a generated text, one from each group, chosen by the row's id."""
+
 
 def values_per_row(tensor: Tensor) -> int:
     """Values one row of ``tensor`` holds (1 for a scalar)."""
@@ -47,7 +56,7 @@ def input_column(tensor: Tensor, seed: int) -> Column:
         if tensor.dtype == "bool":
             return draw < F.lit(0.5)
         if tensor.dtype == "string":
-            return F.concat(F.lit(f"text {index} of row "), F.col("id").cast("string"))
+            return generated_text(seed * 1_000_003 + index)
         raise ValueError(
             f"input {tensor.name!r} has dtype {tensor.dtype!r}; the demo generates float, integer, bool "
             "and string inputs"
@@ -56,6 +65,17 @@ def input_column(tensor: Tensor, seed: int) -> Column:
     if not tensor.shape:
         return value(0).alias(tensor.name)
     return F.array(*[value(i) for i in range(values_per_row(tensor))]).alias(tensor.name)
+
+
+def generated_text(seed: int) -> Column:
+    """A sentence per row: one word of each group of ``TEXT_WORDS``, picked by a hash of the row's id."""
+    from pyspark.sql import functions as F
+
+    words = []
+    for group, choices in enumerate(TEXT_WORDS):
+        pick = F.pmod(F.xxhash64(F.col("id"), F.lit(seed), F.lit(group)), F.lit(len(choices))) + 1
+        words.append(F.element_at(F.array(*[F.lit(word) for word in choices]), pick.cast("int")))
+    return F.concat_ws(" ", *words)
 
 
 def input_columns(inputs: Sequence[Tensor]) -> list[Column]:

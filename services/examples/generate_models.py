@@ -119,9 +119,10 @@ EXAMPLES: dict[str, tuple[Callable[[], Any], int, dict[str, Any]]] = {
 
 GENERATE_DESCRIPTION = (
     f"Write the example model repository: {', '.join(EXAMPLES)} (small Keras models with seeded "
-    f"weights), with --savedmodel tabular_mlp{SAVEDMODEL_SUFFIX}, and with --onnx tabular_mlp_onnx "
-    "(the same weights as an ONNX graph; needs the onnx package). Models already present are kept "
-    "unless --overwrite."
+    f"weights), with --savedmodel tabular_mlp{SAVEDMODEL_SUFFIX}, with --onnx tabular_mlp_onnx "
+    "(the same weights as an ONNX graph; needs the onnx package), and with --text-classifier "
+    "text_classifier (a Hugging Face classifier imported to ONNX; needs torch and transformers). Models "
+    "already present are kept unless --overwrite."
 )
 """The help of the generator, shared by ``udfserve models generate`` and this module's own command."""
 ONNX_HELP = "also write tabular_mlp as an ONNX graph, tabular_mlp_onnx (needs the onnx package)"
@@ -137,9 +138,18 @@ def onnx_missing() -> str:
 
 
 def generate_example_repository(
-    root: Path, *, overwrite: bool = False, include_savedmodel: bool = False, include_onnx: bool = False
+    root: Path,
+    *,
+    overwrite: bool = False,
+    include_savedmodel: bool = False,
+    include_onnx: bool = False,
+    include_text_classifier: bool = False,
 ) -> list[str]:
     """Write the example models under ``root``; returns the names of the example models there.
+
+    ``include_text_classifier`` adds ``text_classifier`` (``services.examples.text_classifier``),
+    which needs torch and transformers: asked for, never implied, so the default repository stays
+    the same whatever is installed.
 
     Models already present are kept unless ``overwrite`` (and then not even built, so a
     repository that holds them all costs no TensorFlow import). Each model is written to a
@@ -176,6 +186,11 @@ def generate_example_repository(
             from services.examples.onnx_models import save_tabular_mlp_onnx
 
             _write_model(root, onnx_export, config, partial(save_tabular_mlp_onnx, model))
+    if include_text_classifier:
+        from services.examples.text_classifier import NAME, generate_text_classifier
+
+        generate_text_classifier(root, overwrite=overwrite)
+        names.append(NAME)
     return names
 
 
@@ -276,6 +291,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--savedmodel", action="store_true", help="also write tabular_mlp as a TensorFlow SavedModel"
     )
     parser.add_argument("--onnx", action="store_true", help=ONNX_HELP)
+    parser.add_argument(
+        "--text-classifier",
+        action="store_true",
+        help="also write text_classifier (a Hugging Face classifier exported to ONNX; needs torch and "
+        "transformers)",
+    )
     add_publish_arguments(parser)
     args = parser.parse_args(argv)
     if args.onnx and onnx_missing():
@@ -293,7 +314,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             logger.info("published %s", folder)
         return 0
     names = generate_example_repository(
-        args.output, overwrite=args.overwrite, include_savedmodel=args.savedmodel, include_onnx=args.onnx
+        args.output,
+        overwrite=args.overwrite,
+        include_savedmodel=args.savedmodel,
+        include_onnx=args.onnx,
+        include_text_classifier=args.text_classifier,
     )
     logger.info("example models in %s: %s", args.output, ", ".join(names))
     return 0

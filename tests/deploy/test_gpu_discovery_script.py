@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
+from deploy_files import ROOT, copy_sources, dockerfile_instructions
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "spark" / "gpu_discovery.sh"
 
 
@@ -59,8 +59,14 @@ def test_the_spark_image_holds_the_script_where_spark_defaults_names_it() -> Non
     named = {
         line.split()[1] for line in conf if line.strip().startswith("spark.") and "discoveryScript" in line
     }
-    dockerfile = (ROOT / "deploy" / "docker" / "Dockerfile.spark").read_text()
     assert named == {"/opt/udfserve/deploy/spark/gpu_discovery.sh"}
-    assert "WORKDIR /opt/udfserve" in dockerfile
-    assert "COPY deploy/spark/gpu_discovery.sh ./deploy/spark/gpu_discovery.sh" in dockerfile
+    # Where the COPY puts it: its destination, relative to the WORKDIR in force.
+    workdir = PurePosixPath("/")
+    copied_to = set()
+    for instruction in dockerfile_instructions(ROOT / "deploy" / "docker" / "Dockerfile.spark"):
+        if instruction.keyword == "WORKDIR":
+            workdir = workdir / instruction.arguments
+        elif instruction.keyword == "COPY" and "deploy/spark/gpu_discovery.sh" in copy_sources(instruction):
+            copied_to.add(str(workdir / instruction.words()[-1]))
+    assert copied_to == named
     assert os.access(SCRIPT, os.X_OK)

@@ -246,3 +246,21 @@ def test_core_objects_validate_against_the_kubernetes_schemas(path: Path, docume
         "kubernetes_validate", reason="the kubernetes-validate package is not installed"
     )
     validator.validate(document, validator.latest_version(), strict=True)
+
+
+def test_kustomization_lets_users_point_the_server_image_at_their_registry() -> None:
+    """`images:` rewrites every container of the DaemonSet that uses the server image."""
+    [entry] = kubernetes_object("Kustomization")["images"]
+    spec = kubernetes_object("DaemonSet")["spec"]["template"]["spec"]
+    images = {c["image"] for c in spec["containers"] + spec["initContainers"]}
+    assert images == {f"{entry['name']}:{entry['newTag']}"}
+    assert entry["newName"] == entry["name"], "the default points at the image compose builds"
+
+
+def test_executor_pods_start_before_the_daemonset_made_the_host_folders() -> None:
+    """A hostPath of type Directory fails the pod when the folder is not there yet."""
+    volumes = kubernetes_object("Pod")["spec"]["volumes"]
+    assert {v["name"]: v["hostPath"]["type"] for v in volumes if "hostPath" in v} == {
+        "udfserve-runtime": "DirectoryOrCreate",
+        "udfserve-shm": "DirectoryOrCreate",
+    }

@@ -1,4 +1,5 @@
-"""``<repo>/<model>/config.yaml``, validated: which backend, version and batch limits a model has.
+"""``<repo>/<model>/config.yaml``, validated: which backend, version and batch limits a model has,
+and the pre-processing step (if any) that turns its public input into the model's own.
 
 The model server reads it to batch a model's requests, the CPU fallback to cut its batches; the
 name rule also guards every path built from a model name.
@@ -101,6 +102,81 @@ MAX_SERVED_VERSIONS = 64
 
 LATEST_ONE = VersionPolicy(latest=1)
 
+TOKENIZER_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
+"""What a tokenizer gives per text, each a model input of the same name: the token ids, 1 for a
+real token and 0 for padding, and the segment of each token (all 0 for one text)."""
+MAX_TOKENS = 8192
+"""The longest ``max_length`` accepted: a bound on every batch's width whatever a client sends."""
+CHARACTERS_PER_TOKEN = 32
+"""Characters of a text read per token kept, by default: a token of a natural-language text
+spans a few characters, so a text is cut well past its ``max_length``-th token."""
+
+
+class TextPreprocess(BaseModel):
+    """``preprocess:`` in config.yaml: the server tokenizes a string input before the model runs.
+
+    The model's public input is then one string per row, named ``input``; each batch is encoded
+    with the tokenizer of ``tokenizer`` (a Hugging Face ``tokenizer.json`` in the version folder,
+    read with the ``tokenizers`` package), truncated to ``max_length`` tokens, padded with
+    ``pad_token`` to the batch's longest text, and fed to the model's inputs named in ``outputs``.
+    Executors send text and never load a tokenizer; the CPU fallback runs the same step.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokenizer: str = Field(
+        default="tokenizer.json",
+        description="the tokenizer file, a file name in each version folder (no folders)",
+    )
+    input: str = Field(default="text", min_length=1, max_length=128, description="the public string input")
+    max_length: int = Field(
+        default=128,
+        ge=1,
+        le=MAX_TOKENS,
+        description="tokens per text, special tokens included; longer texts are truncated",
+    )
+    max_characters: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 24,
+        description=f"characters of a text tokenized, the rest cut first (default {CHARACTERS_PER_TOKEN} x "
+        "max_length): tokenizing costs in proportion to the text, and what lies past max_length tokens "
+        "is thrown away, so a client cannot make the server tokenize a megabyte to keep a few tokens",
+    )
+    pad_token: str = Field(default="[PAD]", min_length=1, description="the token that pads shorter texts")
+    outputs: tuple[str, ...] = Field(
+        default=("input_ids", "attention_mask"),
+        min_length=1,
+        description=f"the tokenizer's outputs fed to the model, each to the input of its name: some of "
+        f"{', '.join(TOKENIZER_OUTPUTS)}; the model's inputs are exactly these",
+    )
+
+    @property
+    def characters(self) -> int:
+        """The characters of a text that are tokenized."""
+        return self.max_characters or CHARACTERS_PER_TOKEN * self.max_length
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _file_name(cls, value: str) -> str:
+        if not value or "/" in value or "\\" in value or value in {".", ".."} or value.startswith("."):
+            raise ValueError(
+                f"tokenizer {value!r}: expected the name of a file in the version folder, such as "
+                "tokenizer.json (no folders, not hidden)"
+            )
+        return value
+
+    @field_validator("outputs")
+    @classmethod
+    def _known_outputs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [name for name in value if name not in TOKENIZER_OUTPUTS]
+        if unknown or len(set(value)) != len(value):
+            raise ValueError(
+                f"outputs {list(value)}: expected distinct names among {', '.join(TOKENIZER_OUTPUTS)}"
+                + (f"; unknown: {unknown}" if unknown else "")
+            )
+        return value
+
 
 class ModelConfig(BaseModel):
     """``<repo>/<model>/config.yaml``. Every field is optional but the file must parse."""
@@ -122,9 +198,16 @@ class ModelConfig(BaseModel):
     )
     max_batch_size: int = Field(default=1024, ge=1, le=1 << 20)
     dynamic_batching: BatchingConfig = Field(default_factory=BatchingConfig)
-    inputs: tuple[TensorSpec, ...] | None = None
+    inputs: tuple[TensorSpec, ...] | None = Field(
+        default=None,
+        description="the model's inputs; default read from the model file. With preprocess, the "
+        "inputs of the model file (the tokenizer's outputs), not the public string input",
+    )
     outputs: tuple[TensorSpec, ...] | None = None
     warmup: bool = True
+    preprocess: TextPreprocess | None = Field(
+        default=None, description="tokenize a string input on the server before the model runs"
+    )
 
     @field_validator("name")
     @classmethod
@@ -137,6 +220,24 @@ class ModelConfig(BaseModel):
             raise ValueError(
                 "version and version_policy both choose the versions served; expected one of them "
                 f"(version: {self.version} is version_policy: {{specific: [{self.version}]}})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _preprocess_feeds_the_inputs(self) -> ModelConfig:
+        if self.preprocess is None or self.inputs is None:
+            return self
+        declared = [spec.name for spec in self.inputs]
+        wrong = [
+            f"{spec.name} ({spec.dtype}, shape {list(spec.shape)})"
+            for spec in self.inputs
+            if not spec.dtype.startswith("int") or len(spec.shape) != 1
+        ]
+        if sorted(declared) != sorted(self.preprocess.outputs) or wrong:
+            raise ValueError(
+                f"with preprocess, inputs declares the model's own inputs, which the tokenizer feeds: "
+                f"expected {list(self.preprocess.outputs)}, integer dtypes of per-row shape [-1]; got "
+                f"{declared}" + (f", of which not so: {', '.join(wrong)}" if wrong else "")
             )
         return self
 

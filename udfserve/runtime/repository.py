@@ -35,6 +35,7 @@ from udfserve.runtime.model_formats import (
     detect_backend,
 )
 from udfserve.runtime.model_source import ModelSource
+from udfserve.runtime.preprocessing import with_preprocessing
 
 logger = logging.getLogger(__name__)
 
@@ -192,8 +193,9 @@ def _repository_guess(root: Path, entries: Sequence[Path]) -> str:
 
 
 def load_model(source: ModelSource) -> LoadedModel:
-    """Load one model with the backend its config names or its files call for; raises
-    ``ModelLoadError`` (``BackendNotInstalled`` when that backend's framework is not installed)."""
+    """Load one model with the backend its config names or its files call for, behind its
+    config's pre-processing step if it has one (``preprocessing``); raises ``ModelLoadError``
+    (``BackendNotInstalled`` when that backend's framework is not installed)."""
     try:
         backend = get_backend(source.backend or detect_backend(source.path))
     except BackendNotInstalled as exc:
@@ -202,7 +204,7 @@ def load_model(source: ModelSource) -> LoadedModel:
         raise ModelLoadError(f"model {source.name!r} ({source.path}): {exc}") from exc
     started_s = time.perf_counter()
     try:
-        model = backend.load(source)
+        model = with_preprocessing(backend.load(source), source)
     except ModelLoadError:
         raise
     except Exception as exc:
