@@ -22,6 +22,7 @@ from services.model_server.launcher import (
 )
 
 ARGS = ["--models", "tabular_mlp"]
+LAYOUT = "<repo>/<model>/config.yaml (optional) and <repo>/<model>/<version>/"
 
 
 def answers(target: str) -> bool:
@@ -135,12 +136,12 @@ def test_a_models_own_folder_given_as_the_repository_is_named_with_the_repositor
     )
     hint = f"its parent {example_repository} is probably the repository"
     for text in (refused, log):
-        assert explained in text and "<repo>/<model>/config.yaml (optional) and <repo>/<model>/<version>/" in text
+        assert explained in text and LAYOUT in text
         assert hint in text
     # /health/ready is open to anyone: the same words, with the server's paths left out
     assert "model repository . holds no servable model: found '1' (no version folder in 1" in reason
     assert f"its parent {example_repository.name} is probably the repository" in reason
-    assert "<repo>/<model>/config.yaml (optional) and <repo>/<model>/<version>/" in reason
+    assert LAYOUT in reason
     assert str(example_repository) not in reason
     assert any(" WARNING " in line and explained in line and hint in line for line in log.splitlines())
 

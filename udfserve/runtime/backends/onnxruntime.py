@@ -38,7 +38,8 @@ from udfserve.runtime.backends.onnxruntime_session import (
     read_settings,
     session_options,
 )
-from udfserve.runtime.backends.onnxruntime_specs import SpecMismatch, agreed_specs, graph_specs
+from udfserve.runtime.backends.onnxruntime_specs import graph_specs
+from udfserve.runtime.backends.spec_agreement import SpecMismatch, agreed_specs
 from udfserve.runtime.errors import InvalidInput, ModelLoadError
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.tensor_spec import STRING_DTYPE, TensorSpec, zeros
@@ -149,8 +150,8 @@ class OnnxRuntimeBackend:
         try:
             graph_inputs = graph_specs("input", session.get_inputs())
             graph_outputs = graph_specs("output", session.get_outputs())
-            inputs = agreed_specs("input", source.config.inputs, graph_inputs)
-            outputs = agreed_specs("output", source.config.outputs, graph_outputs)
+            inputs = agreed_specs("input", source.config.inputs, graph_inputs, holder="graph")
+            outputs = agreed_specs("output", source.config.outputs, graph_outputs, holder="graph")
         except SpecMismatch as exc:
             raise ModelLoadError(f"{where} ({artifact}): {exc}") from exc
         model = OnnxRuntimeModel(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from udfserve.runtime.backends.spec_agreement import SpecMismatch
 from udfserve.runtime.tensor_spec import FREE_DIM, STRING_DTYPE, SUPPORTED_DTYPES, TensorSpec
 
 ONNX_DTYPES = {
@@ -29,10 +30,6 @@ ONNX_DTYPES = {
 }
 """ONNX element types (as ONNX Runtime names them) and the dtype each is served as."""
 assert set(ONNX_DTYPES.values()) <= set(SUPPORTED_DTYPES)
-
-
-class SpecMismatch(Exception):
-    """The graph does not fit what config.yaml declares or what the server can serve."""
 
 
 def graph_specs(kind: str, node_args: list[Any]) -> tuple[TensorSpec, ...]:
@@ -60,41 +57,3 @@ def _spec(kind: str, name: str, onnx_type: str, shape: list[Any] | None) -> Tens
         )
     row_shape = tuple(int(dim) if isinstance(dim, int) and dim >= 0 else FREE_DIM for dim in dims[1:])
     return TensorSpec(name=name, dtype=dtype, shape=row_shape)
-
-
-def agreed_specs(
-    kind: str, declared: tuple[TensorSpec, ...] | None, found: tuple[TensorSpec, ...]
-) -> tuple[TensorSpec, ...]:
-    """The declared specs when they fit the graph's (the rules of the TensorFlow backend: the same
-    names, strings stay strings, a declared shape may fix a dimension the graph leaves free), else
-    the graph's own. Declared numeric dtypes other than the graph's are cast at each call."""
-    if declared is None:
-        return found
-    by_name = {spec.name: spec for spec in found}
-    declared_names = [spec.name for spec in declared]
-    missing = [name for name in by_name if name not in declared_names]
-    unknown = [name for name in declared_names if name not in by_name]
-    if missing or unknown or len(set(declared_names)) != len(declared_names):
-        raise SpecMismatch(
-            f"config.yaml declares {kind}s {declared_names}, but the graph's {kind}s are {list(by_name)}"
-            + (f"; not in the graph: {unknown}" if unknown else "")
-            + (f"; not declared: {missing}" if missing else "")
-        )
-    for spec in declared:
-        graph_dtype = by_name[spec.name].dtype
-        if (spec.dtype == STRING_DTYPE) != (graph_dtype == STRING_DTYPE):
-            wanted = STRING_DTYPE if graph_dtype == STRING_DTYPE else "a numeric dtype"
-            raise SpecMismatch(
-                f"config.yaml declares {kind} {spec.name!r} as {spec.dtype}, but the graph's is "
-                f"{graph_dtype}; strings and numbers do not convert into each other: declare {wanted}"
-            )
-        graph_shape = by_name[spec.name].shape
-        fits = len(spec.shape) == len(graph_shape) and all(
-            g == FREE_DIM or d == g for d, g in zip(spec.shape, graph_shape, strict=True)
-        )
-        if not fits:
-            raise SpecMismatch(
-                f"config.yaml declares {kind} {spec.name!r} with per-row shape {list(spec.shape)}, "
-                f"but the graph's is {list(graph_shape)} (-1 is free)"
-            )
-    return declared

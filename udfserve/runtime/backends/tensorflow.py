@@ -26,11 +26,12 @@ import tensorflow as tf
 
 from udfserve.runtime import device
 from udfserve.runtime.backends.keras_ranges import embedding_ranges, with_ranges
+from udfserve.runtime.backends.spec_agreement import SpecMismatch, agreed_specs
 from udfserve.runtime.backends.tensorflow_calls import graph_caller, to_numpy, to_tensor
 from udfserve.runtime.backends.tensorflow_errors import call_error
 from udfserve.runtime.errors import InvalidInput, ModelLoadError
 from udfserve.runtime.model_source import ModelSource
-from udfserve.runtime.tensor_spec import STRING_DTYPE, SUPPORTED_DTYPES, TensorSpec, zeros
+from udfserve.runtime.tensor_spec import SUPPORTED_DTYPES, TensorSpec, zeros
 
 logger = logging.getLogger(__name__)
 
@@ -163,9 +164,9 @@ class TensorFlowBackend:
             else:
                 signature = _load_keras(artifact)
             inputs = with_ranges(
-                _agreed_specs("input", source.config.inputs, signature.inputs), signature.ranges
+                agreed_specs("input", source.config.inputs, signature.inputs), signature.ranges
             )
-            outputs = _agreed_specs("output", source.config.outputs, signature.outputs)
+            outputs = agreed_specs("output", source.config.outputs, signature.outputs)
             serve = _serving_function(signature, inputs, outputs)
             model = TensorFlowModel(
                 name=source.name,
@@ -179,15 +180,11 @@ class TensorFlowBackend:
             if source.config.warmup:
                 for rows in sorted({1, source.config.max_batch_size}):
                     model.predict(_zeros(inputs, rows))
-        except _Mismatch as exc:
+        except SpecMismatch as exc:
             raise ModelLoadError(f"{where} ({artifact}): {exc}") from exc
         except Exception as exc:
             raise ModelLoadError(f"{where}: cannot load {artifact}: {type(exc).__name__}: {exc}") from exc
         return model
-
-
-class _Mismatch(Exception):
-    """The artifact does not fit what config.yaml declares or what the server can serve."""
 
 
 def _find_artifact(version_dir: Path, where: str) -> Path:
@@ -228,7 +225,7 @@ def _load_keras(path: Path) -> _Signature:
     model = keras.saving.load_model(str(path), compile=False, safe_mode=True)
     model_inputs = getattr(model, "inputs", None)
     if not model_inputs:
-        raise _Mismatch(
+        raise SpecMismatch(
             f"{type(model).__name__} has no input signature; save a functional or Sequential model "
             "built with keras.Input"
         )
@@ -267,11 +264,11 @@ def _load_saved_model(folder: Path) -> _Signature:
     loaded = tf.saved_model.load(str(folder))
     signatures = getattr(loaded, "signatures", {})
     if SERVING_SIGNATURE not in signatures:
-        raise _Mismatch(f"no {SERVING_SIGNATURE!r} signature; found {sorted(signatures)}")
+        raise SpecMismatch(f"no {SERVING_SIGNATURE!r} signature; found {sorted(signatures)}")
     signature = signatures[SERVING_SIGNATURE]
     positional, keyword = signature.structured_input_signature
     if positional:
-        raise _Mismatch(f"signature {SERVING_SIGNATURE!r} takes positional inputs; expected named ones")
+        raise SpecMismatch(f"signature {SERVING_SIGNATURE!r} takes positional inputs; expected named ones")
     inputs = tuple(
         TensorSpec(name=name, dtype=_dtype_name(t.dtype.name, f"input {name!r}"), shape=_row_shape(t.shape))
         for name, t in keyword.items()
@@ -328,52 +325,14 @@ def _named_outputs(result: Any, declared_names: Sequence[str] | None) -> dict[st
     return dict(zip(names, flat, strict=True))
 
 
-def _agreed_specs(
-    kind: str, declared: tuple[TensorSpec, ...] | None, found: tuple[TensorSpec, ...]
-) -> tuple[TensorSpec, ...]:
-    """The declared specs when they fit the model's signature, else the signature's own."""
-    if declared is None:
-        return found
-    by_name = {spec.name: spec for spec in found}
-    declared_names = [spec.name for spec in declared]
-    missing = [name for name in by_name if name not in declared_names]
-    unknown = [name for name in declared_names if name not in by_name]
-    if missing or unknown or len(set(declared_names)) != len(declared_names):
-        raise _Mismatch(
-            f"config.yaml declares {kind}s {declared_names}, but the model's {kind}s are {list(by_name)}"
-            + (f"; not in the model: {unknown}" if unknown else "")
-            + (f"; not declared: {missing}" if missing else "")
-        )
-    for spec in declared:
-        model_dtype = by_name[spec.name].dtype
-        if (spec.dtype == STRING_DTYPE) != (model_dtype == STRING_DTYPE):
-            wanted = STRING_DTYPE if model_dtype == STRING_DTYPE else "a numeric dtype"
-            raise _Mismatch(
-                f"config.yaml declares {kind} {spec.name!r} as {spec.dtype}, but the model's is "
-                f"{model_dtype}; strings and numbers do not convert into each other: declare {wanted}"
-            )
-        model_shape = by_name[spec.name].shape
-        if not _shape_fits(spec.shape, model_shape):
-            raise _Mismatch(
-                f"config.yaml declares {kind} {spec.name!r} with per-row shape {list(spec.shape)}, "
-                f"but the model expects {list(model_shape)} (-1 is free)"
-            )
-    return declared
-
-
-def _shape_fits(declared: tuple[int, ...], model: tuple[int, ...]) -> bool:
-    """A declared shape may fix a dimension the model leaves free, never the other way."""
-    return len(declared) == len(model) and all(
-        m == -1 or d == m for d, m in zip(declared, model, strict=True)
-    )
-
-
 def _row_shape(shape: Any) -> tuple[int, ...]:
     dims = list(tf.TensorShape(shape).as_list()) if shape is not None else None
     if not dims:
-        raise _Mismatch(f"tensor of shape {shape} has no batch dimension; export with a free batch dimension")
+        raise SpecMismatch(
+            f"tensor of shape {shape} has no batch dimension; export with a free batch dimension"
+        )
     if dims[0] is not None:
-        raise _Mismatch(
+        raise SpecMismatch(
             f"tensor of shape {tuple(dims)} has a fixed batch dimension {dims[0]}; "
             "export with a free batch dimension (None)"
         )
@@ -387,7 +346,9 @@ def _tf_shape(shape: tuple[int, ...]) -> tuple[int | None, ...]:
 def _dtype_name(dtype: Any, what: str) -> str:
     name = str(getattr(dtype, "name", dtype))
     if name not in SUPPORTED_DTYPES:
-        raise _Mismatch(f"{what} has dtype {name}, which is not served; expected one of {SUPPORTED_DTYPES}")
+        raise SpecMismatch(
+            f"{what} has dtype {name}, which is not served; expected one of {SUPPORTED_DTYPES}"
+        )
     return name
 
 
