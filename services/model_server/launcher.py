@@ -169,26 +169,8 @@ def serve_arguments(
     return arguments + list(extra_args)
 
 
-def server_command(
-    model_repository: Path,
-    *,
-    device: str = "cpu",
-    socket: Path | None = None,
-    port: int | None = 0,
-    http_port: int | None = 0,
-    ready_file: Path,
-    extra_args: Sequence[str] = (),
-) -> list[str]:
-    """The command line of ``udfserve serve`` run with this interpreter."""
-    arguments = serve_arguments(
-        model_repository,
-        device=device,
-        socket=socket,
-        port=port,
-        http_port=http_port,
-        ready_file=ready_file,
-        extra_args=extra_args,
-    )
+def server_command(arguments: Sequence[str]) -> list[str]:
+    """The command line of ``udfserve serve`` run with this interpreter (``serve_arguments``)."""
     return [sys.executable, "-m", "services", "serve", *arguments]
 
 
@@ -230,13 +212,18 @@ def launch_server(
     else:
         ready_file.unlink(missing_ok=True)
     command = server_command(
-        model_repository,
-        device=device,
-        socket=socket,
-        port=port,
-        http_port=http_port,
-        ready_file=ready_file,
-        extra_args=[*extra_args, *(["--lifeline-fd", str(lifeline_fd)] if lifeline_fd is not None else [])],
+        serve_arguments(
+            model_repository,
+            device=device,
+            socket=socket,
+            port=port,
+            http_port=http_port,
+            ready_file=ready_file,
+            extra_args=[
+                *extra_args,
+                *(["--lifeline-fd", str(lifeline_fd)] if lifeline_fd is not None else []),
+            ],
+        )
     )
     log: IO[bytes] | int = subprocess.DEVNULL
     if log_path is not None:

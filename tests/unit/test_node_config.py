@@ -9,7 +9,7 @@ import pytest
 
 from services.cli import build_parser
 from services.model_server.config import ServerConfig
-from services.model_server.launcher import server_command
+from services.model_server.launcher import serve_arguments, server_command
 from services.node.config import NodeConfig
 from services.node.devices import DeviceSlot
 from services.node.server_flags import SHARED_SETTINGS
@@ -104,10 +104,12 @@ def server_config_of(node: NodeConfig, device: DeviceSlot) -> ServerConfig:
     """The settings a server started by this node runs with, read from its command line as
     `udfserve serve` reads it (the node's flags, then --server-args)."""
     command = server_command(
-        node.model_repository,
-        device=device.device,
-        ready_file=node.runtime_dir / "ready.json",
-        extra_args=node.server_flags(device) + node.server_extra_args,
+        serve_arguments(
+            node.model_repository,
+            device=device.device,
+            ready_file=node.runtime_dir / "ready.json",
+            extra_args=node.server_flags(device) + node.server_extra_args,
+        )
     )
     assert command[3] == "serve", command
     return settings_from_args(ServerConfig, build_parser().parse_args(command[3:]))
