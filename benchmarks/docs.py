@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import cluster_model
 from benchmarks.cli import QUICK_RESULTS_DIR
 from benchmarks.report import RESULTS_DIR, ComparisonResult, Table, TargetCheck, machine_markdown
 
@@ -97,6 +98,7 @@ def render(results_dir: Path, doc_path: Path) -> str:
     parts += kserve_section(KSERVE_RESULTS_DIR)
     for name, heading in LATE_SECTIONS:
         parts += _section(name, heading, loaded, image_prefix)
+    parts += cluster_model.section(results_dir)
     return "\n".join(parts).rstrip() + "\n"
 
 
