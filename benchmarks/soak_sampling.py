@@ -93,7 +93,8 @@ class NodeWatch:
         self._shared_memory_dir = shared_memory_dir
         self._spark_root = spark_root
         self._jobs_done = jobs_done
-        self._started = time.monotonic()
+        self.started_at = time.time()
+        """The origin of the samples' ``t_s``, on the clock of the jobs' ``started_at``."""
 
     def server_pids(self) -> list[int]:
         try:
@@ -154,7 +155,7 @@ class NodeWatch:
         workers, jvms = self._spark()
         files, size = self.shared_memory([*pids, *(w.pid for w in workers)])
         return Sample(
-            t_s=time.monotonic() - self._started,
+            t_s=time.time() - self.started_at,
             server_rss_mib=servers.rss / MIB,
             server_pss_mib=servers.pss / MIB,
             server_fds=servers.fds,

@@ -5,38 +5,21 @@ three minutes are too short to judge a slope)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from typing import Any
 
 import pytest
+from benchmark_script import run_quick
 
-REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
-RESULT = REPOSITORY_ROOT / "benchmarks" / "results" / "tmp" / "quick" / "soak.json"
 KINDS = {"remote_predict", "remote_predict_arrow", "predict_arrow"}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(960)
 def test_the_quick_soak_checks_every_job_exactly_once_and_samples_the_node_throughout() -> None:
-    RESULT.unlink(missing_ok=True)
-    environment = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.soak", "--quick"],
-        cwd=REPOSITORY_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=environment,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    result = json.loads(RESULT.read_text())
+    result = run_quick("benchmarks.soak", timeout_s=900)
     raw = result["raw"]
 
-    jobs = raw["jobs"]
+    jobs = rows_of(raw["jobs"])
     assert {(job["model"], job["kind"]) for job in jobs} == {
         (model, kind) for model in ("tabular_mlp", "sequence_bilstm") for kind in KINDS
     }
@@ -46,7 +29,7 @@ def test_the_quick_soak_checks_every_job_exactly_once_and_samples_the_node_throu
         assert (job["rows"], job["distinct_ids"], job["min_id"], job["max_id"]) == (n, n, 0, n - 1), job
         assert job["sum_ids"] == n * (n - 1) // 2 and job["bad_predictions"] == 0, job
 
-    samples = raw["samples"]
+    samples = rows_of(raw["samples"])
     assert samples[-1]["t_s"] >= 0.9 * raw["settings"]["minutes"] * 60
     for sample in samples:
         assert sample["servers"] == 1 and sample["server_rss_mib"] > 0 and sample["server_fds"] > 0
@@ -58,3 +41,8 @@ def test_the_quick_soak_checks_every_job_exactly_once_and_samples_the_node_throu
         assert trend["samples"] >= 2 and trend["flat"] is not None
     assert all(target["met"] is not None for target in result["targets"])
     assert [t["met"] for t in result["targets"][:3]] == [True, True, True]  # jobs, rows, restarts
+
+
+def rows_of(columns: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The records the JSON holds as a list of values per field."""
+    return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
