@@ -13,11 +13,11 @@ which also turns over the server's connections.
 
 Every ``--sample-s`` the node is sampled (``benchmarks.soak_sampling``): resident and
 proportional memory, descriptors and threads of the server and the supervisor, the payload files
-in the node's shared-memory folder, the supervisor's restart counter, and the Spark workers' and
-JVM's memory. After the warm-up (the first sixth of the run: 10 of 60 minutes; longer if some
-model and kind had not finished a job by then) memory must not rise by 1 MiB per 10 minutes on a
-least-squares line, and descriptors, threads and files must not rise at all. ``--quick`` runs
-3 minutes, sampled every 5 s.
+of the node's shared-memory folder (named, or held open), the supervisor's restart counter, and
+the Spark workers' and JVM's memory. After the warm-up (the first sixth of the run: 10 of 60
+minutes; longer if some model and kind had not finished a job by then) memory must not rise by
+1 MiB per 10 minutes on a least-squares line, and descriptors, threads and files must show no
+rising trend (see ``soak_sampling.trend``). ``--quick`` runs 3 minutes, sampled every 5 s.
 """
 
 from __future__ import annotations
@@ -445,7 +445,9 @@ def _result(
         "output in one action: count, distinct ids, least and greatest id, sum of ids, and predictions that "
         f"are null or not of the model's width. Every {settings.sample_s:g} s the script samples the "
         "resident and proportional memory, open descriptors and threads of the model server and of the "
-        "supervisor, the payload files in the shared-memory folder, the supervisor's restart counter "
+        "supervisor, the payload files of the shared-memory folder (named, or removed and still held open "
+        "by the server or a Spark worker: their memory shows in no process's resident size), the "
+        "supervisor's restart counter "
         "(`udfserve_server_restarts_total` on its `/metrics`) and the Spark workers' and JVM's memory. "
         f"The first {warm_up_s / 60:.1f} minutes are warm-up (a sixth of the run, or until every model and "
         "kind had finished a job, if that came later); through the samples after it a "
