@@ -21,13 +21,23 @@ def line_panels(
     xlabel: str,
     log_x: bool = True,
     log_y: Sequence[bool] = (),
+    columns: int = 0,
+    shade_x: tuple[float, float, str] | None = None,
+    marker: str = "o",
 ) -> None:
-    """One row of line charts; each panel is (title, y label, {series name: (xs, ys)})."""
-    figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    """Line charts, ``columns`` to a row (0: all in one row); each panel is (title, y label,
+    {series name: (xs, ys)}); ``shade_x`` (start, end, label) shades that span in every panel."""
+    width = columns or len(panels)
+    height = -(-len(panels) // width)
+    figure, axes = plt.subplots(height, width, figsize=(5.5 * width, 4.2 * height), squeeze=False)
+    for unused in range(len(panels), width * height):
+        axes[unused // width][unused % width].set_visible(False)
     for index, (panel_title, ylabel, series) in enumerate(panels):
-        axis = axes[0][index]
+        axis = axes[index // width][index % width]
+        if shade_x is not None:
+            axis.axvspan(shade_x[0], shade_x[1], color="0.85", label=shade_x[2])
         for name, (xs, ys) in series.items():
-            axis.plot(list(xs), list(ys), marker="o", label=name)
+            axis.plot(list(xs), list(ys), marker=marker, label=name)
         axis.set_title(panel_title, fontsize=10)
         axis.set_xlabel(xlabel)
         axis.set_ylabel(ylabel)

@@ -69,6 +69,9 @@ class Job:
     """0: the client's default."""
     predict_batch_size: int = 4096
     log_file: str = ""
+    client_settings: dict[str, Any] = field(default_factory=dict)
+    """More ``ClientConfig`` fields of the remote contenders (``address`` empty: found through
+    the node's discovery file)."""
 
 
 @dataclass
@@ -182,8 +185,9 @@ def _client_config(job: Job) -> Any:
     from spark_client import ClientConfig
 
     size = {"bytes_per_request": job.bytes_per_request} if job.bytes_per_request else {}
+    address = {"address": job.address} if job.address else {}
     return ClientConfig.model_validate(
-        {"address": job.address, "rows_per_request": job.rows_per_request, **size}
+        {**address, "rows_per_request": job.rows_per_request, **size, **job.client_settings}
     )
 
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -42,9 +42,11 @@ class StartedNode:
 
 
 @contextlib.contextmanager
-def running_node(model_repository: Path, devices: str, start_timeout_s: float) -> Iterator[StartedNode]:
-    """Start `udfserve node` in a private runtime folder; yield it once its servers are ready;
-    stop it and remove the folder after.
+def running_node(
+    model_repository: Path, devices: str, start_timeout_s: float, extra_args: Sequence[str] = ()
+) -> Iterator[StartedNode]:
+    """Start `udfserve node` in a private runtime folder (``extra_args``: more of its flags);
+    yield it once its servers are ready; stop it and remove the folder after.
 
     The node runs in a session of its own: Ctrl-C in the terminal reaches the demo alone, which
     then stops the node itself, instead of both racing to stop its servers.
@@ -67,6 +69,7 @@ def running_node(model_repository: Path, devices: str, start_timeout_s: float) -
         "0",
         "--log-level",
         "WARNING",
+        *extra_args,
     ]
     logger.info(
         "step 2/4: starting `udfserve node --devices %s` (its log: %s, removed with the node)",

@@ -1,0 +1,33 @@
+"""A benchmark script's quick mode, run as a user runs it, for the tests that keep the scripts working."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
+QUICK_RESULTS = REPOSITORY_ROOT / "benchmarks" / "results" / "tmp" / "quick"
+
+
+def run_quick(module: str, timeout_s: float) -> dict[str, Any]:
+    """Run ``python -m <module> --quick`` from the repository's root; the result it wrote
+    (``<comparison>.json`` of the quick results), never one an earlier run left."""
+    result = QUICK_RESULTS / f"{module.rsplit('.', 1)[-1]}.json"
+    result.unlink(missing_ok=True)
+    environment = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    completed = subprocess.run(
+        [sys.executable, "-m", module, "--quick"],
+        cwd=REPOSITORY_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=environment,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    loaded: dict[str, Any] = json.loads(result.read_text())
+    return loaded
