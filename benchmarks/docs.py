@@ -38,7 +38,10 @@ SECTIONS = (
     ("footprint", "4. Executor footprint"),
     ("cold_start", "5. Cold start"),
 )
-LATE_SECTIONS = (("backends", "7. Backends side by side: TensorFlow, ONNX Runtime, PyTorch"),)
+LATE_SECTIONS = (
+    ("backends", "7. Backends side by side: TensorFlow, ONNX Runtime, PyTorch"),
+    ("soak", "9. An hour of load"),
+)
 """Comparisons of ``run_all`` rendered after the KServe section (6), which runs outside it."""
 
 INTRO = """\
