@@ -21,8 +21,10 @@ def line_panels(
     xlabel: str,
     log_x: bool = True,
     log_y: Sequence[bool] = (),
+    x_ticks: Mapping[float, str] | None = None,
 ) -> None:
-    """One row of line charts; each panel is (title, y label, {series name: (xs, ys)})."""
+    """One row of line charts; each panel is (title, y label, {series name: (xs, ys)});
+    ``x_ticks`` labels those x values where the powers of the log scale would read poorly."""
     figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
     for index, (panel_title, ylabel, series) in enumerate(panels):
         axis = axes[0][index]
@@ -35,6 +37,9 @@ def line_panels(
             axis.set_xscale("log", base=2)
         if index < len(log_y) and log_y[index]:
             axis.set_yscale("log")
+        if x_ticks:
+            axis.set_xticks(list(x_ticks), list(x_ticks.values()))
+            axis.minorticks_off()
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=8)
     figure.suptitle(title)
