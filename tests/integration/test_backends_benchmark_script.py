@@ -4,34 +4,14 @@ measure for each of them."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
-RESULT = REPOSITORY_ROOT / "benchmarks" / "results" / "tmp" / "quick" / "backends.json"
+from benchmark_scripts import run_quick
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_the_quick_backends_run_checks_the_answers_and_measures_all_three() -> None:
-    RESULT.unlink(missing_ok=True)
-    environment = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.backends", "--quick"],
-        cwd=REPOSITORY_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=environment,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    result = json.loads(RESULT.read_text())
+    result = run_quick("backends", timeout_s=600)
     assert [target["met"] for target in result["targets"]] == [True]
     assert set(result["raw"]["rounds"]) == {"TensorFlow", "ONNX Runtime", "PyTorch"}
     for rounds in result["raw"]["rounds"].values():
