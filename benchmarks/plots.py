@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -21,10 +21,11 @@ def line_panels(
     xlabel: str,
     log_x: bool = True,
     log_y: Sequence[bool] = (),
-    x_ticks: Mapping[float, str] | None = None,
+    x_tick_label: Callable[[float], str] | None = None,
 ) -> None:
-    """One row of line charts; each panel is (title, y label, {series name: (xs, ys)});
-    ``x_ticks`` labels those x values where the powers of the log scale would read poorly."""
+    """One row of line charts; each panel is (title, y label, {series name: (xs, ys)}).
+    ``x_tick_label``: ticks at each panel's own x values, so labelled, where the powers of the
+    log scale would read poorly (a few sizes far apart)."""
     figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
     for index, (panel_title, ylabel, series) in enumerate(panels):
         axis = axes[0][index]
@@ -37,8 +38,9 @@ def line_panels(
             axis.set_xscale("log", base=2)
         if index < len(log_y) and log_y[index]:
             axis.set_yscale("log")
-        if x_ticks:
-            axis.set_xticks(list(x_ticks), list(x_ticks.values()))
+        if x_tick_label:
+            xs = sorted({float(x) for xs, _ in series.values() for x in xs})
+            axis.set_xticks(xs, [x_tick_label(x) for x in xs])
             axis.minorticks_off()
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=8)

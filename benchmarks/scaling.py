@@ -299,11 +299,12 @@ def _plot(grouped: dict[str, dict[str, list[Point]]], quick: bool) -> str:
         "Scaling with the rows, local[2]",
         panels,
         xlabel="rows in the job (log)",
+        x_tick_label=_short,
     )
     return plot_file
 
 
-def _short(rows: int) -> str:
+def _short(rows: float) -> str:
     """1600000 -> '1.6M', 20000 -> '20k'."""
     for unit, suffix in ((1_000_000, "M"), (1_000, "k")):
         if rows >= unit:
