@@ -40,6 +40,7 @@ SECTIONS = (
 )
 LATE_SECTIONS = (
     ("backends", "7. Backends side by side: TensorFlow, ONNX Runtime, PyTorch"),
+    ("scaling", "8. Scaling with the rows"),
     ("soak", "9. An hour of load"),
 )
 """Comparisons of ``run_all`` rendered after the KServe section (6), which runs outside it."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -24,9 +24,12 @@ def line_panels(
     columns: int = 0,
     shade_x: tuple[float, float, str] | None = None,
     marker: str = "o",
+    x_tick_label: Callable[[float], str] | None = None,
 ) -> None:
     """Line charts, ``columns`` to a row (0: all in one row); each panel is (title, y label,
-    {series name: (xs, ys)}); ``shade_x`` (start, end, label) shades that span in every panel."""
+    {series name: (xs, ys)}); ``shade_x`` (start, end, label) shades that span in every panel.
+    ``x_tick_label``: ticks at each panel's own x values, so labelled, where the powers of the
+    log scale would read poorly (a few sizes far apart)."""
     width = columns or len(panels)
     height = -(-len(panels) // width)
     figure, axes = plt.subplots(height, width, figsize=(5.5 * width, 4.2 * height), squeeze=False)
@@ -45,6 +48,10 @@ def line_panels(
             axis.set_xscale("log", base=2)
         if index < len(log_y) and log_y[index]:
             axis.set_yscale("log")
+        if x_tick_label:
+            xs = sorted({float(x) for xs, _ in series.values() for x in xs})
+            axis.set_xticks(xs, [x_tick_label(x) for x in xs])
+            axis.minorticks_off()
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=8)
     figure.suptitle(title)

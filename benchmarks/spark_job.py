@@ -63,6 +63,10 @@ class Job:
     """The model server's process, whose CPU time counts for the remote contenders."""
     marker_dir: str = ""
     runs: int = 1
+    warmup_rows: int = 0
+    """0: none; else the rows with ``id`` below this go through the contender once, untimed, before
+    the runs: that run pays the workers' start, TensorFlow's import and the model's load, so the
+    first timed run of a large job is as warm as a later one (``benchmarks.scaling``)."""
     batch_rows: int = 16384
     rows_per_request: int = 4096
     bytes_per_request: int = 0
@@ -102,6 +106,8 @@ class JobResult:
     sample: dict[str, list[float]] = field(default_factory=dict)
     rounds_rows_s: list[float] = field(default_factory=list)
     """The steady rows/s of each round's application, where several ran (``spark_e2e.best_of``)."""
+    warmup_s: float = 0.0
+    """How long the untimed run of ``Job.warmup_rows`` rows took (0: none ran)."""
 
 
 def write_dataset(path: Path, model: str, rows: int, files: int, seed: int = 0) -> None:
@@ -262,6 +268,12 @@ def run_job(job: Job) -> JobResult:
         lambda: [psutil.Process(job.server_pid)] if job.server_pid else [], interval_s=0.2
     )
     with PeakRssSampler(_python_workers, pss_every=5) as workers, jvm_peak, server:
+        if job.warmup_rows:
+            # The filter on ``id`` runs below the UDF (Spark pushes it down), and the same UDF
+            # object keeps the model ``predict_batch_udf`` cached in its workers for the runs.
+            started = time.perf_counter()
+            predicted.where(f"id < {job.warmup_rows}").write.format("noop").mode("overwrite").save()
+            result.warmup_s = time.perf_counter() - started
         for _ in range(job.runs):
             before = {
                 "Python workers": workers.cpu_snapshot(),
