@@ -10,6 +10,10 @@ TensorFlow's import and the model's load); the fastest later run is the steady s
 rows/s. Every contender's application runs twice, in two rounds of opposite order, and the faster
 application is quoted. The resident memory of the Spark Python workers is sampled every 50 ms
 over all runs, and the highest peak of the two rounds is quoted.
+
+Where ``ray`` is installed (the ``bench-ray`` extra), Ray Data runs in the same rounds on the same
+files and model (``benchmarks.ray_contender``): the alternative to Spark teams weigh for batch
+inference. Without it the comparison runs without Ray and its notes say how to add it.
 """
 
 from __future__ import annotations
