@@ -179,8 +179,8 @@ def targets(
         )
         checks.append(
             TargetCheck(
-                f"{model}: the same against Ray Data's rate with its pool up (its start and the reads "
-                "during it left out: Ray's best case)",
+                f"{model}: the same against the rate of that Ray setting with its pool up (the pool's "
+                "start, and the reads done during it, left out)",
                 f"{speed / pool_up:.2f}x ({pool_up:,.0f} rows/s)",
                 speed / pool_up >= TARGET_RATIO,
             )
