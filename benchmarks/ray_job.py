@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -167,42 +166,28 @@ def object_store_bytes() -> int:
     return total
 
 
-class RayMemorySampler:
+class RayMemorySampler(PeakRssSampler):
     """Samples, in a thread, all Ray processes (shared memory left out) plus the object store, at
-    the same instant: the peak of what the Ray application holds in all."""
+    the same instant: ``peak_total_bytes`` is the peak of what the Ray application holds in all."""
 
     def __init__(self, interval_s: float = 0.2) -> None:
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ray-memory", daemon=True)
-        self.peak_total_bytes = 0
+        super().__init__(
+            lambda: [psutil.Process(), *_ray_processes()],
+            interval_s=interval_s,
+            resident=resident_without_shared_memory,
+        )
         self.peak_object_store_bytes = 0
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self._interval_s)
-
     def sample(self) -> None:
-        processes = [psutil.Process(), *_ray_processes()]
         resident = 0
-        for process in processes:
+        for process in self._select():
             try:
-                resident += resident_without_shared_memory(process)
+                resident += self._resident(process)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         store = object_store_bytes()
         self.peak_object_store_bytes = max(self.peak_object_store_bytes, store)
         self.peak_total_bytes = max(self.peak_total_bytes, resident + store)
-
-    def __enter__(self) -> RayMemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sample()
 
 
 def _start_ray(job: RayJob) -> None:
@@ -297,7 +282,8 @@ def run_job(job: RayJob) -> RayJobResult:
     driver = PeakRssSampler(lambda: [psutil.Process()], interval_s=0.2)
     system = PeakRssSampler(_system, interval_s=0.2, resident=resident_without_shared_memory)
     workers = PeakRssSampler(_workers, interval_s=0.05, pss_every=5, resident=resident_without_shared_memory)
-    with RayMemorySampler() as memory, driver, system, workers:
+    memory = RayMemorySampler()
+    with memory, driver, system, workers:
         samplers = dict(zip(CPU_GROUPS, (driver, system, workers), strict=True))
         for run in range(job.runs):
             run_dir = Path(job.marker_dir) / f"run-{run}"
