@@ -38,6 +38,37 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", **(extra or {})}
 
 
+def run_json_child(
+    module: str,
+    payload: Mapping[str, Any],
+    log_file: str,
+    what: str,
+    env: Mapping[str, str],
+    timeout_s: float,
+) -> dict[str, Any]:
+    """Run ``python -m <module> '<payload as JSON>'`` in a fresh process and return the JSON object
+    on the last line of its output; its standard error goes to ``log_file`` (nothing when empty).
+    ``what`` names the job in the error raised when the child fails."""
+    log = open(log_file or os.devnull, "ab")  # noqa: SIM115 (closed below)
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-m", module, json.dumps(payload)],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=child_env(env),
+            timeout=timeout_s,
+            check=False,
+        )
+    finally:
+        log.close()
+    if completed.returncode != 0:
+        tail = Path(log_file).read_text(errors="replace")[-3000:] if log_file else ""
+        raise RuntimeError(f"{what} failed with exit code {completed.returncode}; log tail:\n{tail}")
+    lines = completed.stdout.decode().strip().splitlines()
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
 class Workspace:
     """Scratch space of one benchmark run; stops its servers and removes itself on exit."""
 
@@ -273,6 +304,20 @@ class ProcessMeter:
         return ProcessUsage(wall - self._start[0], cpu - self._start[1], faults - self._start[2], by_group)
 
 
+def resident_without_shared_memory(process: psutil.Process) -> int:
+    """Resident bytes of ``process`` less its pages of shared memory (files in ``/dev/shm``, SysV
+    segments): where several processes map one shared-memory object, as Ray's workers and raylet
+    map its object store, the object is counted once, apart, instead of once per process
+    (Linux: ``RssAnon + RssFile`` of ``/proc/<pid>/status``; the whole resident size elsewhere)."""
+    try:
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{process.pid}/status").read_text().splitlines()
+        )
+        return sum(int(fields[name].split()[0]) * 1024 for name in ("RssAnon", "RssFile"))
+    except (OSError, KeyError, ValueError):
+        return int(process.memory_info().rss)
+
+
 class PeakRssSampler:
     """Samples, in a thread, the resident memory of the processes ``select`` returns.
 
@@ -285,8 +330,10 @@ class PeakRssSampler:
         select: Callable[[], Iterable[psutil.Process]],
         interval_s: float = 0.05,
         pss_every: int = 0,
+        resident: Callable[[psutil.Process], int] | None = None,
     ) -> None:
-        """``pss_every``: also sum the proportional set size every that many samples (0: never).
+        """``resident``: how a process's resident bytes are read (its RSS unless given).
+        ``pss_every``: also sum the proportional set size every that many samples (0: never).
         Summing resident sizes counts a page shared by several processes (a forking daemon's
         imports in each child it forked) once per process; the proportional size divides it
         among them, so its sum is the memory the processes take together. Reading it walks the
@@ -294,6 +341,7 @@ class PeakRssSampler:
         self._select = select
         self._interval_s = interval_s
         self._pss_every = pss_every
+        self._resident = resident or (lambda process: int(process.memory_info().rss))
         self._samples = 0
         self.peak_pss_total_bytes = 0
         self._stop = threading.Event()
@@ -317,7 +365,7 @@ class PeakRssSampler:
         self._samples += 1
         for process in self._select():
             try:
-                rss = process.memory_info().rss
+                rss = self._resident(process)
                 times = process.cpu_times()
                 if with_pss:
                     pss_total += process.memory_full_info().pss

@@ -10,6 +10,10 @@ TensorFlow's import and the model's load); the fastest later run is the steady s
 rows/s. Every contender's application runs twice, in two rounds of opposite order, and the faster
 application is quoted. The resident memory of the Spark Python workers is sampled every 50 ms
 over all runs, and the highest peak of the two rounds is quoted.
+
+Where ``ray`` is installed (the ``bench-ray`` extra), Ray Data runs in the same rounds on the same
+files and model (``benchmarks.ray_contender``): the alternative to Spark teams weigh for batch
+inference. Without it the comparison runs without Ray and its notes say how to add it.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from benchmarks import plots
+from benchmarks import plots, ray_contender
 from benchmarks.cli import main_for, results_dir
 from benchmarks.processes import LOGS_DIR, PeakRssSampler, Workspace
+from benchmarks.ray_job import CONTENDER as RAY
+from benchmarks.ray_job import RayJobResult
 from benchmarks.report import ComparisonResult, Table, TargetCheck
 from benchmarks.spark_job import MODEL_LESS, MODELS, Job, JobResult, run_in_child, write_dataset
 from services.model_server.launcher import ServerProcess
@@ -42,6 +48,7 @@ LABELS = {
     "load_per_batch": "1d pandas UDF, model loaded per batch (small run)",
     "passthrough": "pandas UDF without a model (ceiling)",
     "passthrough_arrow": "mapInArrow without a model (ceiling)",
+    RAY: ray_contender.LABEL,
 }
 REMOTE_CONTENDERS = ("remote_predict", "remote_predict_arrow", "predict_arrow")
 TARGET_NAMES = {
@@ -93,6 +100,7 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = False) -> Com
     repository = workspace.repository("spark", {model: {} for model in models})
     server = workspace.start_server(repository, "spark")
     results: dict[str, dict[str, JobResult]] = {}
+    ray_sweeps: dict[str, list[RayJobResult]] = {}
     server_process = psutil.Process(server.pid)
     with PeakRssSampler(lambda: [server_process], interval_s=0.2) as server_memory:
         for model in models:
@@ -102,21 +110,68 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = False) -> Com
             write_dataset(small, model, settings.small_rows, 1)
             # The quick run only checks the scripts: the model-less ceilings are left out.
             entries = [c for c in MAIN_CONTENDERS if not (settings.quick and c in MODEL_LESS)]
+            entries += [RAY] if ray_contender.available() else []
             rounds: dict[str, list[JobResult]] = {entry: [] for entry in entries}
             job_of = functools.partial(_job, workspace, server, repository, model)
+            ray_rounds: list[RayJobResult] = []
+            ray_round = functools.partial(
+                _ray_round, workspace, repository, model, data, settings, ray_rounds
+            )
             # A neighbour's burst lands on whichever contender runs at the time: each round runs
             # the contenders in the other order, so none always runs first or last.
             for round_index in range(settings.rounds):
                 for entry in entries if round_index % 2 == 0 else entries[::-1]:
                     logger.info("spark: %s on %s, round %d", entry, model, round_index + 1)
+                    if entry == RAY:
+                        ran = ray_round()
+                        if round_index == 0:
+                            ray_sweeps[model] = ran
+                        continue
                     rounds[entry].append(run_in_child(job_of(entry, data, settings.runs, str(round_index))))
-            results[model] = {entry: best_of(runs) for entry, runs in rounds.items()}
+            results[model] = {entry: best_of(runs) for entry, runs in rounds.items() if entry != RAY}
+            if ray_rounds:
+                results[model][RAY] = ray_contender.best_of(ray_rounds)
             if model == "tabular_mlp":
                 # The anti-pattern is slow enough to need no second round, and a small data set.
                 logger.info("spark: load_per_batch on %s", model)
                 results[model]["load_per_batch"] = run_in_child(job_of("load_per_batch", small, 1, "small"))
     workspace.stop_server(server)
-    return _result(results, server_memory.peak_total_bytes / 2**20, settings, time.perf_counter() - started)
+    return _result(
+        results, ray_sweeps, server_memory.peak_total_bytes / 2**20, settings, time.perf_counter() - started
+    )
+
+
+def _ray_results(results: dict[str, dict[str, JobResult]]) -> dict[str, RayJobResult]:
+    """Ray Data's result of each model where it ran."""
+    found = {}
+    for model, by_contender in results.items():
+        result = by_contender.get(RAY)
+        if isinstance(result, RayJobResult):
+            found[model] = result
+    return found
+
+
+def _ray_round(
+    workspace: Workspace,
+    repository: Path,
+    model: str,
+    data: Path,
+    settings: Settings,
+    rounds: list[RayJobResult],
+) -> list[RayJobResult]:
+    """Ray Data's turn in a round: the sweep in the first, its best setting again in later ones;
+    the round's best goes to ``rounds``, and the applications it ran are returned."""
+    swept = [(rounds[0].pool_size, rounds[0].batch_size)] if rounds else None
+    best, ran = ray_contender.run_round(
+        workspace,
+        model,
+        data,
+        str(repository / model / "1" / "model.keras"),
+        settings.runs,
+        swept or ray_contender.sweep_settings(settings.quick),
+    )
+    rounds.append(best)
+    return ran
 
 
 def _job(
@@ -221,16 +276,18 @@ CPU_GROUPS = ("Python workers", "JVM", "model server")
 
 def _cpu_table(results: dict[str, dict[str, JobResult]]) -> Table:
     """Where the two cores went in the last run: CPU seconds per million rows by process group."""
+    ray_groups = ray_contender.CPU_GROUPS if any(RAY in by for by in results.values()) else ()
     table = Table(
         "CPU seconds per million rows in the run quoted, by process (two cores: at most 2 CPU-s per second)",
-        ["model", "contender", *CPU_GROUPS, "total", "cores busy"],
+        ["model", "contender", *CPU_GROUPS, *ray_groups, "total", "cores busy"],
     )
     for model, by_contender in results.items():
         for contender, result in by_contender.items():
             if not result.runs_cpu_s:
                 continue
             cpu_s = result.runs_cpu_s[result.best_run]
-            per_million = {g: cpu_s.get(g, 0.0) / result.rows * 1e6 for g in CPU_GROUPS}
+            groups = ray_groups if contender == RAY else CPU_GROUPS
+            per_million = {g: cpu_s.get(g, 0.0) / result.rows * 1e6 for g in groups}
             total = sum(cpu_s.values())
             table.rows.append(
                 {
@@ -246,6 +303,14 @@ def _cpu_table(results: dict[str, dict[str, JobResult]]) -> Table:
 
 def _targets(results: dict[str, dict[str, JobResult]]) -> list[TargetCheck]:
     targets = []
+    ray_results = _ray_results(results)
+    best_remote = {
+        m: max(((c, rows_per_s(by[c])) for c in REMOTE_CONTENDERS), key=lambda x: x[1])
+        for m, by in results.items()
+    }
+    targets += ray_contender.targets(
+        {m: (TARGET_NAMES[c], v) for m, (c, v) in best_remote.items()}, ray_results
+    )
     for model, by_contender in results.items():
         batch_udf = rows_per_s(by_contender["predict_batch_udf"])
         cached = rows_per_s(by_contender["cached_pandas_udf"])
@@ -308,10 +373,17 @@ def _floor_notes(results: dict[str, dict[str, JobResult]]) -> list[str]:
 
 
 def _result(
-    results: dict[str, dict[str, JobResult]], server_peak_mib: float, settings: Settings, duration_s: float
+    results: dict[str, dict[str, JobResult]],
+    ray_sweeps: dict[str, list[RayJobResult]],
+    server_peak_mib: float,
+    settings: Settings,
+    duration_s: float,
 ) -> ComparisonResult:
     tables = [_model_table(model, by_contender, settings) for model, by_contender in results.items()]
     tables.append(_cpu_table(results))
+    ray_results = _ray_results(results)
+    if ray_results:
+        tables += [ray_contender.sweep_table(ray_sweeps), ray_contender.memory_table(ray_results)]
     plot_file = f"{NAME}.png"
     panels = []
     for model, by_contender in results.items():
@@ -353,12 +425,20 @@ def _result(
         "(summed, and the largest one), and their proportional set size every 0.25 s (*PSS*: a page "
         "the daemon shares with the workers it forked counted once, not once per process as the sum of "
         "resident sizes counts it). *max |Δ|* compares the first rows' predictions with 1c's."
+        + (" " + ray_contender.METHOD if ray_results else "")
     )
     notes = [
         f"The model server that 1a calls peaked at {server_peak_mib:,.0f} MiB resident: it holds TensorFlow "
         "and the models once for the node, where each in-worker Python worker holds its own copy.",
         "Everything shares two cores: the JVM, the Python workers and, for 1a, the model server.",
         *_floor_notes(results),
+        *(
+            []
+            if ray_results
+            else [
+                f"Ray Data was not measured: `ray` is not installed here ({ray_contender.INSTALL} adds it)."
+            ]
+        ),
     ]
     return ComparisonResult(
         name=NAME,
@@ -371,6 +451,7 @@ def _result(
         raw={
             "results": {m: {c: asdict(r) for c, r in by.items()} for m, by in results.items()},
             "server_peak_rss_mib": server_peak_mib,
+            "ray_sweeps": {m: [asdict(r) for r in sweep] for m, sweep in ray_sweeps.items()},
         },
         duration_s=duration_s,
     )

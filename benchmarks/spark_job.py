@@ -305,30 +305,17 @@ def run_job(job: Job) -> JobResult:
 
 def run_in_child(job: Job, timeout_s: float = 900.0) -> JobResult:
     """Run ``job`` in a fresh driver process; its JVM's output goes to ``job.log_file``."""
-    import subprocess
+    from benchmarks.processes import run_json_child
 
-    from benchmarks.processes import child_env
-
-    log = open(job.log_file or os.devnull, "ab")  # noqa: SIM115 (closed below)
-    try:
-        completed = subprocess.run(
-            [sys.executable, "-m", "benchmarks.spark_job", json.dumps(asdict(job))],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            env=child_env({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}),
-            timeout=timeout_s,
-            check=False,
-        )
-    finally:
-        log.close()
-    if completed.returncode != 0:
-        tail = Path(job.log_file).read_text(errors="replace")[-3000:] if job.log_file else ""
-        raise RuntimeError(
-            f"Spark job {job.contender} on {job.model} failed with exit code {completed.returncode}; "
-            f"log tail:\n{tail}"
-        )
-    lines = completed.stdout.decode().strip().splitlines()
-    return JobResult(**json.loads(lines[-1]))
+    output = run_json_child(
+        "benchmarks.spark_job",
+        asdict(job),
+        job.log_file,
+        f"Spark job {job.contender} on {job.model}",
+        {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
+        timeout_s,
+    )
+    return JobResult(**output)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,42 @@
+"""The Ray Data contender keeps working: its quick mode runs one Ray application over a small data
+set, gets every row back exactly once with the model's predictions, and reports its CPU by
+process group, its memory and its object store. Ray is the ``bench-ray`` extra, outside the CI
+install: without it the test is skipped."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="ray is the bench-ray extra: pip install -e '.[bench-ray]'")
+
+REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(660)
+def test_the_quick_ray_run_predicts_every_row_once_and_reports_cpu_and_memory() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ray_contender", "--quick", "--rows", "8192"],
+        cwd=REPOSITORY_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPOSITORY_ROOT)},
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    best = json.loads(completed.stdout.strip().splitlines()[-1])["best"]
+    # the job itself fails unless every id came back exactly once
+    assert best["rows"] == 8192 and len(best["runs_s"]) == 1
+    assert len(best["sample"]) == 64 and all(len(p) == 8 for p in best["sample"].values())
+    assert best["model_loads_in_workers"] >= 1
+    assert set(best["runs_cpu_s"][0]) == {"Ray driver", "Ray system", "Ray workers"}
+    assert best["runs_cpu_s"][0]["Ray workers"] > 0
+    assert best["peak_object_store_mib"] > 0 and best["object_store_mib"] == 1024
+    assert best["peak_all_ray_mib"] > best["peak_worker_rss_total_mib"] > 0
