@@ -167,7 +167,7 @@ def _ray_round(
         model,
         data,
         str(repository / model / "1" / "model.keras"),
-        settings.runs,
+        settings.quick,
         swept or ray_contender.sweep_settings(settings.quick),
     )
     rounds.append(best)
@@ -388,6 +388,9 @@ def _result(
     panels = []
     for model, by_contender in results.items():
         speeds = {LABELS[c].split(" (")[0]: rows_per_s(r) for c, r in by_contender.items()}
+        ray = by_contender.get(RAY)
+        if isinstance(ray, RayJobResult):
+            speeds["Ray Data, steady (fixed costs out)"] = ray_contender.steady_rows_s(ray)
         panels.append((f"{model}: rows/s", "rows/s", speeds))
     first = next(iter(results.values()))
     panels.append(

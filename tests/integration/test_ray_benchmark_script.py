@@ -1,5 +1,6 @@
 """The Ray Data contender keeps working: its quick mode runs one Ray application over a small data
-set, gets every row back exactly once with the model's predictions, and reports its CPU by
+set, once and twice over in one execution, gets every row back exactly as often as it was read
+with the model's predictions, and reports its CPU by
 process group, its memory and its object store. Ray is the ``bench-ray`` extra, outside the CI
 install: without it the test is skipped."""
 
@@ -20,7 +21,7 @@ REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.timeout(660)
-def test_the_quick_ray_run_predicts_every_row_once_and_reports_cpu_and_memory() -> None:
+def test_the_quick_ray_run_predicts_every_row_as_often_as_read_and_reports_cpu_and_memory() -> None:
     completed = subprocess.run(
         [sys.executable, "-m", "benchmarks.ray_contender", "--quick", "--rows", "8192"],
         cwd=REPOSITORY_ROOT,
@@ -33,7 +34,7 @@ def test_the_quick_ray_run_predicts_every_row_once_and_reports_cpu_and_memory() 
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     best = json.loads(completed.stdout.strip().splitlines()[-1])["best"]
     # the job itself fails unless every id came back exactly once
-    assert best["rows"] == 8192 and len(best["runs_s"]) == 1
+    assert best["rows"] == 8192 and best["runs_passes"] == [1, 2, 1]
     assert len(best["sample"]) == 64 and all(len(p) == 8 for p in best["sample"].values())
     assert best["model_loads_in_workers"] >= 1
     assert set(best["runs_cpu_s"][0]) == {"Ray driver", "Ray system", "Ray workers"}
