@@ -36,7 +36,7 @@ INSTALL = "pip install -e '.[bench-ray]'"
 TARGET_RATIO = 1.0
 POOL_SIZES = (1, 2)
 BATCH_SIZES = (4096, 16384)
-"""1,024 rows lost on both rates in every trial sweep (more calls, the same fixed cost each)."""
+"""1,024 rows was the slowest with the pool up in a trial sweep (more calls, the same fixed cost each)."""
 QUICK_SETTING = (2, 4096)
 RUNS, QUICK_RUNS = 4, 3
 """Runs alternate one pass and ``LONG_PASSES``: (1, 8, 1, 8); quick (1, 2, 1). The first runs cold."""
