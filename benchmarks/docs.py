@@ -52,13 +52,13 @@ udfserve side by side with what data teams use today. Every comparison runs all 
 in one run, on the same model and data, and is regenerated with one command:
 
 ```
-python -m benchmarks.run_all            # everything, 30-40 minutes (15 of them the
-                                        # backends); rewrites this page
+python -m benchmarks.run_all            # everything, about 2.5 hours (60 minutes the
+                                        # soak, 15 the backends); rewrites this page
 python -m benchmarks.run_all --quick    # small and short, to check that the scripts work;
                                         # writes to benchmarks/results/tmp/quick/ only
 python -m benchmarks.transport          # one comparison (also: batching, cold_start,
-                                        # spark_e2e, footprint, backends); then
-                                        # python -m benchmarks.docs
+                                        # spark_e2e, footprint, backends, scaling,
+                                        # soak --minutes N); then python -m benchmarks.docs
 ```
 
 The scripts live in `benchmarks/`; each comparison writes a Markdown table, a JSON file and a PNG
