@@ -10,7 +10,8 @@ gives the rate per job of that size, the difference of the two Ray's steady rate
     python -m benchmarks.ray_contender [--quick] [--rows N] [--model M] [--with-spark]
 
 runs Ray Data alone on one data set (with ``--with-spark``, also ``remote_predict`` with
-``udf_type='arrow'`` against a model server, for a first look at where the two stand).
+``udf_type='arrow'`` and ``predict_arrow`` over files read in the Python workers
+(``benchmarks.worker_reads``) against one model server, in the same run).
 """
 
 from __future__ import annotations
@@ -232,24 +233,30 @@ METHOD = (
 )
 
 
-def _spark_arrow(workspace: Workspace, model: str, data: Path, runs: int) -> JobResult:
+SPARK_CONTENDERS = ("remote_predict_arrow", "predict_arrow_worker_reads")
+
+
+def _spark_paths(workspace: Workspace, model: str, data: Path, runs: int) -> dict[str, JobResult]:
     from benchmarks.spark_job import Job
     from benchmarks.spark_job import run_in_child as run_spark
 
     repository = workspace.repository("ray-compare", {model: {}})
     server = workspace.start_server(repository, "ray-compare")
     try:
-        return run_spark(
-            Job(
-                contender="remote_predict_arrow",
-                model=model,
-                data=str(data),
-                address=server.grpc_target(),
-                server_pid=server.pid,
-                runs=runs,
-                log_file=str(LOGS_DIR / f"ray-compare-{model}.log"),
+        return {
+            contender: run_spark(
+                Job(
+                    contender=contender,
+                    model=model,
+                    data=str(data),
+                    address=server.grpc_target(),
+                    server_pid=server.pid,
+                    runs=runs,
+                    log_file=str(LOGS_DIR / f"ray-compare-{model}-{contender}.log"),
+                )
             )
-        )
+            for contender in SPARK_CONTENDERS
+        }
     finally:
         workspace.stop_server(server)
 
@@ -265,7 +272,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rows", type=int, default=0, help="rows of the data set (default: 20,000 quick, 200,000)"
     )
     parser.add_argument("--model", default="tabular_mlp", choices=("tabular_mlp", "sequence_bilstm"))
-    parser.add_argument("--with-spark", action="store_true", help="also remote_predict(udf_type='arrow')")
+    parser.add_argument(
+        "--with-spark",
+        action="store_true",
+        help="also remote_predict(udf_type='arrow') and predict_arrow over files read in the workers",
+    )
+    parser.add_argument(
+        "--setting", default="", help="one setting instead of the sweep: POOL,BATCH (e.g. 2,16384)"
+    )
     args = parser.parse_args(argv)
     if not available():
         parser.error(f"ray is not installed: {INSTALL}")
@@ -278,16 +292,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = workspace.path(f"data-{args.model}")
         write_dataset(data, args.model, rows, 4)
         model_file = workspace.example_models() / args.model / "1" / "model.keras"
-        best, sweep = run_round(
-            workspace, args.model, data, str(model_file), args.quick, sweep_settings(args.quick)
+        settings = (
+            [(int(args.setting.split(",")[0]), int(args.setting.split(",")[1]))]
+            if args.setting
+            else sweep_settings(args.quick)
         )
-        spark = _spark_arrow(workspace, args.model, data, runs) if args.with_spark else None
+        best, sweep = run_round(workspace, args.model, data, str(model_file), args.quick, settings)
+        spark = _spark_paths(workspace, args.model, data, runs) if args.with_spark else {}
     table = sweep_table({args.model: sweep})
     print(table.to_markdown())
     print(memory_table({args.model: best}).to_markdown())
-    if spark is not None:
-        spark_speed = spark.rows / spark.runs_s[spark.best_run]
-        print(f"\nremote_predict(udf_type='arrow'): {spark_speed:,.0f} rows/s; CPU-s: {spark.runs_cpu_s}")
+    for contender, result in spark.items():
+        speed = rows_per_s(result)
+        cpu = {k: round(v * 1e6 / result.rows, 2) for k, v in result.runs_cpu_s[result.best_run].items()}
+        steady = steady_rows_s(best)
+        against = f"{speed / steady:.2f}x Ray's steady rate" if steady else "Ray's steady rate not measured"
+        print(
+            f"\n{contender}: {speed:,.0f} rows/s, {against}, {speed / rows_per_s(best):.2f}x Ray per job; "
+            f"CPU-s per million rows: {cpu}"
+        )
     print(json.dumps({"best": asdict(best), "sweep": [asdict(r) for r in sweep]}))
     return 0
 

@@ -6,7 +6,9 @@ its own. The parent passes a JSON job on the command line and reads one JSON lin
 
     python -m benchmarks.spark_job '{"contender": "remote_predict", "model": "tabular_mlp", ...}'
 
-Contenders: ``remote_predict`` and ``predict_arrow`` (through a model server), ``predict_batch_udf``
+Contenders: ``remote_predict`` and ``predict_arrow`` (through a model server),
+``predict_arrow_worker_reads`` (the same server, the files read by pyarrow in the Python workers
+instead of Spark's reader: ``benchmarks.worker_reads``), ``predict_batch_udf``
 (Spark's own, model in the worker), ``cached_pandas_udf`` (model cached once per worker),
 ``load_per_batch`` (the model loaded for every batch), ``passthrough`` (a pandas UDF that
 returns its input's first values without a model: the ceiling of any pandas UDF here) and
@@ -43,7 +45,7 @@ MODELS = {
     "sequence_bilstm": ("lines", 16 * 32, "class_probabilities", 4),
 }
 
-REMOTE = ("remote_predict", "remote_predict_arrow", "predict_arrow")
+REMOTE = ("remote_predict", "remote_predict_arrow", "predict_arrow", "predict_arrow_worker_reads")
 IN_WORKER = ("predict_batch_udf", "cached_pandas_udf", "load_per_batch")
 MODEL_LESS = ("passthrough", "passthrough_arrow")
 CONTENDERS = (*REMOTE, *IN_WORKER, *MODEL_LESS)
@@ -222,6 +224,17 @@ def _predicted(spark: Any, frame: Any, job: Job) -> Any:
             ["prediction"],
             config=_client_config(job),
         )
+    if job.contender == "predict_arrow_worker_reads":
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        from benchmarks.worker_reads import files_frame, read_and_predict
+        from spark_client import arrow_predictor
+
+        predictor = arrow_predictor(job.model, [column], ["prediction"], config=_client_config(job))
+        schema = StructType([StructField("id", LongType()), StructField("prediction", result_type)])
+        return files_frame(spark, str(job.data)).mapInArrow(
+            read_and_predict(predictor, column, job.batch_rows), schema
+        )
     if job.contender == "passthrough_arrow":
         from pyspark.sql.types import StructField, StructType
 
@@ -261,8 +274,10 @@ def run_job(job: Job) -> JobResult:
     spark = _session(job)
     frame = _input_frame(spark, job)
     rows = frame.count()
-    result = JobResult(job.contender, job.model, rows, frame.rdd.getNumPartitions())
     predicted = _predicted(spark, frame, job)
+    # The worker-reads contender's tasks are its files, not the partitions of Spark's reader.
+    tasks = predicted if job.contender == "predict_arrow_worker_reads" else frame
+    result = JobResult(job.contender, job.model, rows, tasks.rdd.getNumPartitions())
     jvm_peak = PeakRssSampler(_jvm, interval_s=0.2)
     server = PeakRssSampler(
         lambda: [psutil.Process(job.server_pid)] if job.server_pid else [], interval_s=0.2
