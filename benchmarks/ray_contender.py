@@ -307,9 +307,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         cpu = {k: round(v * 1e6 / result.rows, 2) for k, v in result.runs_cpu_s[result.best_run].items()}
         steady = steady_rows_s(best)
         against = f"{speed / steady:.2f}x Ray's steady rate" if steady else "Ray's steady rate not measured"
+        shared = [key for key in result.sample if key in best.sample]
+        difference = max(
+            (abs(x - y) for key in shared for x, y in zip(result.sample[key], best.sample[key], strict=True)),
+            default=float("nan"),
+        )
         print(
             f"\n{contender}: {speed:,.0f} rows/s, {against}, {speed / rows_per_s(best):.2f}x Ray per job; "
-            f"CPU-s per million rows: {cpu}"
+            f"CPU-s per million rows: {cpu}; max |Δ| against Ray's first {len(shared)} rows: {difference:.2g}"
         )
     print(json.dumps({"best": asdict(best), "sweep": [asdict(r) for r in sweep]}))
     return 0

@@ -305,6 +305,14 @@ def run_job(job: Job) -> JobResult:
                     "model server": server.cpu_since(before["model server"]),
                 }
             )
+        if job.contender == "predict_arrow_worker_reads":
+            # Its rows come from its own reads, not from ``frame``: every id back exactly once.
+            counted = predicted.selectExpr("count(*) AS n", "count(DISTINCT id) AS d").first()
+            if not counted["n"] == counted["d"] == rows:
+                raise RuntimeError(
+                    f"{job.contender}: {counted['n']} rows with {counted['d']} distinct ids came back; "
+                    f"expected {rows} rows, each id once"
+                )
         sample = predicted.where(f"id < {SAMPLE_ROWS}").select("id", "prediction").collect()
     result.sample = {str(row["id"]): [float(v) for v in row["prediction"]] for row in sample}
     result.peak_worker_rss_total_mib = workers.peak_total_bytes / 2**20
