@@ -52,8 +52,9 @@ udfserve side by side with what data teams use today. Every comparison runs all 
 in one run, on the same model and data, and is regenerated with one command:
 
 ```
-python -m benchmarks.run_all            # everything, about 2.5 hours (60 minutes the
-                                        # soak, 15 the backends); rewrites this page
+python -m benchmarks.run_all            # everything, about 2 h 10 min (the soak 60 min,
+                                        # end-to-end with Ray Data 24, scaling 19,
+                                        # backends 14); rewrites this page
 python -m benchmarks.run_all --quick    # small and short, to check that the scripts work;
                                         # writes to benchmarks/results/tmp/quick/ only
 python -m benchmarks.transport          # one comparison (also: batching, cold_start,
