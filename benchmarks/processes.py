@@ -359,7 +359,8 @@ class PeakRssSampler:
             self.sample()
             self._stop.wait(self._interval_s)
 
-    def sample(self) -> None:
+    def sample(self) -> int:
+        """One sample of the processes; their resident bytes summed at this instant."""
         total, count, pss_total = 0, 0, 0
         with_pss = self._pss_every > 0 and self._samples % self._pss_every == 0
         self._samples += 1
@@ -380,6 +381,7 @@ class PeakRssSampler:
         self.peak_total_bytes = max(self.peak_total_bytes, total)
         self.peak_pss_total_bytes = max(self.peak_pss_total_bytes, pss_total)
         self.max_processes = max(self.max_processes, count)
+        return total
 
     def cpu_snapshot(self) -> dict[int, float]:
         """Sample now and return the CPU time of every process seen so far."""

@@ -292,11 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = workspace.path(f"data-{args.model}")
         write_dataset(data, args.model, rows, 4)
         model_file = workspace.example_models() / args.model / "1" / "model.keras"
-        settings = (
-            [(int(args.setting.split(",")[0]), int(args.setting.split(",")[1]))]
-            if args.setting
-            else sweep_settings(args.quick)
-        )
+        pool, _, batch = args.setting.partition(",")
+        settings = [(int(pool), int(batch))] if args.setting else sweep_settings(args.quick)
         best, sweep = run_round(workspace, args.model, data, str(model_file), args.quick, settings)
         spark = _spark_paths(workspace, args.model, data, runs) if args.with_spark else {}
     table = sweep_table({args.model: sweep})

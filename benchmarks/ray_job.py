@@ -205,16 +205,13 @@ class RayMemorySampler(PeakRssSampler):
         )
         self.peak_object_store_bytes = 0
 
-    def sample(self) -> None:
-        resident = 0
-        for process in self._select():
-            try:
-                resident += self._resident(process)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
+    def sample(self) -> int:
+        resident = super().sample()
         store = object_store_bytes()
         self.peak_object_store_bytes = max(self.peak_object_store_bytes, store)
+        # The store is never negative, so this peak also bounds the resident-only one kept above.
         self.peak_total_bytes = max(self.peak_total_bytes, resident + store)
+        return resident + store
 
 
 def _start_ray(job: RayJob) -> None:

@@ -7,32 +7,18 @@ install: without it the test is skipped."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_script import run_module
 
 pytest.importorskip("ray", reason="ray is the bench-ray extra: pip install -e '.[bench-ray]'")
-
-REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_the_quick_ray_run_predicts_every_row_as_often_as_read_and_reports_cpu_and_memory() -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.ray_contender", "--quick", "--rows", "8192"],
-        cwd=REPOSITORY_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(REPOSITORY_ROOT)},
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    best = json.loads(completed.stdout.strip().splitlines()[-1])["best"]
+    output = run_module("benchmarks.ray_contender", ["--quick", "--rows", "8192"], timeout_s=600)
+    best = json.loads(output.strip().splitlines()[-1])["best"]
     # the job itself fails unless every id came back exactly once
     assert best["rows"] == 8192 and best["runs_passes"] == [1, 2, 1]
     assert len(best["sample"]) == 64 and all(len(p) == 8 for p in best["sample"].values())
