@@ -4,6 +4,7 @@
 
     df.withColumn("p", remote_predict("tabular_mlp", "features"))
     predict_arrow(df, "tabular_mlp")
+    predict_files("/data/features/", "tabular_mlp")   # parquet read by pyarrow in the workers
 
 The names are resolved lazily: importing the package pulls in neither PySpark nor gRPC, and
 nothing here ever imports TensorFlow or the server side (only the CPU fallback does, when used).
@@ -15,15 +16,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from spark_client.config import ClientConfig
+    from spark_client.file_reads import predict_files
     from spark_client.udf import arrow_predictor, predict_arrow, remote_predict
 
-__all__ = ["ClientConfig", "arrow_predictor", "predict_arrow", "remote_predict"]
+__all__ = ["ClientConfig", "arrow_predictor", "predict_arrow", "predict_files", "remote_predict"]
 
 _HOMES = {
     "ClientConfig": "spark_client.config",
     "remote_predict": "spark_client.udf",
     "predict_arrow": "spark_client.udf",
     "arrow_predictor": "spark_client.udf",
+    "predict_files": "spark_client.file_reads",
 }
 
 

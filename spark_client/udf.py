@@ -187,8 +187,19 @@ def predict_arrow(
     missing = [c for c in predictor.input_columns if c not in df.columns]
     if missing:
         raise ValueError(f"input column(s) {missing} are not in the DataFrame; its columns are {df.columns}")
-    outputs = [field.name for field in predictor.output_fields()]
-    case_sensitive = str(df.sparkSession.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
+    check_output_names(
+        df.columns, [field.name for field in predictor.output_fields()], df.sparkSession, "in the DataFrame"
+    )
+    from pyspark.sql.types import StructType
+
+    return df.mapInArrow(predictor, StructType([*df.schema.fields, *predictor.output_fields()]))
+
+
+def check_output_names(existing: Sequence[str], outputs: Sequence[str], spark: Any, where: str) -> None:
+    """Raise ``ValueError`` when Spark could not tell the appended ``outputs`` apart from each other
+    or from the ``existing`` columns (compared with or without case, as ``spark.sql.caseSensitive``
+    says); ``where`` says where the existing columns come from, for the message."""
+    case_sensitive = str(spark.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
 
     def key(name: str) -> str:
         return name if case_sensitive else name.lower()
@@ -196,17 +207,14 @@ def predict_arrow(
     repeated = sorted({c for c in outputs if [key(o) for o in outputs].count(key(c)) > 1})
     if repeated:
         raise ValueError(f"output column(s) {repeated} are named twice; expected one name per output")
-    existing = {key(c) for c in df.columns}
-    clash = [c for c in outputs if key(c) in existing]
+    taken = {key(c) for c in existing}
+    clash = [c for c in outputs if key(c) in taken]
     if clash:
         raise ValueError(
-            f"output column(s) {clash} already exist in the DataFrame (its columns are {df.columns}; Spark "
+            f"output column(s) {clash} already exist {where} (its columns are {list(existing)}; Spark "
             f"compares names {'with' if case_sensitive else 'without'} case, spark.sql.caseSensitive); "
-            "name them output_columns=..., or rename the DataFrame's columns"
+            "name them output_columns=..., or rename (or leave out) the clashing columns"
         )
-    from pyspark.sql.types import StructType
-
-    return df.mapInArrow(predictor, StructType([*df.schema.fields, *predictor.output_fields()]))
 
 
 def arrow_predictor(

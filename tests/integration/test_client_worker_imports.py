@@ -1,8 +1,8 @@
 """What the UDFs' functions import in a Spark Python worker, which starts as a fresh interpreter.
 
 A ``mapInArrow`` or Arrow UDF worker imports no pandas of its own (PySpark's worker does not),
-so the functions of ``predict_arrow`` and of ``remote_predict(..., udf_type="arrow")`` must not
-either: pandas is about 45 MiB of resident memory in each Python worker. The function is pickled
+so the functions of ``predict_arrow``, ``predict_files`` and of ``remote_predict(..., udf_type="arrow")``
+must not either: pandas is about 45 MiB of resident memory in each Python worker. The function is pickled
 as Spark ships it (cloudpickle), given the rows as Spark gives them (Arrow IPC: the batches, or
 the input column of each), and run in a fresh interpreter against a real server.
 """
@@ -12,14 +12,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark import cloudpickle
 
 from services.model_server.launcher import ServerProcess
 from spark_client.arrow_udf import arrow_function
 from spark_client.config import ClientConfig
+from spark_client.file_reads import FileScorer
 from spark_client.partition import PredictJob
 from spark_client.protocols import describe_model
 from spark_client.udf import ArrowPredictor
@@ -87,3 +90,20 @@ def test_the_arrow_udfs_function_answers_in_a_fresh_worker_without_importing_pan
     worker = run_in_a_fresh_worker(function, rows_of_features(100), column="features")
 
     assert worker == {"answered": "list<item: float>", "rows": 100, "imported": []}
+
+
+def test_predict_files_function_reads_and_answers_in_a_fresh_worker_without_importing_pandas(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    pq.write_table(pa.Table.from_batches([rows_of_features(100)]), tmp_path / "part-0.parquet")
+    predictor = ArrowPredictor(job_of(server), ("features",), ("scores",))
+    scorer = FileScorer(
+        predictor, ("id", "features"), ("id",), rows_of_features(0).schema, read_batch_rows=32
+    )
+    splits = pa.RecordBatch.from_pylist(
+        [{"path": str(tmp_path / "part-0.parquet"), "row_groups": [], "planned_row_groups": 0}]
+    )
+
+    worker = run_in_a_fresh_worker(scorer, splits, column=None)
+
+    assert worker == {"answered": "['id', 'scores']", "rows": 100, "imported": []}

@@ -1,0 +1,309 @@
+"""``predict_files``: parquet files scored without Spark's reader, read by pyarrow in the Python
+workers and streamed to the node's model server.
+
+Spark's own path (``spark.read.parquet`` then a UDF) reads the files in the JVM, turns columns
+into rows and rows back into Arrow for the Python worker; for a wide ``array<float>`` column
+that costs more CPU than the model (docs/benchmarks.md, section 3). Here Spark only schedules
+the work: one task per file, or per group of a file's row groups when there are fewer files
+than cores, and receives the kept columns and the predictions. Each task reads its rows with
+pyarrow, which hands the parquet pages to the request as Arrow without building rows.
+
+Every row of the files comes back once: the splits cover each file's row groups exactly once,
+a task answers its split in order (``answer_partition``), and a task that fails is re-run whole
+by Spark, whose sinks keep only a successful attempt's rows. A file that changed between the
+plan and its task (other columns, another column type, other row groups) fails its task with the
+file named, rather than being read under the wrong plan.
+
+The module imports no pandas: the tasks' workers stay as light as ``predict_arrow``'s.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from spark_client.config import ClientConfig
+from spark_client.udf import ArrowPredictor, _active_session, arrow_predictor, check_output_names
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+logger = logging.getLogger(__name__)
+
+SPLIT_FIELDS = ("path", "row_groups", "planned_row_groups")
+
+
+class FileReadError(RuntimeError):
+    """A file that cannot be read as planned: missing, not parquet, or changed since the plan."""
+
+
+@dataclass(frozen=True)
+class FileSplit:
+    """What one task reads: a file, or some of its row groups."""
+
+    path: str
+    """An absolute local path or a URI pyarrow's file systems open (``hdfs://``, ``s3://``, ...)."""
+    row_groups: tuple[int, ...] = ()
+    """Empty: the whole file."""
+    planned_row_groups: int = 0
+    """The file's row groups when the plan was made (0: the whole file, not checked)."""
+
+
+def filesystem_of(path: str) -> tuple[pafs.FileSystem, str]:
+    """The file system holding ``path`` and the path within it: URIs by their scheme, anything
+    else as a local path (made absolute, since the tasks do not share the driver's directory)."""
+    if "://" in path:
+        return pafs.FileSystem.from_uri(path)
+    return pafs.LocalFileSystem(), os.path.abspath(path)
+
+
+def _hidden(name: str) -> bool:
+    """Spark's rule for the files of a folder: names starting with ``_`` or ``.`` are not data
+    (``_SUCCESS``, ``.part-0.parquet.crc``)."""
+    return name.startswith(("_", "."))
+
+
+def list_files(paths: str | Sequence[str]) -> list[str]:
+    """Every data file under ``paths`` (files, or folders searched recursively), each once, sorted
+    within each folder; hidden files and folders skipped as Spark skips them."""
+    found: list[str] = []
+    for given in [paths] if isinstance(paths, str) else list(paths):
+        if "://" in given:
+            given = given.rstrip("/")  # a URI's path comes back without its trailing slash
+        filesystem, path = filesystem_of(given)
+        prefix = given[: len(given) - len(path)] if "://" in given and given.endswith(path) else ""
+        info = filesystem.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"{given!r} does not exist; expected a parquet file or a folder of them")
+        if info.type == pafs.FileType.File:
+            found.append(prefix + path)
+            continue
+        selector = pafs.FileSelector(path, recursive=True)
+        entries = sorted(filesystem.get_file_info(selector), key=lambda entry: entry.path)
+        for entry in entries:
+            relative = os.path.relpath(entry.path, path).split(os.sep)
+            if entry.type == pafs.FileType.File and not any(_hidden(part) for part in relative):
+                found.append(prefix + entry.path)
+    unique = list(dict.fromkeys(found))
+    if not unique:
+        raise FileNotFoundError(
+            f"no data files under {paths!r}; expected parquet files "
+            "(names starting with '_' or '.' are skipped)"
+        )
+    return unique
+
+
+def read_schema(path: str) -> pa.Schema:
+    """A file's Arrow schema, from its footer; the error names the file when it is not parquet."""
+    filesystem, inner = filesystem_of(path)
+    try:
+        return pq.read_schema(inner, filesystem=filesystem)
+    except (pa.ArrowInvalid, OSError) as error:
+        raise FileReadError(
+            f"{path!r} cannot be read as parquet ({error}); expected a parquet file"
+        ) from error
+
+
+def plan_splits(files: Sequence[str], min_splits: int) -> list[FileSplit]:
+    """One split per file; with fewer files than ``min_splits`` (the cores Spark has), files with
+    several row groups are cut into contiguous groups of row groups so that every core has work.
+    Only then are the files' footers read in the driver."""
+    if len(files) >= min_splits:
+        return [FileSplit(path) for path in files]
+    per_file = -(-min_splits // len(files))
+    splits = []
+    for path in files:
+        filesystem, inner = filesystem_of(path)
+        with filesystem.open_input_file(inner) as handle:
+            groups = pq.ParquetFile(handle).num_row_groups
+        parts = max(1, min(per_file, groups))
+        if parts == 1:
+            splits.append(FileSplit(path))
+            continue
+        bounds = [round(i * groups / parts) for i in range(parts + 1)]
+        splits += [
+            FileSplit(path, tuple(range(start, end)), groups) for start, end in itertools.pairwise(bounds)
+        ]
+    return splits
+
+
+@dataclass(frozen=True)
+class FileScorer:
+    """The ``mapInArrow`` function: each split's rows read in batches of ``read_batch_rows``, out as
+    the kept columns and the predictor's outputs, in the files' order."""
+
+    predictor: ArrowPredictor
+    read_columns: tuple[str, ...]
+    """The kept columns and the inputs, each once, in the file's order."""
+    kept: tuple[str, ...]
+    expected: pa.Schema
+    """The planned types of ``read_columns``, from the first file."""
+    read_batch_rows: int
+
+    def __call__(self, splits: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        outputs = [field.name for field in self.predictor.output_fields()]
+        for batch in splits:
+            for split in _splits_of(batch):
+                for answered in self.predictor(self._read(split)):
+                    yield answered.select([*self.kept, *outputs])
+
+    def _read(self, split: FileSplit) -> Iterator[pa.RecordBatch]:
+        filesystem, inner = filesystem_of(split.path)
+        try:
+            handle = filesystem.open_input_file(inner)
+        except OSError as error:
+            raise FileReadError(
+                f"{split.path!r} cannot be opened ({error}); it was listed when the job was planned"
+            ) from error
+        with handle:
+            try:
+                parquet = pq.ParquetFile(handle)
+            except pa.ArrowInvalid as error:
+                raise FileReadError(
+                    f"{split.path!r} cannot be read as parquet ({error}); expected a parquet file"
+                ) from error
+            self._check(split, parquet)
+            yield from parquet.iter_batches(
+                batch_size=self.read_batch_rows,
+                row_groups=list(split.row_groups) or None,
+                columns=list(self.read_columns),
+            )
+
+    def _check(self, split: FileSplit, parquet: pq.ParquetFile) -> None:
+        schema = parquet.schema_arrow
+        problems = []
+        for field in self.expected:
+            if schema.get_field_index(field.name) < 0:
+                problems.append(f"no column {field.name!r}")
+            elif not schema.field(field.name).type.equals(field.type):
+                problems.append(f"column {field.name!r} is {schema.field(field.name).type}, not {field.type}")
+        if problems:
+            raise FileReadError(
+                f"{split.path!r}: {'; '.join(problems)}; expected the columns of the job's first file: "
+                + ", ".join(f"{f.name} {f.type}" for f in self.expected)
+            )
+        if split.planned_row_groups and parquet.num_row_groups != split.planned_row_groups:
+            raise FileReadError(
+                f"{split.path!r} has {parquet.num_row_groups} row groups, expected "
+                f"{split.planned_row_groups} as when the job was planned: the file changed during the job"
+            )
+
+
+def _splits_of(batch: pa.RecordBatch) -> Iterator[FileSplit]:
+    columns = [batch.column(name).to_pylist() for name in SPLIT_FIELDS]
+    for path, groups, planned in zip(*columns, strict=True):
+        yield FileSplit(path, tuple(groups or ()), planned or 0)
+
+
+def predict_files(
+    paths: str | Sequence[str],
+    model: str,
+    input_columns: Sequence[str] | None = None,
+    output_columns: Sequence[str] | None = None,
+    *,
+    keep_columns: Sequence[str] | None = None,
+    with_version: bool = False,
+    read_batch_rows: int = 0,
+    spark: SparkSession | None = None,
+    config: ClientConfig | None = None,
+    **config_overrides: Any,
+) -> DataFrame:
+    """The rows of the parquet files under ``paths`` with the model's outputs, read by pyarrow in
+    the Python workers instead of Spark's reader (fewer CPU-seconds per row: the module's docstring).
+
+    ``paths``: a file, a folder (searched recursively; names starting with ``_`` or ``.`` skipped,
+    as Spark does; partition folders give no columns), or a list of them; local paths or URIs of
+    the file systems pyarrow opens. Every file has the first file's columns and types.
+    ``input_columns`` / ``output_columns`` / ``with_version``: as ``predict_arrow``.
+    ``keep_columns``: the files' columns to return before the outputs (default: every column that
+    is not an input, so the input tensors do not travel back to the JVM).
+    ``read_batch_rows``: rows per pyarrow read (0: the client's ``rows_per_request``).
+
+    Returns a DataFrame of one partition per split; nothing is read until an action runs.
+    """
+    spark = spark or _active_session()
+    if spark is None:
+        raise RuntimeError("predict_files needs a SparkSession: pass spark=..., or create one first")
+    if read_batch_rows < 0:
+        raise ValueError(f"read_batch_rows is {read_batch_rows}; expected 0 (the request size) or more rows")
+    files = list_files(paths)
+    schema = read_schema(files[0])
+    predictor = arrow_predictor(
+        model, input_columns, output_columns, with_version=with_version, config=config, **config_overrides
+    )
+    present = set(schema.names)
+    inputs = list(predictor.input_columns)
+    kept = [n for n in schema.names if n not in inputs] if keep_columns is None else list(keep_columns)
+    missing = [c for c in dict.fromkeys([*inputs, *kept]) if c not in present]
+    if missing:
+        raise ValueError(
+            f"column(s) {missing} are not in {files[0]!r}, the first of {len(files)} file(s); "
+            f"its columns are {schema.names}"
+        )
+    check_output_names(kept, [f.name for f in predictor.output_fields()], spark, "in keep_columns")
+    wanted = set(inputs) | set(kept)
+    read_columns = tuple(n for n in schema.names if n in wanted)
+    scorer = FileScorer(
+        predictor=predictor,
+        read_columns=read_columns,
+        kept=tuple(kept),
+        expected=pa.schema([schema.field(n) for n in read_columns]),
+        read_batch_rows=read_batch_rows or predictor.job.config.rows_per_request,
+    )
+    splits = plan_splits(files, _cores(spark))
+    logger.info("predict_files: %d file(s) in %d split(s) for model %r", len(files), len(splits), model)
+    return _splits_frame(spark, splits).mapInArrow(scorer, _output_schema(schema, kept, predictor))
+
+
+def _output_schema(schema: pa.Schema, kept: Sequence[str], predictor: ArrowPredictor) -> Any:
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField, StructType
+
+    fields = []
+    for name in kept:
+        field = schema.field(name)
+        try:
+            spark_type = from_arrow_type(field.type)
+        except TypeError as error:
+            raise ValueError(
+                f"column {name!r} of the files is {field.type}, which Spark has no type for ({error}); "
+                "leave it out of keep_columns"
+            ) from error
+        fields.append(StructField(name, spark_type, nullable=field.nullable))
+    return StructType([*fields, *predictor.output_fields()])
+
+
+def _cores(spark: Any) -> int:
+    """How many tasks Spark runs at once here: its default parallelism (1 without a SparkContext)."""
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # Spark Connect sessions have no SparkContext
+        return 1
+
+
+def _splits_frame(spark: Any, splits: Sequence[FileSplit]) -> DataFrame:
+    """One row and one partition per split (``parallelize`` with a slice per element keeps them
+    apart exactly; a Spark Connect session, without it, repartitions)."""
+    from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
+
+    schema = StructType(
+        [
+            StructField("path", StringType(), nullable=False),
+            StructField("row_groups", ArrayType(IntegerType(), containsNull=False), nullable=False),
+            StructField("planned_row_groups", IntegerType(), nullable=False),
+        ]
+    )
+    rows = [(s.path, list(s.row_groups), s.planned_row_groups) for s in splits]
+    try:
+        context = spark.sparkContext
+    except Exception:  # Spark Connect
+        return spark.createDataFrame(rows, schema).repartition(len(rows))
+    return spark.createDataFrame(context.parallelize(rows, len(rows)), schema)
