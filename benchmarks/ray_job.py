@@ -15,8 +15,9 @@ size) and runs the pipeline ``runs`` times. Ray Data's actors live for one execu
 run starts its pool and loads the model again; each actor also logs when each of its calls
 started and ended, from which the run's rate *with the pool up* is read. Runs alternate between
 one pass over the files and ``long_passes`` passes in one execution (the file list repeated):
-the difference of the two takes every fixed cost out (Ray's pool start, the model's load, the
-reads done while the pool starts), which leaves Ray's steady rate, the one an hours-long job sees.
+the difference of the two, each timed from its pool's first model call, takes every fixed cost
+out (Ray's start, the pool's start and the model's load, the reads done while the pool starts),
+which leaves Ray's steady rate, the one an hours-long job sees.
 """
 
 from __future__ import annotations
@@ -97,14 +98,18 @@ class RayJobResult(JobResult):
 
     @property
     def steady_rows_s(self) -> float | None:
-        """Rows/s with every fixed cost taken out: the extra rows of the fastest long run over the
-        extra time it took beyond the fastest one-pass run after the first; None without both."""
+        """Rows/s with every fixed cost taken out: the extra rows of a long run over the extra time
+        it took beyond a one-pass run, each run timed from its pool's first model call (the
+        pool's start, 7-20 s and the most variable part of a job, is a fixed cost, and left in it
+        would decide the difference); the fastest of each kind after the first. None without both."""
+        after_start = [total - start for total, start in zip(self.runs_s, self.pool_start_s, strict=True)]
         long = [i for i, passes in enumerate(self.runs_passes) if passes > 1]
         single = [i for i, passes in enumerate(self.runs_passes) if passes == 1 and i > 0]
         if not long or not single:
             return None
-        fastest_long = min(long, key=lambda index: self.runs_s[index])
-        extra_s = self.runs_s[fastest_long] - self.runs_s[self.best_run]
+        fastest_long = min(long, key=lambda index: after_start[index])
+        fastest_single = min(single, key=lambda index: after_start[index])
+        extra_s = after_start[fastest_long] - after_start[fastest_single]
         extra_rows = (self.runs_passes[fastest_long] - 1) * self.rows
         return extra_rows / extra_s if extra_s > 0 else None
 
