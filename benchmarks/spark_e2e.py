@@ -71,9 +71,9 @@ FLOOR_OF = {
     "remote_predict": "passthrough",
     "remote_predict_arrow": "passthrough_arrow",
     "predict_arrow": "passthrough_arrow",
-    # a mapInArrow too, whose workers also read the files (the floor's leave that to the JVM)
-    "predict_files": "passthrough_arrow",
 }
+"""``predict_files`` has none: its workers read the parquet files, which no model-less contender's
+do (the JVM reads them for the floors), so its memory is reported beside the Arrow floor, not judged."""
 
 
 @dataclass(frozen=True)
@@ -348,8 +348,9 @@ def _steady_cpu_table(results: dict[str, dict[str, JobResult]]) -> Table | None:
         return None
     ray_groups = ray_contender.CPU_GROUPS if any(c == RAY for _, c, _ in measured) else ()
     table = Table(
-        "CPU seconds per million rows at the steady rate (the long job's CPU less the short job's, over "
-        "the extra rows), by process",
+        # not "CPU seconds ...": benchmarks.cluster_model finds the per-job table by that prefix
+        "At the steady rate: CPU seconds per million rows by process (the long job's CPU less the short "
+        "job's, over the extra rows)",
         ["model", "contender", *CPU_GROUPS, *ray_groups, "total", "steady rows/s"],
     )
     for model, contender, result in measured:
@@ -397,8 +398,8 @@ def _targets(results: dict[str, dict[str, JobResult]]) -> list[TargetCheck]:
             )
         reference_mib = by_contender["predict_batch_udf"].peak_worker_rss_total_mib
         for contender in REMOTE_CONTENDERS:
-            floor = FLOOR_OF[contender]
-            if floor not in by_contender:  # the quick mode runs no model-less UDF
+            floor = FLOOR_OF.get(contender, "")
+            if floor not in by_contender:  # no floor of its kind, or the quick mode's: no model-less UDF
                 continue
             result, floor_result = by_contender[contender], by_contender[floor]
             over = result.peak_worker_rss_total_mib / floor_result.peak_worker_rss_total_mib
@@ -439,6 +440,14 @@ def _floor_notes(results: dict[str, dict[str, JobResult]]) -> list[str]:
             f"of a `mapInArrow` function at {arrow_mib / reference_mib:.3f} ({arrow_mib:,.0f} MiB): the "
             "floor of each kind of UDF here, which the memory targets are judged against."
         )
+        if "predict_files" in by_contender:
+            files_mib = by_contender["predict_files"].peak_worker_rss_total_mib
+            notes.append(
+                f"{model}: the Python workers of `predict_files` peak at {files_mib:,.0f} MiB, "
+                f"{files_mib / arrow_mib:.2f}x the `mapInArrow` floor: they read the parquet files "
+                "themselves (the floor's workers receive rows Spark's reader read in the JVM), so no "
+                "contender here is their floor and no memory target judges them."
+            )
     return notes
 
 
@@ -521,8 +530,9 @@ def _result(
         "importable module. 1d loads the model for every batch and runs on a small data set. The server "
         "calls the model on up to `max_batch_size` rows at once (4,096 for the tabular model and for the "
         "sequence model in the example configs). The peak "
-        "resident memory is sampled every 50 ms over the `pyspark.daemon` process and the workers it forks "
-        "(summed, and the largest one), and their proportional set size every 0.25 s (*PSS*: a page "
+        "resident memory of the `pyspark.daemon` process and the workers it forks is sampled every 50 ms "
+        "over all of an application's jobs, 1a's long ones included (summed, and the largest one), and "
+        "their proportional set size every 0.25 s (*PSS*: a page "
         "the daemon shares with the workers it forked counted once, not once per process as the sum of "
         "resident sizes counts it). *max |Δ|* compares the first rows' predictions with 1c's."
         + (" " + ray_contender.METHOD if ray_results else "")

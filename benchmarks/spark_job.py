@@ -297,6 +297,7 @@ def _predicted(spark: Any, frame: Any, job: Job) -> Any:
             keep_columns=["id"],
             config=_client_config(job),
             read_batch_rows=job.batch_rows,
+            spark=spark,
         )
     if job.contender == "passthrough_arrow":
         from pyspark.sql.types import StructField, StructType
