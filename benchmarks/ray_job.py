@@ -14,10 +14,11 @@ Each application starts its own Ray (``ray.init`` with ``num_cpus`` and an expli
 size) and runs the pipeline ``runs`` times. Ray Data's actors live for one execution, so every
 run starts its pool and loads the model again; each actor also logs when each of its calls
 started and ended, from which the run's rate *with the pool up* is read. Runs alternate between
-one pass over the files and ``long_passes`` passes in one execution (the file list repeated):
-the difference of the two, each timed from its pool's first model call, takes every fixed cost
-out (Ray's start, the pool's start and the model's load, the reads done while the pool starts),
-which leaves Ray's steady rate, the one an hours-long job sees.
+one pass over the files and ``long_passes`` passes in one execution (a folder of hard links
+beside the data: ``steady_rate.long_folder``): the difference of the two, each timed from its
+pool's first model call, takes every fixed cost out (Ray's start, the pool's start and the model's
+load, the reads done while the pool starts), which leaves Ray's steady rate, the one an hours-long
+job sees, measured as Spark's is (``benchmarks.steady_rate``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.processes import PeakRssSampler, resident_without_shared_memory
 from benchmarks.spark_job import MODELS, REPO_ROOT, SAMPLE_ROWS, JobResult
+from benchmarks.steady_rate import SteadyPair, long_folder, steady_runs
 
 CONTENDER = "ray_data"
 CPU_GROUPS = ("Ray driver", "Ray system", "Ray workers")
@@ -96,22 +98,26 @@ class RayJobResult(JobResult):
         candidates = [index for index in single if index > 0] or single
         return min(candidates, key=lambda index: self.runs_s[index])
 
-    @property
-    def steady_rows_s(self) -> float | None:
-        """Rows/s with every fixed cost taken out: the extra rows of a long run over the extra time
-        it took beyond a one-pass run, each run timed from its pool's first model call (the
-        pool's start, 7-20 s and the most variable part of a job, is a fixed cost, and left in it
-        would decide the difference); the fastest of each kind after the first. None without both."""
+    def steady_pair(self) -> SteadyPair | None:
+        """The one-pass and the long run the steady rate compares, chosen as for Spark's jobs
+        (``steady_rate.steady_runs``) among this application's runs of each kind, each run timed
+        from its pool's first model call: the pool's start (7-20 s, the most variable part of a
+        job) is a fixed cost, and left in it would decide the difference (a run under load read
+        900k rows/s of a pipeline whose pool ran at 353k)."""
         after_start = [total - start for total, start in zip(self.runs_s, self.pool_start_s, strict=True)]
+        single = [i for i, passes in enumerate(self.runs_passes) if passes == 1]
         long = [i for i, passes in enumerate(self.runs_passes) if passes > 1]
-        single = [i for i, passes in enumerate(self.runs_passes) if passes == 1 and i > 0]
-        if not long or not single:
+        chosen = steady_runs([after_start[i] for i in single], [after_start[i] for i in long])
+        if chosen is None:
             return None
-        fastest_long = min(long, key=lambda index: after_start[index])
-        fastest_single = min(single, key=lambda index: after_start[index])
-        extra_s = after_start[fastest_long] - after_start[fastest_single]
-        extra_rows = (self.runs_passes[fastest_long] - 1) * self.rows
-        return extra_rows / extra_s if extra_s > 0 else None
+        short, fastest_long = single[chosen[0]], long[chosen[1]]
+        return SteadyPair(
+            after_start[short],
+            after_start[fastest_long],
+            (self.runs_passes[fastest_long] - 1) * self.rows,
+            self.runs_cpu_s[short],
+            self.runs_cpu_s[fastest_long],
+        )
 
 
 class Predictor:
@@ -237,26 +243,13 @@ def _start_ray(job: RayJob) -> None:
     context.enable_progress_bars = False
 
 
-def repeated_files(files: Sequence[Path], passes: int, folder: Path) -> Path:
-    """A folder holding ``files`` ``passes`` times over, as hard links (no bytes copied): one
-    folder, because Ray Data indexes a list of paths in several threads, which race on an
-    optional import of fsspec's HTTP file system and fail where aiohttp is not installed."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for number in range(passes):
-        for file in files:
-            link = folder / f"pass-{number}-{file.name}"
-            if not link.exists():
-                os.link(file, link)
-    return folder
-
-
-def _dataset(job: RayJob, run_dir: Path, files: Sequence[Path], passes: int) -> Any:
+def _dataset(job: RayJob, run_dir: Path, passes: int) -> Any:
     import ray
 
     column = MODELS[job.model][0]
     source = job.data
     if passes > 1:
-        source = str(repeated_files(files, passes, Path(job.marker_dir) / f"data-x{passes}"))
+        source = str(long_folder(Path(job.data), passes))
     return (
         ray.data.read_parquet(str(source))
         .select_columns(["id", column])
@@ -336,7 +329,7 @@ def run_job(job: RayJob) -> RayJobResult:
             run_dir.mkdir(parents=True, exist_ok=True)
             before = {group: sampler.cpu_snapshot() for group, sampler in samplers.items()}
             started_wall, started = time.time(), time.perf_counter()
-            counts, sample = _consume(_dataset(job, run_dir, files, passes), rows)
+            counts, sample = _consume(_dataset(job, run_dir, passes), rows)
             result.runs_s.append(time.perf_counter() - started)
             result.runs_cpu_s.append({g: s.cpu_since(before[g]) for g, s in samplers.items()})
             result.runs_passes.append(passes)
@@ -360,6 +353,7 @@ def run_job(job: RayJob) -> RayJobResult:
     result.peak_rss_by_group_mib = {g: s.peak_total_bytes / 2**20 for g, s in samplers.items()}
     result.peak_object_store_mib = memory.peak_object_store_bytes / 2**20
     result.peak_all_ray_mib = memory.peak_total_bytes / 2**20
+    result.measure_steady()
     result.model_loads_in_workers = sum(
         1 for f in Path(job.marker_dir).glob("run-*/*") if "calls-" not in f.name
     )

@@ -6,10 +6,13 @@ recipes, local mode with two cores, the tabular MLP and the sequence model.
 Each contender runs as its own Spark application (``benchmarks.spark_job``): a fresh driver, JVM
 and Python workers, reading the same parquet files and writing to Spark's ``noop`` sink. The job
 runs three times in its application: the first run pays the workers' start (and, in the worker,
-TensorFlow's import and the model's load); the fastest later run is the steady state quoted as
-rows/s. Every contender's application runs twice, in two rounds of opposite order, and the faster
-application is quoted. The resident memory of the Spark Python workers is sampled every 50 ms
-over all runs, and the highest peak of the two rounds is quoted.
+TensorFlow's import and the model's load); the fastest later run is quoted as rows/s (per job).
+udfserve's paths also measure their steady rate as Ray Data's is measured: a job over the files
+``LONG_PASSES`` times over runs between each two of their runs (``Job.long_passes``), and its
+extra rows over its extra time leave out Spark's fixed costs of a job. Every contender's
+application runs twice, in two rounds of opposite order, and the faster application is quoted.
+The resident memory of the Spark Python workers is sampled every 50 ms over all runs, and the
+highest peak of the two rounds is quoted.
 
 Where ``ray`` is installed (the ``bench-ray`` extra), Ray Data runs in the same rounds on the same
 files and model (``benchmarks.ray_contender``): the alternative to Spark teams weigh for batch
@@ -21,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -43,6 +47,7 @@ LABELS = {
     "remote_predict": "1a remote_predict (udfserve, pandas UDF)",
     "remote_predict_arrow": "1a remote_predict, udf_type='arrow' (udfserve, Arrow UDF)",
     "predict_arrow": "1a predict_arrow (udfserve, mapInArrow)",
+    "predict_files": "1a predict_files (udfserve, files read in the Python workers)",
     "predict_batch_udf": "1b predict_batch_udf (model in worker)",
     "cached_pandas_udf": "1c pandas UDF, model cached per worker",
     "load_per_batch": "1d pandas UDF, model loaded per batch (small run)",
@@ -50,11 +55,12 @@ LABELS = {
     "passthrough_arrow": "mapInArrow without a model (ceiling)",
     RAY: ray_contender.LABEL,
 }
-REMOTE_CONTENDERS = ("remote_predict", "remote_predict_arrow", "predict_arrow")
+REMOTE_CONTENDERS = ("remote_predict", "remote_predict_arrow", "predict_arrow", "predict_files")
 TARGET_NAMES = {
     "remote_predict": "remote_predict",
     "remote_predict_arrow": "remote_predict(udf_type='arrow')",
     "predict_arrow": "predict_arrow",
+    "predict_files": "predict_files",
 }
 MAIN_CONTENDERS = (*REMOTE_CONTENDERS, "predict_batch_udf", "cached_pandas_udf", *MODEL_LESS)
 TARGET_SPEED_RATIO = 1.0
@@ -66,6 +72,8 @@ FLOOR_OF = {
     "remote_predict_arrow": "passthrough_arrow",
     "predict_arrow": "passthrough_arrow",
 }
+"""``predict_files`` has none: its workers read the parquet files, which no model-less contender's
+do (the JVM reads them for the floors), so its memory is reported beside the Arrow floor, not judged."""
 
 
 @dataclass(frozen=True)
@@ -77,11 +85,27 @@ class Settings:
     runs: int
     rounds: int
     """Each contender's application runs once per round; rounds alternate the contenders' order."""
+    long_passes: int
+    """udfserve's paths: the passes over the files of the long jobs between their runs."""
+
+    @property
+    def remote_runs(self) -> int:
+        """udfserve's paths' runs over the files, a long job between each two: at least two, the
+        quick mode's first run being cold."""
+        return max(self.runs, 2)
 
     @classmethod
     def make(cls, quick: bool) -> Settings:
         if quick:
-            return cls(quick, {"tabular_mlp": 40_000}, small_rows=8_192, files=2, runs=1, rounds=1)
+            return cls(
+                quick,
+                {"tabular_mlp": 40_000},
+                small_rows=8_192,
+                files=2,
+                runs=1,
+                rounds=1,
+                long_passes=ray_contender.QUICK_LONG_PASSES,
+            )
         return cls(
             quick,
             {"tabular_mlp": 500_000, "sequence_bilstm": 50_000},
@@ -89,6 +113,7 @@ class Settings:
             files=4,
             runs=3,
             rounds=2,
+            long_passes=ray_contender.LONG_PASSES,
         )
 
 
@@ -127,14 +152,16 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = False) -> Com
                         if round_index == 0:
                             ray_sweeps[model] = ran
                         continue
-                    rounds[entry].append(run_in_child(job_of(entry, data, settings.runs, str(round_index))))
+                    rounds[entry].append(run_in_child(job_of(entry, data, settings, str(round_index))))
             results[model] = {entry: best_of(runs) for entry, runs in rounds.items() if entry != RAY}
             if ray_rounds:
                 results[model][RAY] = ray_contender.best_of(ray_rounds)
             if model == "tabular_mlp":
                 # The anti-pattern is slow enough to need no second round, and a small data set.
                 logger.info("spark: load_per_batch on %s", model)
-                results[model]["load_per_batch"] = run_in_child(job_of("load_per_batch", small, 1, "small"))
+                results[model]["load_per_batch"] = run_in_child(
+                    job_of("load_per_batch", small, replace(settings, runs=1), "small")
+                )
     workspace.stop_server(server)
     return _result(
         results, ray_sweeps, server_memory.peak_total_bytes / 2**20, settings, time.perf_counter() - started
@@ -181,10 +208,12 @@ def _job(
     model: str,
     contender: str,
     data: Path,
-    runs: int,
+    settings: Settings,
     tag: str,
 ) -> Job:
-    """One application of ``contender``: ``tag`` keeps its model-load markers apart from others'."""
+    """One application of ``contender``: ``tag`` keeps its model-load markers apart from others'.
+    udfserve's paths alternate their runs with long jobs, to measure their steady rate."""
+    remote = contender in REMOTE_CONTENDERS
     return Job(
         contender=contender,
         model=model,
@@ -193,17 +222,23 @@ def _job(
         address=server.grpc_target(),
         server_pid=server.pid,
         marker_dir=str(workspace.path(f"loads-{model}-{contender}-{tag}")),
-        runs=runs,
+        runs=settings.remote_runs if remote else settings.runs,
+        long_passes=settings.long_passes if remote else 0,
         log_file=str(LOGS_DIR / f"spark-{model}-{contender}.log"),
     )
 
 
 def best_of(rounds: list[JobResult]) -> JobResult:
-    """One contender over its rounds: the application with the fastest steady run, with the
-    highest memory peaks and model loads of any round (a peak is a peak whenever it happened)."""
+    """One contender over its rounds: the application with the fastest job after the first, with
+    the highest memory peaks and model loads of any round (a peak is a peak whenever it happened)
+    and the steady rate and its CPU of the round with the best steady rate (as Ray Data's)."""
     fastest = max(rounds, key=rows_per_s)
+    steadiest = max(rounds, key=lambda result: result.steady_rows_s)
     return replace(
         fastest,
+        steady_rows_s=steadiest.steady_rows_s,
+        steady_cpu_s_per_million_rows=steadiest.steady_cpu_s_per_million_rows,
+        rounds_steady_rows_s=[r.steady_rows_s for r in rounds],
         peak_worker_rss_total_mib=max(r.peak_worker_rss_total_mib for r in rounds),
         peak_worker_rss_single_mib=max(r.peak_worker_rss_single_mib for r in rounds),
         peak_worker_pss_total_mib=max(r.peak_worker_pss_total_mib for r in rounds),
@@ -214,7 +249,7 @@ def best_of(rounds: list[JobResult]) -> JobResult:
 
 
 def rows_per_s(result: JobResult) -> float:
-    """Steady state: the best run after the first, which pays the workers' start."""
+    """Per job: the best run after the first, which pays the workers' start."""
     return result.rows / result.runs_s[result.best_run]
 
 
@@ -239,6 +274,7 @@ def _model_table(model: str, results: dict[str, JobResult], settings: Settings) 
             "partitions",
             "rows/s",
             "rows/s by round",
+            "steady rows/s",
             "÷ 1b",
             "÷ 1c",
             "first run s",
@@ -258,6 +294,7 @@ def _model_table(model: str, results: dict[str, JobResult], settings: Settings) 
                 "partitions": result.partitions,
                 "rows/s": speed,
                 "rows/s by round": " / ".join(f"{r:,.0f}" for r in result.rounds_rows_s) or "-",
+                "steady rows/s": result.steady_rows_s or None,
                 "÷ 1b": speed / batch_udf,
                 "÷ 1c": speed / cached,
                 "first run s": result.runs_s[0],
@@ -301,15 +338,49 @@ def _cpu_table(results: dict[str, dict[str, JobResult]]) -> Table:
     return table
 
 
+def _steady_cpu_table(results: dict[str, dict[str, JobResult]]) -> Table | None:
+    """Where the cores go at the steady rate: the long job's CPU less the short job's, over the
+    extra rows; for the contenders whose steady rate was measured (None: none was)."""
+    measured = [
+        (m, c, r) for m, by in results.items() for c, r in by.items() if r.steady_cpu_s_per_million_rows
+    ]
+    if not measured:
+        return None
+    ray_groups = ray_contender.CPU_GROUPS if any(c == RAY for _, c, _ in measured) else ()
+    table = Table(
+        # not "CPU seconds ...": benchmarks.cluster_model finds the per-job table by that prefix
+        "At the steady rate: CPU seconds per million rows by process (the long job's CPU less the short "
+        "job's, over the extra rows)",
+        ["model", "contender", *CPU_GROUPS, *ray_groups, "total", "steady rows/s"],
+    )
+    for model, contender, result in measured:
+        per_million = result.steady_cpu_s_per_million_rows
+        table.rows.append(
+            {
+                "model": model,
+                "contender": LABELS[contender].split(" (")[0],
+                **{g: per_million.get(g, 0.0) for g in (ray_groups if contender == RAY else CPU_GROUPS)},
+                "total": sum(per_million.values()),
+                "steady rows/s": result.steady_rows_s,
+            }
+        )
+    return table
+
+
+def _best(by_contender: dict[str, JobResult], rate: Callable[[JobResult], float]) -> tuple[str, float]:
+    """udfserve's fastest Spark path by ``rate``, under its target name, and that rate."""
+    contender = max(REMOTE_CONTENDERS, key=lambda c: rate(by_contender[c]))
+    return TARGET_NAMES[contender], rate(by_contender[contender])
+
+
 def _targets(results: dict[str, dict[str, JobResult]]) -> list[TargetCheck]:
     targets = []
     ray_results = _ray_results(results)
-    best_remote = {
-        m: max(((c, rows_per_s(by[c])) for c in REMOTE_CONTENDERS), key=lambda x: x[1])
-        for m, by in results.items()
-    }
+    # per job against Ray's per job, steady against Ray's steady: each path's best of each kind
     targets += ray_contender.targets(
-        {m: (TARGET_NAMES[c], v) for m, (c, v) in best_remote.items()}, ray_results
+        {m: _best(by, rows_per_s) for m, by in results.items()},
+        {m: _best(by, lambda result: result.steady_rows_s) for m, by in results.items()},
+        ray_results,
     )
     for model, by_contender in results.items():
         batch_udf = rows_per_s(by_contender["predict_batch_udf"])
@@ -327,8 +398,8 @@ def _targets(results: dict[str, dict[str, JobResult]]) -> list[TargetCheck]:
             )
         reference_mib = by_contender["predict_batch_udf"].peak_worker_rss_total_mib
         for contender in REMOTE_CONTENDERS:
-            floor = FLOOR_OF[contender]
-            if floor not in by_contender:  # the quick mode runs no model-less UDF
+            floor = FLOOR_OF.get(contender, "")
+            if floor not in by_contender:  # no floor of its kind, or the quick mode's: no model-less UDF
                 continue
             result, floor_result = by_contender[contender], by_contender[floor]
             over = result.peak_worker_rss_total_mib / floor_result.peak_worker_rss_total_mib
@@ -336,7 +407,7 @@ def _targets(results: dict[str, dict[str, JobResult]]) -> list[TargetCheck]:
                 TargetCheck(
                     f"{model}: Python workers of {TARGET_NAMES[contender]} within "
                     f"{TARGET_MEMORY_OVER_FLOOR - 1:.0%} of the resident memory of the same kind of UDF "
-                    "without a model (its floor)",
+                    f"without a model (its floor: {LABELS[floor].split(' (')[0]})",
                     f"{over:.2f}x its floor ({result.peak_worker_rss_total_mib:,.0f} vs "
                     f"{floor_result.peak_worker_rss_total_mib:,.0f} MiB, all workers at their peak); "
                     f"{result.peak_worker_rss_total_mib / reference_mib:.3f} of 1b's",
@@ -369,6 +440,14 @@ def _floor_notes(results: dict[str, dict[str, JobResult]]) -> list[str]:
             f"of a `mapInArrow` function at {arrow_mib / reference_mib:.3f} ({arrow_mib:,.0f} MiB): the "
             "floor of each kind of UDF here, which the memory targets are judged against."
         )
+        if "predict_files" in by_contender:
+            files_mib = by_contender["predict_files"].peak_worker_rss_total_mib
+            notes.append(
+                f"{model}: the Python workers of `predict_files` peak at {files_mib:,.0f} MiB, "
+                f"{files_mib / arrow_mib:.2f}x the `mapInArrow` floor: they read the parquet files "
+                "themselves (the floor's workers receive rows Spark's reader read in the JVM), so no "
+                "contender here is their floor and no memory target judges them."
+            )
     return notes
 
 
@@ -381,6 +460,8 @@ def _result(
 ) -> ComparisonResult:
     tables = [_model_table(model, by_contender, settings) for model, by_contender in results.items()]
     tables.append(_cpu_table(results))
+    steady_cpu = _steady_cpu_table(results)
+    tables += [steady_cpu] if steady_cpu else []
     ray_results = _ray_results(results)
     if ray_results:
         tables += [ray_contender.sweep_table(ray_sweeps), ray_contender.memory_table(ray_results)]
@@ -388,9 +469,10 @@ def _result(
     panels = []
     for model, by_contender in results.items():
         speeds = {LABELS[c].split(" (")[0]: rows_per_s(r) for c, r in by_contender.items()}
-        ray = by_contender.get(RAY)
-        if isinstance(ray, RayJobResult):
-            speeds["Ray Data, steady (fixed costs out)"] = ray_contender.steady_rows_s(ray)
+        for contender, result in by_contender.items():
+            if result.steady_rows_s:
+                name = "Ray Data" if contender == RAY else LABELS[contender].split(" (")[0]
+                speeds[f"{name}, steady (fixed costs out)"] = result.steady_rows_s
         panels.append((f"{model}: rows/s", "rows/s", speeds))
     first = next(iter(results.values()))
     panels.append(
@@ -416,6 +498,30 @@ def _result(
             if settings.runs > 1
             else "Each job runs once (quick mode): rows/s includes the workers' start. "
         )
+        + "udfserve's paths (1a) are also measured as Ray Data is, for their *steady rows/s*: their "
+        f"application runs {settings.remote_runs} jobs over the files and, between each two, one job over "
+        f"the same files {settings.long_passes} times over (hard links in one folder), so its runs are "
+        "short, long, short, ...; "
+        + (
+            "their rows/s is the fastest short job after the first, as for the others; "
+            if settings.runs > 1
+            else "their rows/s is that of their second short job; "
+        )
+        + "*steady rows/s* is the long job's extra rows over its extra time (the fastest long job against "
+        "the fastest short one after the first), with Spark's fixed costs of a job (planning it, scheduling "
+        "its tasks, the JVM's work per job) left out, and its CPU per million rows the long job's CPU less "
+        "the short job's over the extra rows. "
+        + (
+            "Rows/s and first run are those of the application with the fastest job, the steady rate that "
+            "of the application with the best steady rate (as Ray Data's). "
+            if settings.rounds > 1
+            else ""
+        )
+        + "The other contenders run no long jobs. "
+        "`predict_files` scores the same files without Spark's reader: each task reads its file (or its "
+        "group of row groups) with pyarrow in the Python worker and streams it to the server, Spark "
+        "receiving only the `id` and the prediction; its application checks that every id came back "
+        "exactly once (as often as read, in the long jobs). "
         + "1a calls one model server (the example models, started before the runs) over its unix socket with "
         "the client's defaults (4,096 rows per request but at most 2 MiB of input: 4,096 rows of the "
         "tabular model, 1,024 of the sequence model; 4 in flight). The in-worker contenders call the "
@@ -424,8 +530,9 @@ def _result(
         "importable module. 1d loads the model for every batch and runs on a small data set. The server "
         "calls the model on up to `max_batch_size` rows at once (4,096 for the tabular model and for the "
         "sequence model in the example configs). The peak "
-        "resident memory is sampled every 50 ms over the `pyspark.daemon` process and the workers it forks "
-        "(summed, and the largest one), and their proportional set size every 0.25 s (*PSS*: a page "
+        "resident memory of the `pyspark.daemon` process and the workers it forks is sampled every 50 ms "
+        "over all of an application's jobs, 1a's long ones included (summed, and the largest one), and "
+        "their proportional set size every 0.25 s (*PSS*: a page "
         "the daemon shares with the workers it forked counted once, not once per process as the sum of "
         "resident sizes counts it). *max |Δ|* compares the first rows' predictions with 1c's."
         + (" " + ray_contender.METHOD if ray_results else "")

@@ -7,12 +7,17 @@ its own. The parent passes a JSON job on the command line and reads one JSON lin
     python -m benchmarks.spark_job '{"contender": "remote_predict", "model": "tabular_mlp", ...}'
 
 Contenders: ``remote_predict`` and ``predict_arrow`` (through a model server),
-``predict_arrow_worker_reads`` (the same server, the files read by pyarrow in the Python workers
-instead of Spark's reader: ``benchmarks.worker_reads``), ``predict_batch_udf``
-(Spark's own, model in the worker), ``cached_pandas_udf`` (model cached once per worker),
-``load_per_batch`` (the model loaded for every batch), ``passthrough`` (a pandas UDF that
-returns its input's first values without a model: the ceiling of any pandas UDF here) and
-``passthrough_arrow`` (the same through ``mapInArrow``: the ceiling of any Arrow UDF here).
+``predict_files`` (the same server, the files read by pyarrow in the Python workers instead of
+Spark's reader), ``predict_batch_udf`` (Spark's own, model in the worker), ``cached_pandas_udf``
+(model cached once per worker), ``load_per_batch`` (the model loaded for every batch),
+``passthrough`` (a pandas UDF that returns its input's first values without a model: the ceiling
+of any pandas UDF here) and ``passthrough_arrow`` (the same through ``mapInArrow``: the ceiling
+of any Arrow UDF here).
+
+With ``Job.long_passes``, the application also measures the contender's steady rate, as Ray
+Data's is measured (``benchmarks.steady_rate``): its jobs alternate one pass over the files with
+``long_passes`` passes in one job, and the long job's extra rows over its extra time leave out
+Spark's fixed costs of a job (planning it, scheduling its tasks, the JVM's work per job).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.processes import PeakRssSampler
+from benchmarks.steady_rate import SteadyPair, long_folder, steady_runs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_ROWS = 64
@@ -45,10 +51,12 @@ MODELS = {
     "sequence_bilstm": ("lines", 16 * 32, "class_probabilities", 4),
 }
 
-REMOTE = ("remote_predict", "remote_predict_arrow", "predict_arrow", "predict_arrow_worker_reads")
+REMOTE = ("remote_predict", "remote_predict_arrow", "predict_arrow", "predict_files")
 IN_WORKER = ("predict_batch_udf", "cached_pandas_udf", "load_per_batch")
 MODEL_LESS = ("passthrough", "passthrough_arrow")
 CONTENDERS = (*REMOTE, *IN_WORKER, *MODEL_LESS)
+READS_ITS_FILES = ("predict_files",)
+"""Contenders whose rows come from their own reads of the files, not from Spark's reader."""
 
 
 @dataclass
@@ -78,6 +86,25 @@ class Job:
     client_settings: dict[str, Any] = field(default_factory=dict)
     """More ``ClientConfig`` fields of the remote contenders (``address`` empty: found through
     the node's discovery file)."""
+    long_passes: int = 0
+    """0: none; else a long job, over ``data``'s files this many times over (hard links in a folder
+    beside ``data``: ``steady_rate.long_folder``), runs between each two of the ``runs`` jobs over
+    ``data``: short, long, short, ..., short (``runs`` short jobs, ``runs - 1`` long ones; the first
+    short job runs cold). ``JobResult.steady_rows_s`` compares the two kinds."""
+
+    def __post_init__(self) -> None:
+        if not self.long_passes:
+            return
+        if self.data is None:
+            raise ValueError(
+                f"{self.contender}: long_passes={self.long_passes} repeats the files of `data`, which is "
+                "not set; expected a parquet folder"
+            )
+        if self.long_passes < 2 or self.runs < 2:
+            raise ValueError(
+                f"{self.contender}: long_passes={self.long_passes} with runs={self.runs}; expected "
+                "long_passes >= 2 and runs >= 2 (a long job runs between two short ones)"
+            )
 
 
 @dataclass
@@ -107,9 +134,42 @@ class JobResult:
 
     sample: dict[str, list[float]] = field(default_factory=dict)
     rounds_rows_s: list[float] = field(default_factory=list)
-    """The steady rows/s of each round's application, where several ran (``spark_e2e.best_of``)."""
+    """The rows/s (per job) of each round's application, where several ran (``spark_e2e.best_of``)."""
     warmup_s: float = 0.0
     """How long the untimed run of ``Job.warmup_rows`` rows took (0: none ran)."""
+    long_rows: int = 0
+    """The rows of a long job (``Job.long_passes`` times ``rows``; 0: no long jobs ran)."""
+    long_runs_s: list[float] = field(default_factory=list)
+    long_runs_cpu_s: list[dict[str, float]] = field(default_factory=list)
+    """The long jobs' wall and CPU seconds, as ``runs_s`` and ``runs_cpu_s`` are the short ones'."""
+    steady_rows_s: float = 0.0
+    """rows/s with every fixed cost of a job left out: the long job's extra rows over its extra
+    time (the fastest of each kind after the first); 0 where not measured (``measure_steady``)."""
+    steady_cpu_s_per_million_rows: dict[str, float] = field(default_factory=dict)
+    """CPU seconds per million rows at the steady rate by process group: the long job's CPU less
+    the short job's, over the extra rows; empty where the steady rate was not measured."""
+    rounds_steady_rows_s: list[float] = field(default_factory=list)
+    """The steady rows/s of each round's application, where several ran (``spark_e2e.best_of``)."""
+
+    def steady_pair(self) -> SteadyPair | None:
+        """The short and the long run the steady rate compares (``steady_rate.steady_runs``)."""
+        chosen = steady_runs(self.runs_s, self.long_runs_s)
+        if chosen is None:
+            return None
+        short, long = chosen
+        return SteadyPair(
+            self.runs_s[short],
+            self.long_runs_s[long],
+            self.long_rows - self.rows,
+            self.runs_cpu_s[short],
+            self.long_runs_cpu_s[long],
+        )
+
+    def measure_steady(self) -> None:
+        """Set ``steady_rows_s`` and ``steady_cpu_s_per_million_rows`` from the runs."""
+        pair = self.steady_pair()
+        self.steady_rows_s = pair.rows_s if pair else 0.0
+        self.steady_cpu_s_per_million_rows = pair.cpu_s_per_million_rows() if pair and pair.rows_s else {}
 
 
 def write_dataset(path: Path, model: str, rows: int, files: int, seed: int = 0) -> None:
@@ -224,16 +284,20 @@ def _predicted(spark: Any, frame: Any, job: Job) -> Any:
             ["prediction"],
             config=_client_config(job),
         )
-    if job.contender == "predict_arrow_worker_reads":
-        from pyspark.sql.types import LongType, StructField, StructType
+    if job.contender == "predict_files":
+        from spark_client import predict_files
 
-        from benchmarks.worker_reads import files_frame, read_and_predict
-        from spark_client import arrow_predictor
-
-        predictor = arrow_predictor(job.model, [column], ["prediction"], config=_client_config(job))
-        schema = StructType([StructField("id", LongType()), StructField("prediction", result_type)])
-        return files_frame(spark, str(job.data)).mapInArrow(
-            read_and_predict(predictor, column, job.batch_rows), schema
+        if job.data is None:
+            raise ValueError("predict_files reads parquet files: `data` is not set; expected a folder")
+        return predict_files(
+            job.data,
+            job.model,
+            input_columns=[column],
+            output_columns=["prediction"],
+            keep_columns=["id"],
+            config=_client_config(job),
+            read_batch_rows=job.batch_rows,
+            spark=spark,
         )
     if job.contender == "passthrough_arrow":
         from pyspark.sql.types import StructField, StructType
@@ -270,49 +334,71 @@ def _predicted(spark: Any, frame: Any, job: Job) -> Any:
     raise ValueError(f"unknown contender {job.contender!r}; expected one of {', '.join(CONTENDERS)}")
 
 
+def _check_every_id(predicted: Any, contender: str, rows: int, times: int) -> None:
+    """A contender that reads its files itself must answer every id of them ``times`` times."""
+    from pyspark.sql import functions as F
+
+    counted = (
+        predicted.groupBy("id")
+        .count()
+        .agg(F.count("*").alias("ids"), F.min("count").alias("least"), F.max("count").alias("most"))
+        .first()
+    )
+    if not counted["ids"] == rows or not counted["least"] == counted["most"] == times:
+        raise RuntimeError(
+            f"{contender}: {counted['ids']} distinct ids came back, each {counted['least']} to "
+            f"{counted['most']} times; expected {rows} ids, each {times} time(s)"
+        )
+
+
 def run_job(job: Job) -> JobResult:
     spark = _session(job)
     frame = _input_frame(spark, job)
     rows = frame.count()
     predicted = _predicted(spark, frame, job)
-    # The worker-reads contender's tasks are its files, not the partitions of Spark's reader.
-    tasks = predicted if job.contender == "predict_arrow_worker_reads" else frame
+    long_predicted, long_rows = None, 0
+    if job.long_passes:
+        long_job = replace(job, data=str(long_folder(Path(str(job.data)), job.long_passes)))
+        long_frame = _input_frame(spark, long_job)
+        long_rows = long_frame.count()
+        long_predicted = _predicted(spark, long_frame, long_job)
+    # A contender that reads its files has its own tasks, not the partitions of Spark's reader.
+    tasks = predicted if job.contender in READS_ITS_FILES else frame
     result = JobResult(job.contender, job.model, rows, tasks.rdd.getNumPartitions())
+    result.long_rows = long_rows
     jvm_peak = PeakRssSampler(_jvm, interval_s=0.2)
     server = PeakRssSampler(
         lambda: [psutil.Process(job.server_pid)] if job.server_pid else [], interval_s=0.2
     )
     with PeakRssSampler(_python_workers, pss_every=5) as workers, jvm_peak, server:
+        groups = {"Python workers": workers, "JVM": jvm_peak, "model server": server}
+
+        def timed(job_frame: Any) -> tuple[float, dict[str, float]]:
+            before = {group: sampler.cpu_snapshot() for group, sampler in groups.items()}
+            started = time.perf_counter()
+            job_frame.write.format("noop").mode("overwrite").save()
+            seconds = time.perf_counter() - started
+            return seconds, {group: sampler.cpu_since(before[group]) for group, sampler in groups.items()}
+
         if job.warmup_rows:
             # The filter on ``id`` runs below the UDF (Spark pushes it down), and the same UDF
             # object keeps the model ``predict_batch_udf`` cached in its workers for the runs.
             started = time.perf_counter()
             predicted.where(f"id < {job.warmup_rows}").write.format("noop").mode("overwrite").save()
             result.warmup_s = time.perf_counter() - started
-        for _ in range(job.runs):
-            before = {
-                "Python workers": workers.cpu_snapshot(),
-                "JVM": jvm_peak.cpu_snapshot(),
-                "model server": server.cpu_snapshot(),
-            }
-            started = time.perf_counter()
-            predicted.write.format("noop").mode("overwrite").save()
-            result.runs_s.append(time.perf_counter() - started)
-            result.runs_cpu_s.append(
-                {
-                    "Python workers": workers.cpu_since(before["Python workers"]),
-                    "JVM": jvm_peak.cpu_since(before["JVM"]),
-                    "model server": server.cpu_since(before["model server"]),
-                }
-            )
-        if job.contender == "predict_arrow_worker_reads":
-            # Its rows come from its own reads, not from ``frame``: every id back exactly once.
-            counted = predicted.selectExpr("count(*) AS n", "count(DISTINCT id) AS d").first()
-            if not counted["n"] == counted["d"] == rows:
-                raise RuntimeError(
-                    f"{job.contender}: {counted['n']} rows with {counted['d']} distinct ids came back; "
-                    f"expected {rows} rows, each id once"
-                )
+        for run in range(job.runs):
+            if run and long_predicted is not None:
+                seconds, cpu_s = timed(long_predicted)
+                result.long_runs_s.append(seconds)
+                result.long_runs_cpu_s.append(cpu_s)
+            seconds, cpu_s = timed(predicted)
+            result.runs_s.append(seconds)
+            result.runs_cpu_s.append(cpu_s)
+        if job.contender in READS_ITS_FILES:
+            # Its rows come from its own reads, not from ``frame``: every id back as often as read.
+            _check_every_id(predicted, job.contender, rows, 1)
+            if long_predicted is not None:
+                _check_every_id(long_predicted, job.contender, rows, job.long_passes)
         sample = predicted.where(f"id < {SAMPLE_ROWS}").select("id", "prediction").collect()
     result.sample = {str(row["id"]): [float(v) for v in row["prediction"]] for row in sample}
     result.peak_worker_rss_total_mib = workers.peak_total_bytes / 2**20
@@ -320,6 +406,7 @@ def run_job(job: Job) -> JobResult:
     result.peak_worker_pss_total_mib = workers.peak_pss_total_bytes / 2**20
     result.python_workers_seen = len(workers.pids_seen)
     result.peak_jvm_rss_mib = jvm_peak.peak_total_bytes / 2**20
+    result.measure_steady()
     if job.marker_dir and Path(job.marker_dir).is_dir():
         result.model_loads_in_workers = sum(1 for _ in Path(job.marker_dir).iterdir())
     spark.stop()

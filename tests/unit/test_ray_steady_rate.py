@@ -9,15 +9,18 @@ from benchmarks.ray_job import RayJobResult
 
 
 def result(runs_s: list[float], pool_start_s: list[float], passes: list[int]) -> RayJobResult:
-    return RayJobResult(
+    measured = RayJobResult(
         contender="ray_data",
         model="tabular_mlp",
         rows=1_000,
         partitions=4,
         runs_s=runs_s,
+        runs_cpu_s=[{"Ray workers": 1.0}] * len(runs_s),
         pool_start_s=pool_start_s,
         runs_passes=passes,
     )
+    measured.measure_steady()
+    return measured
 
 
 def test_the_steady_rate_leaves_each_jobs_pool_start_out() -> None:
@@ -32,5 +35,5 @@ def test_the_first_job_which_runs_cold_is_left_out() -> None:
 
 
 def test_no_steady_rate_without_a_warm_one_pass_job_and_a_long_one() -> None:
-    assert result([5.0, 9.0], [1.0, 1.0], [1, 8]).steady_rows_s is None
-    assert result([5.0, 4.0], [1.0, 1.0], [1, 1]).steady_rows_s is None
+    assert result([5.0, 9.0], [1.0, 1.0], [1, 8]).steady_rows_s == 0.0
+    assert result([5.0, 4.0], [1.0, 1.0], [1, 1]).steady_rows_s == 0.0
