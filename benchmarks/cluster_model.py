@@ -42,7 +42,12 @@ GPUS_PER_NODE = (0, 1, 2, 4, 8)
 DEFAULT_NODES = 10
 DEFAULT_GPU = "T4"
 FLOAT_BYTES = 4
-UDFSERVE_CONTENDERS = ("1a remote_predict", "1a remote_predict, udf_type='arrow'", "1a predict_arrow")
+UDFSERVE_CONTENDERS = (
+    "1a remote_predict",
+    "1a remote_predict, udf_type='arrow'",
+    "1a predict_arrow",
+    "1a predict_files",
+)
 CPU_TABLE_PREFIX = "CPU seconds per million rows"
 THREAD_TABLE_PREFIX = "Per request over the unix socket"
 STAGE_TABLE_PREFIX = "Each stage of the request path timed alone"
