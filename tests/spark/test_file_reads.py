@@ -3,6 +3,7 @@ row of the files back once with the model's own outputs, and files that break th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 from spark_data import feature_values, reference_outputs, stacked
 
-from services.model_server.launcher import ServerProcess
+from services.model_server.launcher import ServerProcess, launch_server
 from spark_client import ClientConfig, predict_files
 
 SHAPES = {
@@ -126,3 +127,48 @@ def test_a_file_that_is_not_parquet_fails_the_job_naming_it(
     frame = predict_files(str(tmp_path), "tabular_mlp", config=config(server))
     with pytest.raises(Exception, match=r"part-1.csv' cannot be read as parquet"):
         frame.collect()
+
+
+@pytest.fixture
+def own_server(example_repository: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server for one test, which the test kills."""
+    folder = tmp_path / "server"
+    folder.mkdir()
+    process = launch_server(
+        example_repository, socket=folder / "grpc.sock", port=0, http_port=0, log_path=folder / "server.log"
+    )
+    yield process
+    process.kill()
+
+
+def test_a_server_killed_mid_job_loses_and_duplicates_no_row_of_the_files(
+    spark: SparkSession, own_server: ServerProcess, example_repository: Path, tmp_path: Path
+) -> None:
+    """A step after the prediction kills the server with SIGKILL when it sees row ``kill_at``: the
+    rows the server had not answered come from the CPU fallback, each once, equal to the model."""
+    kill_at, pid = 5_000, own_server.pid
+    data = tmp_path / "data"
+    for part, start in enumerate(range(0, 30_000, 10_000)):
+        write_rows(data / f"part-{part}.parquet", "tabular_mlp", np.arange(start, start + 10_000))
+
+    def kill_server_at_row(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import os
+        import signal
+
+        for batch in batches:
+            if kill_at in batch.column("id").to_pylist():
+                os.kill(pid, signal.SIGKILL)
+            yield batch
+
+    client = ClientConfig(
+        address=own_server.grpc_target(), model_repository=str(example_repository), rows_per_request=1_000
+    )
+    predicted = predict_files(str(data), "tabular_mlp", keep_columns=["id"], config=client)
+    result = predicted.mapInArrow(kill_server_at_row, predicted.schema).toPandas()
+
+    assert own_server.process.wait(timeout=30) == -9
+    ids = result["id"].to_numpy()
+    assert len(ids) == 30_000 and len(np.unique(ids)) == 30_000
+    result = result.sort_values("id")
+    expected = reference_outputs(example_repository, "tabular_mlp", {"features": feature_values(ids, (64,))})
+    np.testing.assert_allclose(stacked(result["probabilities"]), expected["probabilities"], atol=1e-5)
