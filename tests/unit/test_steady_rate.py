@@ -66,15 +66,13 @@ def test_the_steady_cpu_is_the_long_jobs_extra_cpu_per_million_extra_rows() -> N
 
 def test_ray_and_spark_runs_of_the_same_times_give_the_same_steady_rate_and_cpu() -> None:
     spark = spark_result(runs_s=[5.0, 2.0, 1.5], long_runs_s=[4.0, 3.5])
-    # Ray keeps its runs in one list, in the order they ran: one pass, eight, one, eight, one; each
-    # timed from its pool's first call (here 10 s after the run's start)
+    # Ray keeps its runs in one list, in the order they ran: one pass, eight, one, eight, one
     ray = RayJobResult(
         "ray_data",
         "tabular_mlp",
         1000,
         4,
-        runs_s=[15.0, 14.0, 12.0, 13.5, 11.5],
-        pool_start_s=[10.0] * 5,
+        runs_s=[5.0, 4.0, 2.0, 3.5, 1.5],
         runs_cpu_s=[CPU, LONG_CPU, CPU, LONG_CPU, CPU],
         runs_passes=[1, 8, 1, 8, 1],
     )
