@@ -19,6 +19,7 @@ The module imports no pandas: the tasks' workers stay as light as ``predict_arro
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -101,15 +102,31 @@ def list_files(paths: str | Sequence[str]) -> list[str]:
     return unique
 
 
-def read_schema(path: str) -> pa.Schema:
-    """A file's Arrow schema, from its footer; the error names the file when it is not parquet."""
+@contextlib.contextmanager
+def open_parquet(path: str) -> Iterator[pq.ParquetFile]:
+    """``path`` opened as parquet (its footer read), closed after the block; the error names the
+    file when it cannot be opened or is not parquet."""
     filesystem, inner = filesystem_of(path)
     try:
-        return pq.read_schema(inner, filesystem=filesystem)
-    except (pa.ArrowInvalid, OSError) as error:
+        handle = filesystem.open_input_file(inner)
+    except OSError as error:
         raise FileReadError(
-            f"{path!r} cannot be read as parquet ({error}); expected a parquet file"
+            f"{path!r} cannot be opened ({error}); expected a readable parquet file"
         ) from error
+    with handle:
+        try:
+            parquet = pq.ParquetFile(handle)
+        except pa.ArrowInvalid as error:
+            raise FileReadError(
+                f"{path!r} cannot be read as parquet ({error}); expected a parquet file"
+            ) from error
+        yield parquet
+
+
+def read_schema(path: str) -> pa.Schema:
+    """A file's Arrow schema, from its footer."""
+    with open_parquet(path) as parquet:
+        return parquet.schema_arrow
 
 
 def plan_splits(files: Sequence[str], min_splits: int) -> list[FileSplit]:
@@ -121,9 +138,8 @@ def plan_splits(files: Sequence[str], min_splits: int) -> list[FileSplit]:
     per_file = -(-min_splits // len(files))
     splits = []
     for path in files:
-        filesystem, inner = filesystem_of(path)
-        with filesystem.open_input_file(inner) as handle:
-            groups = pq.ParquetFile(handle).num_row_groups
+        with open_parquet(path) as parquet:
+            groups = parquet.num_row_groups
         parts = max(1, min(per_file, groups))
         if parts == 1:
             splits.append(FileSplit(path))
@@ -156,20 +172,7 @@ class FileScorer:
                     yield answered.select([*self.kept, *outputs])
 
     def _read(self, split: FileSplit) -> Iterator[pa.RecordBatch]:
-        filesystem, inner = filesystem_of(split.path)
-        try:
-            handle = filesystem.open_input_file(inner)
-        except OSError as error:
-            raise FileReadError(
-                f"{split.path!r} cannot be opened ({error}); it was listed when the job was planned"
-            ) from error
-        with handle:
-            try:
-                parquet = pq.ParquetFile(handle)
-            except pa.ArrowInvalid as error:
-                raise FileReadError(
-                    f"{split.path!r} cannot be read as parquet ({error}); expected a parquet file"
-                ) from error
+        with open_parquet(split.path) as parquet:
             self._check(split, parquet)
             yield from parquet.iter_batches(
                 batch_size=self.read_batch_rows,
