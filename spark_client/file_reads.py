@@ -3,7 +3,7 @@ workers and streamed to the node's model server.
 
 Spark's own path (``spark.read.parquet`` then a UDF) reads the files in the JVM, turns columns
 into rows and rows back into Arrow for the Python worker; for a wide ``array<float>`` column
-that costs more CPU than the model (docs/benchmarks.md, section 3). Here Spark only schedules
+that costs more CPU than the model (docs/benchmarks.md, section 1). Here Spark only schedules
 the work: one task per file, or per group of a file's row groups when there are fewer files
 than cores, and receives the kept columns and the predictions. Each task reads its rows with
 pyarrow, which hands the parquet pages to the request as Arrow without building rows.
