@@ -52,8 +52,8 @@ udfserve side by side with what data teams use today. Every comparison runs all 
 in one run, on the same model and data, and is regenerated with one command:
 
 ```
-python -m benchmarks.run_all            # everything, about 2 h 10 min (the soak 60 min,
-                                        # end-to-end with Ray Data 24, scaling 19,
+python -m benchmarks.run_all            # everything, about 2 h 20 min (the soak 60 min,
+                                        # end-to-end with Ray Data 34, scaling 19,
                                         # backends 14); rewrites this page
 python -m benchmarks.run_all --quick    # small and short, to check that the scripts work;
                                         # writes to benchmarks/results/tmp/quick/ only
