@@ -7,6 +7,7 @@ server started in it, all stopped and removed on exit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -353,6 +354,17 @@ class PeakRssSampler:
         self.cpu_s: dict[int, float] = {}
         """Last CPU time seen of each process (user + system), for ``cpu_since``."""
         self._lock = threading.Lock()
+        self._peaks_paused = False
+
+    @contextlib.contextmanager
+    def peaks_paused(self) -> Iterator[None]:
+        """Leave the block's samples out of the peaks (CPU times are still followed): for work
+        that other contenders do not do, such as the long jobs only some applications run."""
+        self._peaks_paused = True
+        try:
+            yield
+        finally:
+            self._peaks_paused = False
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -377,10 +389,12 @@ class PeakRssSampler:
             with self._lock:
                 self.pids_seen.add(process.pid)
                 self.cpu_s[process.pid] = times.user + times.system
-            self.peak_single_bytes = max(self.peak_single_bytes, rss)
-        self.peak_total_bytes = max(self.peak_total_bytes, total)
-        self.peak_pss_total_bytes = max(self.peak_pss_total_bytes, pss_total)
-        self.max_processes = max(self.max_processes, count)
+            if not self._peaks_paused:
+                self.peak_single_bytes = max(self.peak_single_bytes, rss)
+        if not self._peaks_paused:
+            self.peak_total_bytes = max(self.peak_total_bytes, total)
+            self.peak_pss_total_bytes = max(self.peak_pss_total_bytes, pss_total)
+            self.max_processes = max(self.max_processes, count)
         return total
 
     def cpu_snapshot(self) -> dict[int, float]:
