@@ -32,7 +32,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from spark_client.config import ClientConfig
-from spark_client.udf import ArrowPredictor, _active_session, arrow_predictor, check_output_names
+from spark_client.output_names import check_output_names
+from spark_client.udf import ArrowPredictor, _active_session, arrow_predictor
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -154,22 +155,22 @@ def plan_splits(files: Sequence[str], min_splits: int) -> list[FileSplit]:
 @dataclass(frozen=True)
 class FileScorer:
     """The ``mapInArrow`` function: each split's rows read in batches of ``read_batch_rows``, out as
-    the kept columns and the predictor's outputs, in the files' order."""
+    the ``returned`` columns, in the files' order."""
 
     predictor: ArrowPredictor
     read_columns: tuple[str, ...]
     """The kept columns and the inputs, each once, in the file's order."""
-    kept: tuple[str, ...]
+    returned: tuple[str, ...]
+    """The kept columns, then the predictor's outputs (and ``model_version`` when asked)."""
     expected: pa.Schema
     """The planned types of ``read_columns``, from the first file."""
     read_batch_rows: int
 
     def __call__(self, splits: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        outputs = [field.name for field in self.predictor.output_fields()]
         for batch in splits:
             for split in _splits_of(batch):
                 for answered in self.predictor(self._read(split)):
-                    yield answered.select([*self.kept, *outputs])
+                    yield answered.select(list(self.returned))
 
     def _read(self, split: FileSplit) -> Iterator[pa.RecordBatch]:
         with open_parquet(split.path) as parquet:
@@ -251,13 +252,14 @@ def predict_files(
             f"column(s) {missing} are not in {files[0]!r}, the first of {len(files)} file(s); "
             f"its columns are {schema.names}"
         )
-    check_output_names(kept, [f.name for f in predictor.output_fields()], spark, "in keep_columns")
+    outputs = [field.name for field in predictor.output_fields()]
+    check_output_names(kept, outputs, spark, "in keep_columns")
     wanted = set(inputs) | set(kept)
     read_columns = tuple(n for n in schema.names if n in wanted)
     scorer = FileScorer(
         predictor=predictor,
         read_columns=read_columns,
-        kept=tuple(kept),
+        returned=(*kept, *outputs),
         expected=pa.schema([schema.field(n) for n in read_columns]),
         read_batch_rows=read_batch_rows or predictor.job.config.rows_per_request,
     )

@@ -28,6 +28,7 @@ from spark_client.convert import answer_to_spark_columns, arrow_to_request, matc
 from spark_client.credentials import auth_metadata
 from spark_client.errors import ModelMetadataError, ServerUnavailable
 from spark_client.job_context import application_context
+from spark_client.output_names import check_output_names
 from spark_client.partition import PredictJob
 from spark_client.protocols import DescribedModel, describe_model
 from spark_client.rechunk import planned_request_rows
@@ -193,28 +194,6 @@ def predict_arrow(
     from pyspark.sql.types import StructType
 
     return df.mapInArrow(predictor, StructType([*df.schema.fields, *predictor.output_fields()]))
-
-
-def check_output_names(existing: Sequence[str], outputs: Sequence[str], spark: Any, where: str) -> None:
-    """Raise ``ValueError`` when Spark could not tell the appended ``outputs`` apart from each other
-    or from the ``existing`` columns (compared with or without case, as ``spark.sql.caseSensitive``
-    says); ``where`` says where the existing columns come from, for the message."""
-    case_sensitive = str(spark.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
-
-    def key(name: str) -> str:
-        return name if case_sensitive else name.lower()
-
-    repeated = sorted({c for c in outputs if [key(o) for o in outputs].count(key(c)) > 1})
-    if repeated:
-        raise ValueError(f"output column(s) {repeated} are named twice; expected one name per output")
-    taken = {key(c) for c in existing}
-    clash = [c for c in outputs if key(c) in taken]
-    if clash:
-        raise ValueError(
-            f"output column(s) {clash} already exist {where} (its columns are {list(existing)}; Spark "
-            f"compares names {'with' if case_sensitive else 'without'} case, spark.sql.caseSensitive); "
-            "name them output_columns=..., or rename (or leave out) the clashing columns"
-        )
 
 
 def arrow_predictor(

@@ -98,7 +98,7 @@ def test_predict_files_function_reads_and_answers_in_a_fresh_worker_without_impo
     pq.write_table(pa.Table.from_batches([rows_of_features(100)]), tmp_path / "part-0.parquet")
     predictor = ArrowPredictor(job_of(server), ("features",), ("scores",))
     scorer = FileScorer(
-        predictor, ("id", "features"), ("id",), rows_of_features(0).schema, read_batch_rows=32
+        predictor, ("id", "features"), ("id", "scores"), rows_of_features(0).schema, read_batch_rows=32
     )
     splits = pa.RecordBatch.from_pylist(
         [{"path": str(tmp_path / "part-0.parquet"), "row_groups": [], "planned_row_groups": 0}]
