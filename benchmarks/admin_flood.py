@@ -214,8 +214,9 @@ def run(
     streams: int,
     connections: int,
 ) -> list[Setting]:
+    from udfserve.services.model_server.config import MAX_TRACKED_APPS
+
     from benchmarks.processes import Workspace
-    from services.model_server.config import MAX_TRACKED_APPS
 
     settings: list[Setting] = []
     windows = 2 * pairs

@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 import numpy as np
 import psutil
+from udfserve.services.model_server.launcher import ServerProcess, wait_until_serving
 
 from benchmarks import plots
 from benchmarks.cli import main_for, results_dir
@@ -37,7 +38,6 @@ from benchmarks.processes import LOGS_DIR, PeakRssSampler, ProcessMeter, Workspa
 from benchmarks.report import ComparisonResult, Table, TargetCheck
 from benchmarks.spark_e2e import rows_per_s
 from benchmarks.spark_job import Job, JobResult, run_in_child, write_dataset
-from services.model_server.launcher import ServerProcess, wait_until_serving
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import decode_batch, encode_batch

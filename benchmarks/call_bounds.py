@@ -1,5 +1,6 @@
 """What the bounds on calls cost: requests per second of a server of this tree against one of a
-baseline tree (another checkout of udfserve), on the same machine, in alternating rounds.
+baseline tree (another checkout of udfserve, from after the ``udfserve`` namespace: ``python -m
+udfserve`` starts its server), on the same machine, in alternating rounds.
 
     python -m benchmarks.call_bounds --model-repository /tmp/models --baseline /tmp/udfserve-old
 
@@ -18,6 +19,8 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -26,8 +29,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2 as kpb
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
-from services.model_server.launcher import ServerProcess, launch_server
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol.arrow_ipc import encode_batch
 
@@ -95,21 +98,21 @@ async def arrow_stream(target: str, rows: int, streams: int, in_flight: int, dur
 
 
 def _server(tree: Path, repository: Path, socket_dir: Path, name: str, args: Sequence[str]) -> ServerProcess:
-    """A server of ``tree``: started from that folder, so ``python -m services`` imports its code."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    previous = Path.cwd()
-    os.chdir(tree)
-    try:
-        return launch_server(
-            repository,
-            socket=socket_dir / f"{name}.sock",
-            port=None,
-            http_port=None,
-            extra_args=["--models", "tabular_mlp", *args],
-            env=env,
+    """A server of ``tree``'s code: its folders linked under their package names first on the path
+    (scripts/source_tree.py), so ``python -m udfserve`` imports them, not the installed checkout's."""
+    linked = socket_dir / f"{name}-tree"
+    if not linked.exists():
+        subprocess.run(
+            [sys.executable, str(tree / "scripts" / "source_tree.py"), str(tree), str(linked)], check=True
         )
-    finally:
-        os.chdir(previous)
+    return launch_server(
+        repository,
+        socket=socket_dir / f"{name}.sock",
+        port=None,
+        http_port=None,
+        extra_args=["--models", "tabular_mlp", *args],
+        env=dict(os.environ, PYTHONPATH=str(linked)),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

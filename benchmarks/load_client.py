@@ -9,7 +9,7 @@ Kinds of load: ``encode`` makes one batch of ``rows`` rows and encodes it for ev
 (a client's real work), decoding every answer; ``preencoded`` sends ``PAYLOADS`` requests encoded
 beforehand in turn and only checks the answers, so that the client costs as little as it can.
 ``client_inline`` and ``client_shared_memory`` run the Spark client's own stream
-(``spark_client.transport.PredictStream``, one partition's batches in order, ``in_flight`` held)
+(``udfserve.spark_client.transport.PredictStream``, one partition's batches in order, ``in_flight`` held)
 with its payloads in the gRPC messages or in the node's shared memory. Prints one JSON line.
 """
 
@@ -72,11 +72,12 @@ CLIENT_KINDS = ("client_inline", "client_shared_memory")
 def run_client_load(spec: LoadSpec) -> LoadResult:
     """The Spark client's stream for ``duration_s``: latency is from the moment the stream takes a
     batch (and sends it) to the moment it yields that batch's answer, in order."""
+    from udfserve.spark_client.arrow_wire import arrow_stream
+    from udfserve.spark_client.channels import connect
+    from udfserve.spark_client.config import ClientConfig
+    from udfserve.spark_client.transport import HeldBatch
+
     from benchmarks.processes import percentile
-    from spark_client.arrow_wire import arrow_stream
-    from spark_client.channels import connect
-    from spark_client.config import ClientConfig
-    from spark_client.transport import HeldBatch
     from udfserve.shared_memory import ipc_stream_size
 
     config = ClientConfig(

@@ -1,7 +1,7 @@
 """How the ONNX Runtime backend should open its sessions and call them, measured side by side.
 
 Two questions of ``udfserve/runtime/backends/onnxruntime*.py``, on the example MLP (64 -> 256 ->
-256 -> 8, random weights, ``services.examples.onnx_models.dense_stack_graph``):
+256 -> 8, random weights, ``udfserve.services.examples.onnx_models.dense_stack_graph``):
 
 - **Call path**: ``InferenceSession.run`` with numpy arrays, against ``run_with_ort_values`` over
   ``OrtValue.ortvalue_from_numpy``, against I/O binding (``bind_cpu_input``, an output bound to
@@ -34,8 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnxruntime as ort
-
-from services.examples.onnx_models import dense_stack_graph
+from udfserve.services.examples.onnx_models import dense_stack_graph
 
 Call = Callable[[np.ndarray], object]
 

@@ -26,8 +26,7 @@ from typing import Any
 
 import psutil
 import yaml
-
-from services.model_server.launcher import ServerProcess, launch_server
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +99,7 @@ class Workspace:
         key = tuple(sorted(flags))
         if key not in self._examples:
             target = self.root / ("examples" + "".join(flag.replace("-", "_") for flag in key))
-            command = [sys.executable, "-m", "services", "models", "generate", "--output", str(target), *key]
+            command = [sys.executable, "-m", "udfserve", "models", "generate", "--output", str(target), *key]
             completed = subprocess.run(command, capture_output=True, text=True, env=child_env(), check=False)
             if completed.returncode != 0:
                 raise RuntimeError(

@@ -46,12 +46,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from udfserve.services.model_server.frontends.arrow.shared_memory import StreamRegions
 
 from benchmarks.load_client import LoadSpec, finish, start_in_child
 from benchmarks.models import IDENTITY_MODEL, generate_identity_in_child
 from benchmarks.processes import MALLOC_KEEPS_MEMORY, ProcessMeter, Workspace
 from benchmarks.report import Table
-from services.model_server.frontends.arrow.shared_memory import StreamRegions
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol.arrow_ipc import decode_batch
 from udfserve.runtime.tensor_conversion import batch_to_inputs

@@ -55,7 +55,7 @@ def first_sight(repository: Path, model: str) -> list[tuple[str, str, str]]:
     threading.Thread(target=watch, daemon=True).start()
     ready = folder / "ready.json"
     command = [
-        sys.executable, "-m", "services", "serve", "--model-repository", str(repository),
+        sys.executable, "-m", "udfserve", "serve", "--model-repository", str(repository),
         "--models", model, "--socket", str(folder / "server.sock"), "--port", "off",
         "--http-port", "off", "--ready-file", str(ready),
     ]  # fmt: skip

@@ -250,7 +250,7 @@ def _input_frame(spark: Any, job: Job) -> Any:
 
 def _client_config(job: Job) -> Any:
     """The remote contenders' client settings: the defaults but for what the job sets."""
-    from spark_client import ClientConfig
+    from udfserve.spark_client import ClientConfig
 
     size = {"bytes_per_request": job.bytes_per_request} if job.bytes_per_request else {}
     address = {"address": job.address} if job.address else {}
@@ -267,7 +267,7 @@ def _predicted(spark: Any, frame: Any, job: Job) -> Any:
     column, width, _, output_width = MODELS[job.model]
     result_type = ArrayType(FloatType())
     if job.contender in ("remote_predict", "remote_predict_arrow"):
-        from spark_client import remote_predict
+        from udfserve.spark_client import remote_predict
 
         udf_type: Literal["pandas", "arrow"] = (
             "arrow" if job.contender == "remote_predict_arrow" else "pandas"
@@ -275,7 +275,7 @@ def _predicted(spark: Any, frame: Any, job: Job) -> Any:
         udf = remote_predict(job.model, udf_type=udf_type, config=_client_config(job))
         return frame.withColumn("prediction", udf(column))
     if job.contender == "predict_arrow":
-        from spark_client import predict_arrow
+        from udfserve.spark_client import predict_arrow
 
         return predict_arrow(
             frame,
@@ -285,7 +285,7 @@ def _predicted(spark: Any, frame: Any, job: Job) -> Any:
             config=_client_config(job),
         )
     if job.contender == "predict_files":
-        from spark_client import predict_files
+        from udfserve.spark_client import predict_files
 
         if job.data is None:
             raise ValueError("predict_files reads parquet files: `data` is not set; expected a folder")

@@ -125,14 +125,17 @@ def _time_stages(model: Any, model_name: str, rows: int, min_s: float) -> dict[s
 
 CUT_STAGE = "server: model.predict cut into one part per core (--cpu-parallel-min-rows 256)"
 """Timed besides the stages, not summed with them: a CPU server can run large calls cut by rows
-into concurrent parts (``services.model_server.core.cpu_parallel``, off by default)."""
+into concurrent parts (``udfserve.services.model_server.core.cpu_parallel``, off by default)."""
 
 
 def _time_cut_predict(model: Any, inputs: dict[str, np.ndarray], min_s: float) -> float:
     import concurrent.futures
     import os
 
-    from services.model_server.core.cpu_parallel import SUGGESTED_MIN_ROWS_PER_PART, CoreParallelPredict
+    from udfserve.services.model_server.core.cpu_parallel import (
+        SUGGESTED_MIN_ROWS_PER_PART,
+        CoreParallelPredict,
+    )
 
     cores = len(os.sched_getaffinity(0))
     if cores < 2:

@@ -28,8 +28,8 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+from udfserve.services.examples.text_classifier import MAX_LENGTH, generated_texts, train_tokenizer
 
-from services.examples.text_classifier import MAX_LENGTH, generated_texts, train_tokenizer
 from udfserve.runtime.model_config import TextPreprocess
 from udfserve.runtime.preprocessing import open_tokenizer
 from udfserve.runtime.tensor_spec import TensorSpec

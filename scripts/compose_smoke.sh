@@ -227,7 +227,7 @@ for name in server spark; do
   fi
 done
 if docker run --rm "udfserve/server:$VERSION" python3 -c \
-     "from services.model_server.frontends.kserve.native import load_frontend_module as f; f()" >/dev/null 2>&1; then
+     "from udfserve.services.model_server.frontends.kserve.native import load_frontend_module as f; f()" >/dev/null 2>&1; then
   grpc=$(docker run --rm "udfserve/server:$VERSION" dpkg-query -W -f '${Package} ${Version}\n' 'libgrpc++*')
   held "the server image has the native KServe front end, linked to ${grpc:-grpc++}"
 elif grep -q "^native KServe front end SKIPPED" "$WORK/native.txt"; then
@@ -361,8 +361,8 @@ step_done
 JOB_PY='
 import sys
 from pyspark.sql import SparkSession, functions as F
-from services.demo_data import input_columns
-from spark_client import remote_predict
+from udfserve.services.demo_data import input_columns
+from udfserve.spark_client import remote_predict
 rows, label = int(sys.argv[1]), sys.argv[2]
 spark = (SparkSession.builder.master("spark://spark-master:7077").appName("udfserve-smoke-" + label)
          .config("spark.pyspark.python", sys.executable)

@@ -26,4 +26,4 @@ if [ "${#missing[@]}" -gt 0 ]; then
     || { "${as_root[@]}" apt-get update -q >/dev/null && \
          "${as_root[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
 fi
-.venv/bin/python -m services.model_server.frontends.kserve.native.build
+.venv/bin/python -m udfserve.services.model_server.frontends.kserve.native.build

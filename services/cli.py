@@ -8,12 +8,13 @@ import argparse
 import logging
 from collections.abc import Sequence
 
+from udfserve.services.model_server import event_loop
+from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.node.config import NodeConfig
+from udfserve.services.process_setup import configure_logging
+from udfserve.services.settings_cli import SettingsError, add_settings_arguments, settings_from_args
+
 import udfserve
-from services.model_server import event_loop
-from services.model_server.config import ServerConfig
-from services.node.config import NodeConfig
-from services.process_setup import configure_logging
-from services.settings_cli import SettingsError, add_settings_arguments, settings_from_args
 
 logger = logging.getLogger("udfserve")
 
@@ -25,12 +26,12 @@ def run_serve(args: argparse.Namespace) -> int:
     from udfserve.runtime.device import pin_device
 
     pin_device(config.device)
-    from services.model_server.app import serve
+    from udfserve.services.model_server.app import serve
 
     if not config.model_repository.is_dir():
         logger.error("model repository %s is not a folder", config.model_repository)
         return 2
-    from services.model_server.security import check_credentials
+    from udfserve.services.model_server.security import check_credentials
 
     try:
         check_credentials(config)
@@ -46,13 +47,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_node(args: argparse.Namespace) -> int:
-    from services.node.command import run_node as run
+    from udfserve.services.node.command import run_node as run
 
     return run(args)
 
 
 def run_generate_models(args: argparse.Namespace) -> int:
-    from services.examples.generate_models import onnx_missing
+    from udfserve.services.examples.generate_models import onnx_missing
 
     if args.onnx and onnx_missing():
         raise SettingsError(onnx_missing())
@@ -60,7 +61,10 @@ def run_generate_models(args: argparse.Namespace) -> int:
     from udfserve.runtime.device import pin_device
 
     pin_device("cpu")  # generating small models needs no GPU; never take a GPU's memory for it
-    from services.examples.generate_models import generate_example_repository, publish_example_version
+    from udfserve.services.examples.generate_models import (
+        generate_example_repository,
+        publish_example_version,
+    )
 
     if args.publish_version is not None:
         publish_example_version(args.output, args.publish_version, args.only)
@@ -73,7 +77,7 @@ def run_generate_models(args: argparse.Namespace) -> int:
         include_text_classifier=args.text_classifier,
     )
     if args.torch:
-        from services.examples.torch_models import generate_torch_examples
+        from udfserve.services.examples.torch_models import generate_torch_examples
 
         names += generate_torch_examples(args.output, overwrite=args.overwrite)
     logger.info("example model repository at %s: %s", args.output, ", ".join(names))
@@ -86,7 +90,7 @@ def run_import_hf(args: argparse.Namespace) -> int:
     from udfserve.runtime.device import pin_device
 
     pin_device("cpu")  # exporting needs no GPU; never take a GPU's memory for it
-    from services.hf_import import HfImportError, import_hugging_face
+    from udfserve.services.hf_import import HfImportError, import_hugging_face
 
     try:
         imported = import_hugging_face(
@@ -110,7 +114,7 @@ def run_model_call(args: argparse.Namespace) -> int:
     configure_logging("WARNING")
     import sys
 
-    from services.node.model_calls import index_call, load_call, run_node_call, unload_call
+    from udfserve.services.node.model_calls import index_call, load_call, run_node_call, unload_call
 
     if args.models_command == "load":
         call = load_call(args.model, args.config_json, args.reload)
@@ -123,7 +127,7 @@ def run_model_call(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     configure_logging("INFO")
-    from services.demo import main as demo_main
+    from udfserve.services.demo import main as demo_main
 
     return demo_main(args)
 
@@ -169,15 +173,19 @@ def build_parser() -> argparse.ArgumentParser:
         "model loads, sample predictions) and stop everything it started; with --keep-running the node "
         "stays up after the report, its /metrics addresses printed, until Ctrl-C.",
     )
-    from services.demo import add_arguments as add_demo_arguments
+    from udfserve.services.demo import add_arguments as add_demo_arguments
 
     add_demo_arguments(demo)
     demo.set_defaults(handler=run_demo)
 
     models = commands.add_parser("models", help="model repository tools")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    from services.examples.generate_models import GENERATE_DESCRIPTION, ONNX_HELP, add_publish_arguments
-    from services.examples.torch_models import TORCH_HELP
+    from udfserve.services.examples.generate_models import (
+        GENERATE_DESCRIPTION,
+        ONNX_HELP,
+        add_publish_arguments,
+    )
+    from udfserve.services.examples.torch_models import TORCH_HELP
 
     generate = models_commands.add_parser(
         "generate", help="write the example model repository", description=GENERATE_DESCRIPTION
@@ -207,7 +215,7 @@ def _add_import_hf(models_commands: argparse._SubParsersAction[argparse.Argument
     """``models import-hf``: a fine-tuned Hugging Face text classifier into the repository."""
     from pathlib import Path
 
-    from services.hf_import import MODEL_FILES
+    from udfserve.services.hf_import import MODEL_FILES
 
     command = models_commands.add_parser(
         "import-hf",
@@ -245,7 +253,7 @@ def _add_import_hf(models_commands: argparse._SubParsersAction[argparse.Argument
 
 def _add_model_calls(models_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``models load|unload|index``: model control calls on every server of this node."""
-    from services.node.model_calls import add_node_call_arguments
+    from udfserve.services.node.model_calls import add_node_call_arguments
 
     node_wide = (
         "on every ready server of this node (read from its discovery file), one device after the other; "

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO, cast
 
-from services.demo_data import describe_inputs, format_value, input_columns
-from services.demo_node import (
+from udfserve.services.demo_data import describe_inputs, format_value, input_columns
+from udfserve.services.demo_node import (
     SHARED_MEMORY_REQUESTS,
     DemoError,
     StartedNode,
@@ -33,10 +33,11 @@ from services.demo_node import (
     scrape_total,
     wait_until_interrupted,
 )
+
 from udfserve.discovery import NodeDiscovery, default_discovery_path, read_discovery
 
 if TYPE_CHECKING:
-    from spark_client.stats import ClientStats
+    from udfserve.spark_client.stats import ClientStats
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +111,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def example_model_names() -> list[str]:
-    from services.examples.generate_models import EXAMPLES
-    from services.examples.text_classifier import NAME as TEXT_CLASSIFIER
+    from udfserve.services.examples.generate_models import EXAMPLES
+    from udfserve.services.examples.text_classifier import NAME as TEXT_CLASSIFIER
 
     return [*EXAMPLES, TEXT_CLASSIFIER]
 
@@ -119,9 +120,9 @@ def example_model_names() -> list[str]:
 def generate_command(repository: Path, model: str) -> list[str]:
     """The command that writes the example repository, the text classifier too when it is the model
     (it needs torch and transformers, which the other examples do not)."""
-    from services.examples.text_classifier import NAME as TEXT_CLASSIFIER
+    from udfserve.services.examples.text_classifier import NAME as TEXT_CLASSIFIER
 
-    command = [sys.executable, "-m", "services", "models", "generate", "--output", str(repository)]
+    command = [sys.executable, "-m", "udfserve", "models", "generate", "--output", str(repository)]
     return [*command, "--text-classifier"] if model == TEXT_CLASSIFIER else command
 
 
@@ -171,9 +172,8 @@ def ensure_example_models(repository: Path, model: str) -> None:
 def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDiscovery) -> dict[str, object]:
     """Score the generated DataFrame through remote_predict; return the figures of the report."""
     from pyspark.sql import SparkSession
-
-    from spark_client import remote_predict
-    from spark_client.errors import RemotePredictError
+    from udfserve.spark_client import remote_predict
+    from udfserve.spark_client.errors import RemotePredictError
 
     # PySpark starts its local Python workers with PYSPARK_PYTHON (the Spark conf is not read for
     # that): this driver program, not code that runs in Spark, points it at its own interpreter.

@@ -57,7 +57,7 @@ def running_node(
     command = [
         sys.executable,
         "-m",
-        "services",
+        "udfserve",
         "node",
         "--model-repository",
         str(model_repository),

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from types import FrameType
 
-from services.log_limits import LogLimits
+from udfserve.services.log_limits import LogLimits
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d %(name)s] %(message)s"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

@@ -1,6 +1,6 @@
 """The Spark side of udfserve: UDFs that call the node's model server, with a CPU fallback.
 
-    from spark_client import remote_predict, predict_arrow, ClientConfig
+    from udfserve.spark_client import remote_predict, predict_arrow, ClientConfig
 
     df.withColumn("p", remote_predict("tabular_mlp", "features"))
     predict_arrow(df, "tabular_mlp")
@@ -15,18 +15,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from spark_client.config import ClientConfig
-    from spark_client.file_reads import predict_files
-    from spark_client.udf import arrow_predictor, predict_arrow, remote_predict
+    from udfserve.spark_client.config import ClientConfig
+    from udfserve.spark_client.file_reads import predict_files
+    from udfserve.spark_client.udf import arrow_predictor, predict_arrow, remote_predict
 
 __all__ = ["ClientConfig", "arrow_predictor", "predict_arrow", "predict_files", "remote_predict"]
 
 _HOMES = {
-    "ClientConfig": "spark_client.config",
-    "remote_predict": "spark_client.udf",
-    "predict_arrow": "spark_client.udf",
-    "arrow_predictor": "spark_client.udf",
-    "predict_files": "spark_client.file_reads",
+    "ClientConfig": "udfserve.spark_client.config",
+    "remote_predict": "udfserve.spark_client.udf",
+    "predict_arrow": "udfserve.spark_client.udf",
+    "arrow_predictor": "udfserve.spark_client.udf",
+    "predict_files": "udfserve.spark_client.file_reads",
 }
 
 

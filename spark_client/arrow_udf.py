@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
-
-from spark_client.convert import answer_to_array, array_to_request
-from spark_client.partition import PredictJob
-from spark_client.task import answer_partition
+from udfserve.spark_client.convert import answer_to_array, array_to_request
+from udfserve.spark_client.partition import PredictJob
+from udfserve.spark_client.task import answer_partition
 
 
 def arrow_function(

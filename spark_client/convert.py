@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pyarrow as pa
-
-from spark_client.model_spec import ModelSpec
+from udfserve.spark_client.model_spec import ModelSpec
 
 
 def match_inputs(names: Sequence[str], spec: ModelSpec, what: str) -> list[int]:

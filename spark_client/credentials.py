@@ -12,9 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
-
-from spark_client.config import ClientConfig
-from spark_client.errors import ClientSetupError
+from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.errors import ClientSetupError
 
 AUTHORIZATION_KEY = "authorization"
 CallMetadata = tuple[tuple[str, str], ...]

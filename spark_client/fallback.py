@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-
-from spark_client.errors import ModelNotFound, ServerUnavailable
-from spark_client.model_spec import ModelSpec, spec_from_tensors
+from udfserve.spark_client.errors import ModelNotFound, ServerUnavailable
+from udfserve.spark_client.model_spec import ModelSpec, spec_from_tensors
 
 if TYPE_CHECKING:
     from udfserve.runtime.model_source import ModelSource
@@ -115,7 +114,8 @@ def predict_on_cpu(
     """Answer one request batch as a server would: checked whole (so an error names the row as
     the server's would), run in chunks of the model's ``max_batch_size``; with the version that
     computed it."""
-    from spark_client.errors import RequestRejected
+    from udfserve.spark_client.errors import RequestRejected
+
     from udfserve.runtime.errors import InvalidInput
     from udfserve.runtime.tensor_conversion import batch_to_inputs, outputs_to_batch
 

@@ -30,10 +30,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-
-from spark_client.config import ClientConfig
-from spark_client.output_names import check_output_names
-from spark_client.udf import ArrowPredictor, _active_session, arrow_predictor
+from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.output_names import check_output_names
+from udfserve.spark_client.udf import ArrowPredictor, _active_session, arrow_predictor
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

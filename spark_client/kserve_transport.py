@@ -32,20 +32,20 @@ import grpc
 import numpy as np
 import pyarrow as pa
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-
-from spark_client.config import ClientConfig
-from spark_client.credentials import CallMetadata
-from spark_client.errors import ModelMetadataError, RequestRejected
-from spark_client.kserve_messages import (
+from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.credentials import CallMetadata
+from udfserve.spark_client.errors import ModelMetadataError, RequestRejected
+from udfserve.spark_client.kserve_messages import (
     arrow_batch_to_infer_request,
     infer_response_to_arrow,
     specs_from_config,
     specs_from_metadata,
 )
-from spark_client.model_spec import ModelSpec, Tensor
-from spark_client.transport import PredictStream
-from spark_client.versions import kserve_version
-from spark_client.wire import Reply, StreamBroken
+from udfserve.spark_client.model_spec import ModelSpec, Tensor
+from udfserve.spark_client.transport import PredictStream
+from udfserve.spark_client.versions import kserve_version
+from udfserve.spark_client.wire import Reply, StreamBroken
+
 from udfserve.kserve_tensors import NUMPY_DTYPE_OF, KServeCodecError, TensorSpec
 
 logger = logging.getLogger(__name__)

@@ -15,10 +15,9 @@ from typing import TypeAlias
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-
-from spark_client.convert import match_inputs
-from spark_client.model_spec import ModelSpec, Tensor
-from spark_client.rechunk import Pieces
+from udfserve.spark_client.convert import match_inputs
+from udfserve.spark_client.model_spec import ModelSpec, Tensor
+from udfserve.spark_client.rechunk import Pieces
 
 PandasInput: TypeAlias = pd.Series | pd.DataFrame
 

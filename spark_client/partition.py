@@ -21,16 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-
-from spark_client.channels import ConnectFailed, forget_channel
-from spark_client.circuit import BREAKERS, CircuitBreakers
-from spark_client.config import ClientConfig
-from spark_client.credentials import auth_metadata
-from spark_client.errors import RemotePredictError, ServerUnavailable
-from spark_client.job_context import SparkJobContext
-from spark_client.model_spec import ModelSpec
-from spark_client.protocols import open_stream
-from spark_client.routing import (
+from udfserve.spark_client.channels import ConnectFailed, forget_channel
+from udfserve.spark_client.circuit import BREAKERS, CircuitBreakers
+from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.credentials import auth_metadata
+from udfserve.spark_client.errors import RemotePredictError, ServerUnavailable
+from udfserve.spark_client.job_context import SparkJobContext
+from udfserve.spark_client.model_spec import ModelSpec
+from udfserve.spark_client.protocols import open_stream
+from udfserve.spark_client.routing import (
     NoServerFound,
     Route,
     TaskPlacement,
@@ -39,9 +38,9 @@ from spark_client.routing import (
     fallback_repository,
     resolve_route,
 )
-from spark_client.stats import ClientStats
-from spark_client.transport import HeldBatch, PredictStream, StreamFailed
-from spark_client.versions import empty_versioned, with_version_column
+from udfserve.spark_client.stats import ClientStats
+from udfserve.spark_client.transport import HeldBatch, PredictStream, StreamFailed
+from udfserve.spark_client.versions import empty_versioned, with_version_column
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +273,7 @@ class _PartitionRunner:
             )
             self._on_cpu = True
             self._cpu_batches = 0
-        from spark_client.fallback import predict_on_cpu
+        from udfserve.spark_client.fallback import predict_on_cpu
 
         result, version = predict_on_cpu(repository, self._job.model, config.model_version, item.batch)
         self._failed_since_last_batch.clear()

@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spark_client.config import ClientConfig, check_target
+from udfserve.spark_client.config import ClientConfig, check_target
+
 from udfserve.discovery import (
     DiscoveryError,
     NodeDiscovery,

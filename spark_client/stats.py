@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pyspark.accumulators import AccumulatorParam
-
-from spark_client.transport import StreamCounters
+from udfserve.spark_client.transport import StreamCounters
 
 Key = TypeVar("Key", str, int)
 

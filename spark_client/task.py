@@ -13,12 +13,11 @@ import os
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
-
-from spark_client.job_context import SparkJobContext
-from spark_client.partition import PredictJob, predict_partition
-from spark_client.rechunk import Carry, Pieces, Rechunker
-from spark_client.routing import TaskPlacement, placement_from_resources
-from spark_client.stats import ClientStats
+from udfserve.spark_client.job_context import SparkJobContext
+from udfserve.spark_client.partition import PredictJob, predict_partition
+from udfserve.spark_client.rechunk import Carry, Pieces, Rechunker
+from udfserve.spark_client.routing import TaskPlacement, placement_from_resources
+from udfserve.spark_client.stats import ClientStats
 
 
 def task_placement() -> TaskPlacement:

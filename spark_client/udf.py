@@ -21,19 +21,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 import pyarrow as pa
-
-from spark_client.channels import ConnectFailed
-from spark_client.config import ClientConfig
-from spark_client.convert import answer_to_spark_columns, arrow_to_request, match_inputs
-from spark_client.credentials import auth_metadata
-from spark_client.errors import ModelMetadataError, ServerUnavailable
-from spark_client.job_context import application_context
-from spark_client.output_names import check_output_names
-from spark_client.partition import PredictJob
-from spark_client.protocols import DescribedModel, describe_model
-from spark_client.rechunk import planned_request_rows
-from spark_client.return_types import resolve_return_type, spark_type
-from spark_client.routing import (
+from udfserve.spark_client.channels import ConnectFailed
+from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.convert import answer_to_spark_columns, arrow_to_request, match_inputs
+from udfserve.spark_client.credentials import auth_metadata
+from udfserve.spark_client.errors import ModelMetadataError, ServerUnavailable
+from udfserve.spark_client.job_context import application_context
+from udfserve.spark_client.output_names import check_output_names
+from udfserve.spark_client.partition import PredictJob
+from udfserve.spark_client.protocols import DescribedModel, describe_model
+from udfserve.spark_client.rechunk import planned_request_rows
+from udfserve.spark_client.return_types import resolve_return_type, spark_type
+from udfserve.spark_client.routing import (
     SPARK_CONF_KEYS,
     NoServerFound,
     TaskPlacement,
@@ -42,10 +41,10 @@ from spark_client.routing import (
     fallback_repository,
     resolve_route,
 )
-from spark_client.stats import ClientStats, new_accumulator
-from spark_client.task import answer_partition
-from spark_client.versions import VERSION_FIELD, wants_version
-from spark_client.worker_check import check_python_workers, worker_modules
+from udfserve.spark_client.stats import ClientStats, new_accumulator
+from udfserve.spark_client.task import answer_partition
+from udfserve.spark_client.versions import VERSION_FIELD, wants_version
+from udfserve.spark_client.worker_check import check_python_workers, worker_modules
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -91,13 +90,12 @@ def remote_predict(
     make_udf: Any
     function_of: Any
     if udf_type == "arrow":
-        from spark_client.arrow_udf import arrow_function as function_of
+        from udfserve.spark_client.arrow_udf import arrow_function as function_of
 
         make_udf = _arrow_udf_maker()  # refused before any server is asked
     else:
         from pyspark.sql.functions import pandas_udf as make_udf
-
-        from spark_client.pandas_udf import pandas_function as function_of
+        from udfserve.spark_client.pandas_udf import pandas_function as function_of
     job = build_job(model, config, config_overrides)
     check_python_workers(_active_session(), worker_modules(function_of.__module__, job.config.protocol))
     resolved = resolve_return_type(job.spec, return_type, _active_session(), with_version)
@@ -143,7 +141,8 @@ class RemotePredictUDF:
 
     def stats(self) -> ClientStats:
         """Rows answered by servers and by the CPU fallback, retries, back-offs and fallback reasons,
-        over every action that evaluated this UDF so far (at least once: see ``spark_client.stats``)."""
+        over every action that evaluated this UDF so far (at least once: see
+        ``udfserve.spark_client.stats``)."""
         return read_stats(self.job)
 
     @property
@@ -348,7 +347,7 @@ def describe_in_driver(model: str, config: ClientConfig) -> DescribedModel:
         repository,
         origin,
     )
-    from spark_client.fallback import cpu_model_spec
+    from udfserve.spark_client.fallback import cpu_model_spec
 
     return DescribedModel(cpu_model_spec(repository, model, config.model_version))
 

@@ -59,7 +59,7 @@ def example_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """
     root = tmp_path_factory.mktemp("model_repository")
     subprocess.run(
-        [sys.executable, "-m", "services", "models", "generate", "--output", str(root), "--savedmodel"],
+        [sys.executable, "-m", "udfserve", "models", "generate", "--output", str(root), "--savedmodel"],
         check=True,
         capture_output=True,
         timeout=300,
@@ -73,7 +73,7 @@ def tabular_version_2(example_repository: Path, tmp_path_factory: pytest.TempPat
     differ), kept aside for tests to publish: written by ``models generate --publish-version 2``."""
     scratch = tmp_path_factory.mktemp("tabular_version_2")
     shutil.copytree(example_repository / "tabular_mlp", scratch / "tabular_mlp")
-    command = [sys.executable, "-m", "services", "models", "generate", "--output", str(scratch)]
+    command = [sys.executable, "-m", "udfserve", "models", "generate", "--output", str(scratch)]
     subprocess.run(
         [*command, "--publish-version", "2", "--only", "tabular_mlp"],
         check=True,

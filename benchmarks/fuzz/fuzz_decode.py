@@ -24,7 +24,7 @@ import atheris
 import numpy as np
 import pyarrow as pa
 
-with atheris.instrument_imports(include=["udfserve", "services"]):
+with atheris.instrument_imports(include=["udfserve"]):
     from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
     from udfserve.runtime.errors import InvalidInput
     from udfserve.runtime.tensor_conversion import batch_to_inputs

@@ -40,6 +40,7 @@ import numpy as np
 import psutil
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as kpb
+from udfserve.services.model_server.launcher import ServerProcess
 
 from benchmarks.cli import results_dir
 from benchmarks.fuzz.hostile_requests import (
@@ -50,7 +51,6 @@ from benchmarks.fuzz.hostile_requests import (
     kserve_request,
 )
 from benchmarks.processes import Workspace
-from services.model_server.launcher import ServerProcess
 from udfserve.protocol import inference_pb2 as pb
 
 logger = logging.getLogger("fuzz_servers")

@@ -7,7 +7,7 @@ different dtypes and ranks, scalars included (``multi_io``), and a string input 
 one text per row, hashed into an embedding, as a Spark string column feeds it). Every model
 loads with ``safe_mode=True``: no Lambda layers, no custom objects.
 
-    python -m services.examples.generate_models --output ./model_repository
+    python -m udfserve.services.examples.generate_models --output ./model_repository
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def generate_example_repository(
 ) -> list[str]:
     """Write the example models under ``root``; returns the names of the example models there.
 
-    ``include_text_classifier`` adds ``text_classifier`` (``services.examples.text_classifier``),
+    ``include_text_classifier`` adds ``text_classifier`` (``udfserve.services.examples.text_classifier``),
     which needs torch and transformers: asked for, never implied, so the default repository stays
     the same whatever is installed.
 
@@ -183,11 +183,11 @@ def generate_example_repository(
             named = keras.Model(model.input, {"probabilities": model.output}, name=exported)
             _write_model(root, exported, config, partial(_save_savedmodel, named))
         if onnx_export in missing:
-            from services.examples.onnx_models import save_tabular_mlp_onnx
+            from udfserve.services.examples.onnx_models import save_tabular_mlp_onnx
 
             _write_model(root, onnx_export, config, partial(save_tabular_mlp_onnx, model))
     if include_text_classifier:
-        from services.examples.text_classifier import NAME, generate_text_classifier
+        from udfserve.services.examples.text_classifier import NAME, generate_text_classifier
 
         generate_text_classifier(root, overwrite=overwrite)
         names.append(NAME)
@@ -282,7 +282,7 @@ def _write_model(root: Path, name: str, config: dict[str, Any], save: Callable[[
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.examples.generate_models",
+        prog="python -m udfserve.services.examples.generate_models",
         description=GENERATE_DESCRIPTION,
     )
     parser.add_argument("--output", type=Path, required=True, help="repository folder to write into")

@@ -4,7 +4,7 @@ No weights can be downloaded, so the model is built from a ``transformers`` conf
 random weights, and its WordPiece tokenizer is trained with the ``tokenizers`` package on
 generated review-like sentences. Both are saved as a fine-tuned model folder is
 (``config.json``, ``model.safetensors``, ``tokenizer.json``), and that folder goes through
-``udfserve models import-hf`` (``services.hf_import``), the code path a user's own model takes:
+``udfserve models import-hf`` (``udfserve.services.hf_import``), the code path a user's own model takes:
 the example proves the import, not a shortcut around it. Its answers are random-weight answers;
 what matters is that the server, the CPU fallback and transformers in-process give the same ones.
 
@@ -136,7 +136,7 @@ def generate_text_classifier(
 ) -> Path:
     """``root/text_classifier``: a fine-tuned folder written to a temporary place, then imported
     with ``import_hugging_face`` as a user's model is. Kept when present unless ``overwrite``."""
-    from services.hf_import import import_hugging_face
+    from udfserve.services.hf_import import import_hugging_face
 
     target = root / NAME
     if target.exists() and not overwrite:

@@ -28,28 +28,31 @@ from pathlib import Path
 import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from udfserve.services.model_server.config import ServerConfig, is_loopback
+from udfserve.services.model_server.core.in_flight import InFlightRequests
+from udfserve.services.model_server.core.memory_trim import MemoryTrimmer
+from udfserve.services.model_server.core.model_control import ModelControl
+from udfserve.services.model_server.core.model_table import ModelTable
+from udfserve.services.model_server.core.request_lifecycle import RequestLifecycle
+from udfserve.services.model_server.event_loop import running_loop_kind
+from udfserve.services.model_server.frontends.admin_server import AdminThread, ServingLoop
+from udfserve.services.model_server.frontends.arrow.grpc_api import InferenceServicer
+from udfserve.services.model_server.frontends.http_api import AdminLimits, create_admin_app
+from udfserve.services.model_server.frontends.kserve.native_bridge import (
+    NativeBoundsCollector,
+    NativeKServeFrontend,
+)
+from udfserve.services.model_server.frontends.kserve.servicer import add_kserve_service
+from udfserve.services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
+from udfserve.services.model_server.frontends.readable_requests import add_service
+from udfserve.services.model_server.frontends.streaming import STREAM_METHODS, RawStreamRequests, StreamBounds
+from udfserve.services.model_server.lifeline import watch_lifeline
+from udfserve.services.model_server.observability.gpu_metrics import GpuCollector
+from udfserve.services.model_server.observability.metrics import ServerMetrics
+from udfserve.services.model_server.security import TokenInterceptor, grpc_server_credentials
+from udfserve.services.model_server.unix_socket import bind_private_unix_socket
+from udfserve.services.process_setup import stop_on_signals
 
-from services.model_server.config import ServerConfig, is_loopback
-from services.model_server.core.in_flight import InFlightRequests
-from services.model_server.core.memory_trim import MemoryTrimmer
-from services.model_server.core.model_control import ModelControl
-from services.model_server.core.model_table import ModelTable
-from services.model_server.core.request_lifecycle import RequestLifecycle
-from services.model_server.event_loop import running_loop_kind
-from services.model_server.frontends.admin_server import AdminThread, ServingLoop
-from services.model_server.frontends.arrow.grpc_api import InferenceServicer
-from services.model_server.frontends.http_api import AdminLimits, create_admin_app
-from services.model_server.frontends.kserve.native_bridge import NativeBoundsCollector, NativeKServeFrontend
-from services.model_server.frontends.kserve.servicer import add_kserve_service
-from services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
-from services.model_server.frontends.readable_requests import add_service
-from services.model_server.frontends.streaming import STREAM_METHODS, RawStreamRequests, StreamBounds
-from services.model_server.lifeline import watch_lifeline
-from services.model_server.observability.gpu_metrics import GpuCollector
-from services.model_server.observability.metrics import ServerMetrics
-from services.model_server.security import TokenInterceptor, grpc_server_credentials
-from services.model_server.unix_socket import bind_private_unix_socket
-from services.process_setup import stop_on_signals
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from udfserve.services.model_server.core.cpu_parallel import ROW_ALIGNMENT
+from udfserve.services.model_server.event_loop import EventLoopChoice
 
-from services.model_server.core.cpu_parallel import ROW_ALIGNMENT
-from services.model_server.event_loop import EventLoopChoice
 from udfserve.runtime.device import DEVICE_PATTERN
 from udfserve.runtime.model_config import validate_model_name
 from udfserve.shared_memory import DEFAULT_DIRECTORY as DEFAULT_SHARED_MEMORY_DIRECTORY
@@ -81,7 +81,7 @@ class ServerConfig(BaseSettings):
         default="python",
         description="front end of the KServe v2 protocol: python (grpc.aio, on the main gRPC port and "
         "socket, beside the Arrow service) or native (grpc++, built by `python -m "
-        "services.model_server.frontends.kserve.native.build`, on --kserve-port of --host; "
+        "udfserve.services.model_server.frontends.kserve.native.build`, on --kserve-port of --host; "
         "much less CPU per request)",
     )
     kserve_port: int | None = Field(

@@ -171,7 +171,7 @@ def serve_arguments(
 
 def server_command(arguments: Sequence[str]) -> list[str]:
     """The command line of ``udfserve serve`` run with this interpreter (``serve_arguments``)."""
-    return [sys.executable, "-m", "services", "serve", *arguments]
+    return [sys.executable, "-m", "udfserve", "serve", *arguments]
 
 
 def launch_server(

@@ -16,8 +16,7 @@ from typing import Any
 
 import grpc
 from fastapi import Header, HTTPException
-
-from services.model_server.config import ServerConfig
+from udfserve.services.model_server.config import ServerConfig
 
 OPEN_GRPC_PREFIXES = ("/grpc.health.v1.Health/",)
 AUTHORIZATION_HEADER = "authorization"

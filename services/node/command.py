@@ -7,15 +7,14 @@ import asyncio
 import logging
 
 import prometheus_client
-
-from services.node.admin import AdminAddressUnavailable
-from services.node.config import NodeConfig
-from services.node.devices import DeviceError, detect_gpus, plan_devices
-from services.node.lock import NodeLockHeld
-from services.node.server_flags import check_server_command
-from services.node.supervisor import Supervisor
-from services.process_setup import configure_logging
-from services.settings_cli import settings_from_args
+from udfserve.services.node.admin import AdminAddressUnavailable
+from udfserve.services.node.config import NodeConfig
+from udfserve.services.node.devices import DeviceError, detect_gpus, plan_devices
+from udfserve.services.node.lock import NodeLockHeld
+from udfserve.services.node.server_flags import check_server_command
+from udfserve.services.node.supervisor import Supervisor
+from udfserve.services.process_setup import configure_logging
+from udfserve.services.settings_cli import settings_from_args
 
 logger = logging.getLogger("udfserve.node")
 

@@ -21,11 +21,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from udfserve.services.model_server.config import is_loopback
+from udfserve.services.node.devices import DeviceError, DeviceSlot, check_devices_syntax
+from udfserve.services.node.server_flags import SHARED_SETTINGS, check_server_args
+from udfserve.services.settings_cli import flag_name
 
-from services.model_server.config import is_loopback
-from services.node.devices import DeviceError, DeviceSlot, check_devices_syntax
-from services.node.server_flags import SHARED_SETTINGS, check_server_args
-from services.settings_cli import flag_name
 from udfserve.discovery import (
     DEFAULT_RUNTIME_DIR,
     DISCOVERY_FILE_ENV,

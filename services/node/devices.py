@@ -19,7 +19,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from services.model_server.observability.gpu_metrics import nvml_status
+from udfserve.services.model_server.observability.gpu_metrics import nvml_status
 
 logger = logging.getLogger(__name__)
 

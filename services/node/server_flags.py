@@ -23,8 +23,8 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from services.model_server.config import ServerConfig
-from services.settings_cli import add_settings_arguments, env_name, flag_name, settings_from_args
+from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.settings_cli import add_settings_arguments, env_name, flag_name, settings_from_args
 
 SHARED_SETTINGS = (
     "grace_period_s",
@@ -96,7 +96,7 @@ def check_server_command(arguments: Sequence[str]) -> ServerConfig:
     add_settings_arguments(parser, ServerConfig)
     given = parser.parse_args(list(arguments))  # a flag serve does not have: ValueError
     config = settings_from_args(ServerConfig, given)
-    from services.model_server.security import check_credentials  # grpc and FastAPI: only here
+    from udfserve.services.model_server.security import check_credentials  # grpc and FastAPI: only here
 
     check_credentials(config)
     return config

@@ -37,21 +37,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-
-from services.model_server.launcher import (
+from udfserve.services.model_server.launcher import (
     ServerProcess,
     ServerStartError,
     launch_server,
     serve_arguments,
     wait_until_serving,
 )
-from services.node.admin import AdminServer, SupervisorMetrics
-from services.node.config import NodeConfig
-from services.node.devices import DeviceSlot, GpuDetection
-from services.node.lock import NodeLock
-from services.node.ready_file import ReadyFileWatch, ServedModels
-from services.node.targets import server_target, supervisor_target, write_targets
-from services.process_setup import stop_on_signals
+from udfserve.services.node.admin import AdminServer, SupervisorMetrics
+from udfserve.services.node.config import NodeConfig
+from udfserve.services.node.devices import DeviceSlot, GpuDetection
+from udfserve.services.node.lock import NodeLock
+from udfserve.services.node.ready_file import ReadyFileWatch, ServedModels
+from udfserve.services.node.targets import server_target, supervisor_target, write_targets
+from udfserve.services.process_setup import stop_on_signals
+
 from udfserve.discovery import NodeDiscovery, ServerEntry, ServerState, write_discovery
 
 logger = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from udfserve.services.examples.text_classifier import MAX_LENGTH, generated_texts, write_fine_tuned_folder
+from udfserve.services.hf_import import HfImportError, import_hugging_face
 
-from services.examples.text_classifier import MAX_LENGTH, generated_texts, write_fine_tuned_folder
-from services.hf_import import HfImportError, import_hugging_face
 from udfserve.runtime.model_config import ModelConfig
 from udfserve.runtime.preprocessing import BatchTokenizer, open_tokenizer
 from udfserve.runtime.repository import scan_repository
@@ -165,7 +165,7 @@ def test_the_command_imports_the_next_version_and_never_rewrites_one(
     command = [
         sys.executable,
         "-m",
-        "services",
+        "udfserve",
         "models",
         "import-hf",
         str(fine_tuned),

@@ -80,7 +80,7 @@ def onnx_example_repository(example_repository: Path, tmp_path_factory: pytest.T
     root = tmp_path_factory.mktemp("onnx_examples") / "repository"
     shutil.copytree(example_repository, root)
     subprocess.run(
-        [sys.executable, "-m", "services", "models", "generate", "--output", str(root), "--onnx"],
+        [sys.executable, "-m", "udfserve", "models", "generate", "--output", str(root), "--onnx"],
         check=True,
         capture_output=True,
         timeout=300,

@@ -2,7 +2,7 @@
 to temporary folders, fixed ports to free ones.
 
 There is no Docker engine here, so a service's command is translated, not containerised:
-``udfserve`` becomes this interpreter's ``-m services``, ``/models`` and ``/run/udfserve`` become
+``udfserve`` becomes this interpreter's ``-m udfserve``, ``/models`` and ``/run/udfserve`` become
 temporary folders, fixed ports become 0 (the process picks a free one and announces it) and
 ``0.0.0.0`` becomes ``127.0.0.1`` so nothing listens beyond this machine. Every other flag and
 variable is passed through unchanged, so an unknown or invalid one fails here as it would in
@@ -39,7 +39,7 @@ WILDCARD = "0.0.0.0"
 def local_argv(argv: list[str]) -> list[str]:
     """``udfserve ...`` as this interpreter runs it."""
     assert argv[0] == "udfserve", argv
-    return [sys.executable, "-m", "services", *argv[1:]]
+    return [sys.executable, "-m", "udfserve", *argv[1:]]
 
 
 def translate_path(value: str, paths: dict[str, Path]) -> str:

@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from services.cli import build_parser
-from services.model_server.config import ServerConfig
-from services.node.config import NodeConfig
+from udfserve.services.cli import build_parser
+from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.node.config import NodeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -189,7 +188,8 @@ def settings_field(variable: str) -> str:
 
 def known_settings_variables() -> set[str]:
     """Every UDFSERVE_* variable a udfserve process reads: server and node settings, client lookups."""
-    from spark_client.routing import ADDRESS_ENV
+    from udfserve.spark_client.routing import ADDRESS_ENV
+
     from udfserve.discovery import DISCOVERY_FILE_ENV, RUNTIME_DIR_ENV
 
     fields = set(ServerConfig.model_fields) | set(NodeConfig.model_fields)
@@ -200,10 +200,10 @@ def admin_app_paths() -> set[str]:
     """Paths the model server's HTTP admin app serves (its routes built by the real factory)."""
     import asyncio
 
-    from services.model_server.core.model_table import ModelTable
-    from services.model_server.frontends.admin_server import ServingLoop
-    from services.model_server.frontends.http_api import admin_routes
-    from services.model_server.observability.metrics import ServerMetrics
+    from udfserve.services.model_server.core.model_table import ModelTable
+    from udfserve.services.model_server.frontends.admin_server import ServingLoop
+    from udfserve.services.model_server.frontends.http_api import admin_routes
+    from udfserve.services.model_server.observability.metrics import ServerMetrics
 
     config = ServerConfig(model_repository=Path("unused"), socket=Path("unused.sock"), port=None)
     metrics = ServerMetrics(config.device)

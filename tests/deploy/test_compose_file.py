@@ -260,7 +260,7 @@ def test_demo_and_worker_use_the_compose_spark_master() -> None:
 
 
 def test_demo_uses_the_running_node_and_its_models() -> None:
-    from services.demo import options_from_args
+    from udfserve.services.demo import options_from_args
 
     options = options_from_args(parse_udfserve(argv_of(SERVICES["demo"]["command"])))
     env, _ = node_settings(COMPOSE, "udfserve-node")

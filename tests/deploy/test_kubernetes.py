@@ -23,9 +23,8 @@ from deploy_files import (
     node_config,
     settings_field,
 )
-
-from services.cli import build_parser
-from services.node.config import NodeConfig
+from udfserve.services.cli import build_parser
+from udfserve.services.node.config import NodeConfig
 
 API_VERSIONS = {
     "Namespace": "v1",

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 from server_harness import running_server
-
-from services.model_server.launcher import ServerProcess
+from udfserve.services.model_server.launcher import ServerProcess
 
 _servers = itertools.count()
 """Names the module-scoped servers' sockets apart: several modules' servers can be up at once."""

@@ -17,8 +17,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import Case
-
-from services.model_server.launcher import ServerProcess, launch_server
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 TOKEN = "fuzz-token-7f3a"
 AUTHORIZED = {"authorization": f"Bearer {TOKEN}"}

@@ -14,13 +14,16 @@ from pathlib import Path
 
 import pytest
 from server_harness import metric_value, module_server
-
-from services.model_server.config import ServerConfig
-from services.model_server.core.model_table import ModelTable
-from services.model_server.frontends.admin_server import SERVING_LOOP_TIMEOUT_S, AdminThread, ServingLoop
-from services.model_server.frontends.http_api import create_admin_app
-from services.model_server.launcher import ServerProcess
-from services.model_server.observability.metrics import ServerMetrics
+from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.model_server.core.model_table import ModelTable
+from udfserve.services.model_server.frontends.admin_server import (
+    SERVING_LOOP_TIMEOUT_S,
+    AdminThread,
+    ServingLoop,
+)
+from udfserve.services.model_server.frontends.http_api import create_admin_app
+from udfserve.services.model_server.launcher import ServerProcess
+from udfserve.services.model_server.observability.metrics import ServerMetrics
 
 RENDER_INTERVAL_S = 10.0
 """--metrics-min-interval-s of the pacing server: scrapes sent at once all arrive within it."""

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from server_harness import batch_of, metric_value, module_server, scrape
 from test_shared_memory import MODEL, PayloadFile, features, raw_predict
+from udfserve.services.model_server.launcher import ServerProcess
 
-from services.model_server.launcher import ServerProcess
 from udfserve.protocol import inference_pb2 as pb
 
 MAX_MESSAGE_BYTES = 1 << 16  # the smallest the server accepts

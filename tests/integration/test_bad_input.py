@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from server_harness import batch_of, metric_value, request, scrape, stream_predict
+from udfserve.services.model_server.launcher import ServerProcess
 
-from services.model_server.launcher import ServerProcess
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol.arrow_ipc import encode_batch
 
@@ -138,7 +138,7 @@ def test_corrupt_or_truncated_arrow_bytes_are_invalid(server: ServerProcess, cut
 def test_a_message_over_the_size_limit_is_resource_exhausted(
     example_repository, socket_dir, tmp_path
 ) -> None:
-    from services.model_server.launcher import launch_server
+    from udfserve.services.model_server.launcher import launch_server
 
     small = launch_server(
         example_repository,

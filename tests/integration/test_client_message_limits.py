@@ -12,16 +12,15 @@ from typing import Literal
 import pyarrow as pa
 import pytest
 from server_harness import module_server
-
-from services.model_server.launcher import ServerProcess
-from spark_client.circuit import CircuitBreakers
-from spark_client.config import ClientConfig
-from spark_client.errors import RequestRejected
-from spark_client.partition import PredictJob, predict_partition
-from spark_client.protocols import describe_model
-from spark_client.rechunk import Rechunker
-from spark_client.routing import TaskPlacement
-from spark_client.stats import ClientStats
+from udfserve.services.model_server.launcher import ServerProcess
+from udfserve.spark_client.circuit import CircuitBreakers
+from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.errors import RequestRejected
+from udfserve.spark_client.partition import PredictJob, predict_partition
+from udfserve.spark_client.protocols import describe_model
+from udfserve.spark_client.rechunk import Rechunker
+from udfserve.spark_client.routing import TaskPlacement
+from udfserve.spark_client.stats import ClientStats
 
 LIMIT = 1 << 20
 MODEL = "text_hashing"

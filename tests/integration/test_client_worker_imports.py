@@ -18,14 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark import cloudpickle
-
-from services.model_server.launcher import ServerProcess
-from spark_client.arrow_udf import arrow_function
-from spark_client.config import ClientConfig
-from spark_client.file_reads import FileScorer
-from spark_client.partition import PredictJob
-from spark_client.protocols import describe_model
-from spark_client.udf import ArrowPredictor
+from udfserve.services.model_server.launcher import ServerProcess
+from udfserve.spark_client.arrow_udf import arrow_function
+from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.file_reads import FileScorer
+from udfserve.spark_client.partition import PredictJob
+from udfserve.spark_client.protocols import describe_model
+from udfserve.spark_client.udf import ArrowPredictor
 
 MODEL = "tabular_mlp"
 

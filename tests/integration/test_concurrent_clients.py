@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from server_harness import client_inputs, client_process_main, keras_reference, metric_value, scrape
-
-from services.model_server.launcher import ServerProcess
+from udfserve.services.model_server.launcher import ServerProcess
 
 CLIENTS = 4
 BATCHES_PER_CLIENT = 12

@@ -21,8 +21,8 @@ from model_control_client import EXPLICIT, add_version, control_repository, inde
 from server_harness import batch_of, metric_value, request, running_server, scrape
 from tritonclient.grpc import service_pb2 as kpb
 from tritonclient.utils import InferenceServerException
+from udfserve.services.model_server.launcher import ServerProcess
 
-from services.model_server.launcher import ServerProcess
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 

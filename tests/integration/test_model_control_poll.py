@@ -16,8 +16,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from udfserve.services.model_server.launcher import ServerProcess
 
-from services.model_server.launcher import ServerProcess
 from tests.integration.server_harness import (
     Answer,
     batch_of,

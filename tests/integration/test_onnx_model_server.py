@@ -25,12 +25,11 @@ from server_harness import (
     scrape,
     stream_predict,
 )
-
-from services.model_server.launcher import ServerProcess
-from spark_client.arrow_wire import arrow_stream
-from spark_client.channels import connect
-from spark_client.config import ClientConfig
-from spark_client.transport import HeldBatch
+from udfserve.services.model_server.launcher import ServerProcess
+from udfserve.spark_client.arrow_wire import arrow_stream
+from udfserve.spark_client.channels import connect
+from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.transport import HeldBatch
 
 MODEL = "scored"
 TOLERANCE = 1e-5

@@ -14,9 +14,8 @@ import pytest
 import tritonclient.grpc as triton
 from server_harness import batch_of, column_to_numpy, request, running_server, stream_predict
 from torch_programs import CLASSES, IMAGE_SHAPE, conv_net_repository, torch_outputs
-
-from services.examples.torch_models import TORCH_EXAMPLE, generate_torch_examples
-from services.model_server.launcher import ServerProcess
+from udfserve.services.examples.torch_models import TORCH_EXAMPLE, generate_torch_examples
+from udfserve.services.model_server.launcher import ServerProcess
 
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-5

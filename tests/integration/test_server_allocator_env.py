@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.model_server.launcher import ALLOCATOR_ENV, ServerProcess, server_env
+from udfserve.services.model_server.launcher import ALLOCATOR_ENV, ServerProcess, server_env
 
 
 def test_the_server_process_runs_with_the_allocator_settings(server: ServerProcess) -> None:

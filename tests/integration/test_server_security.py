@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from certificates import make_pki
 from server_harness import batch_of, request
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
-from services.model_server.launcher import ServerProcess, launch_server
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 
@@ -34,7 +34,7 @@ def predict_one(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...] = (
 
 def serve_command_exit(repository: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services", "serve", "--model-repository", str(repository), *flags],
+        [sys.executable, "-m", "udfserve", "serve", "--model-repository", str(repository), *flags],
         capture_output=True,
         text=True,
         timeout=60,

@@ -13,8 +13,7 @@ import grpc
 import numpy as np
 import pytest
 from server_harness import batch_of, http_json, request, stream_predict
-
-from services.model_server.launcher import (
+from udfserve.services.model_server.launcher import (
     ServerNotServing,
     ServerStartError,
     launch_server,
@@ -77,7 +76,7 @@ def test_the_launchers_scratch_folder_goes_with_the_server(
 
 def serve(example_repository: Path, socket_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     command = [
-        sys.executable, "-m", "services", "serve", "--model-repository", str(example_repository),
+        sys.executable, "-m", "udfserve", "serve", "--model-repository", str(example_repository),
         "--socket", str(socket_dir / "refused.sock"), "--port", "off", "--http-port", "off", *ARGS, *flags,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("UDFSERVE_")}

@@ -27,12 +27,12 @@ from server_harness import (
     scrape,
     stream_predict,
 )
+from udfserve.services.model_server.launcher import ServerProcess
+from udfserve.spark_client.arrow_wire import arrow_stream
+from udfserve.spark_client.channels import connect
+from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.transport import HeldBatch, PredictStream
 
-from services.model_server.launcher import ServerProcess
-from spark_client.arrow_wire import arrow_stream
-from spark_client.channels import connect
-from spark_client.config import ClientConfig
-from spark_client.transport import HeldBatch, PredictStream
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import decode_batch

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.model_server.launcher import launch_server
+from udfserve.services.model_server.launcher import launch_server
 
 FRAMEWORK_LINE = re.compile(r"^[IWEF]\d{4} ")
 DEVICE_LINE = "tensorflow computes on the CPU (device cpu; CUDA_VISIBLE_DEVICES='' hides the GPUs)"
@@ -30,7 +30,7 @@ def assert_no_chatter_and_one_device_line(stderr: str) -> None:
 
 def test_generating_the_example_models_shows_no_framework_start_up_lines(tmp_path: Path) -> None:
     generated = subprocess.run(
-        [sys.executable, "-m", "services", "models", "generate", "--output", str(tmp_path / "repository")],
+        [sys.executable, "-m", "udfserve", "models", "generate", "--output", str(tmp_path / "repository")],
         capture_output=True, text=True, timeout=300, env=clean_environment(),
     )  # fmt: skip
     assert generated.returncode == 0, generated.stderr
@@ -55,7 +55,7 @@ FALLBACK_LOAD = """
 import logging, sys
 from pathlib import Path
 logging.basicConfig(level=logging.INFO)
-from spark_client.fallback import load_cpu_model
+from udfserve.spark_client.fallback import load_cpu_model
 load_cpu_model(Path(sys.argv[1]), "tabular_mlp")
 """
 

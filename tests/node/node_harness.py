@@ -46,7 +46,7 @@ def wait_until(condition: Callable[[], T | None], timeout_s: float, what: str) -
 
 
 class NodeProcess:
-    """``python -m services node`` in a child process, logging to a file."""
+    """``python -m udfserve node`` in a child process, logging to a file."""
 
     def __init__(self, runtime_dir: Path, repository: Path, devices: str, extra: Sequence[str] = ()) -> None:
         self.runtime_dir = runtime_dir
@@ -113,7 +113,7 @@ class NodeProcess:
 
 def node_command(runtime_dir: Path, repository: Path, devices: str, extra: Sequence[str] = ()) -> list[str]:
     return [
-        sys.executable, "-m", "services", "node",
+        sys.executable, "-m", "udfserve", "node",
         "--model-repository", str(repository),
         "--devices", devices,
         "--runtime-dir", str(runtime_dir),

@@ -34,7 +34,7 @@ def explicit_node(example_repository: Path) -> Iterator[tuple[NodeProcess, Path]
 
 def models_command(node: NodeProcess, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services", "models", *args, "--discovery-file", str(node.discovery_path)],
+        [sys.executable, "-m", "udfserve", "models", *args, "--discovery-file", str(node.discovery_path)],
         capture_output=True,
         text=True,
         timeout=CALL_TIMEOUT_S,
@@ -96,7 +96,7 @@ def test_a_node_call_without_a_running_node_says_where_it_looked(tmp_path: Path)
         [
             sys.executable,
             "-m",
-            "services",
+            "udfserve",
             "models",
             "index",
             "--discovery-file",

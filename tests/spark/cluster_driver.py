@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-
-from spark_client import ClientConfig, arrow_predictor
+from udfserve.spark_client import ClientConfig, arrow_predictor
 
 
 def main() -> int:

@@ -8,8 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from services.model_server.launcher import ServerProcess, launch_server
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 
 @pytest.fixture(scope="module")

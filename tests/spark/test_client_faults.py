@@ -26,15 +26,15 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from spark_data import feature_column, feature_values, reference_outputs, stacked
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
+from udfserve.spark_client import ClientConfig, arrow_predictor, remote_predict
+from udfserve.spark_client.channels import connect
+from udfserve.spark_client.circuit import CircuitBreakers
+from udfserve.spark_client.partition import PredictJob, predict_partition
+from udfserve.spark_client.routing import TaskPlacement
+from udfserve.spark_client.stats import ClientStats
+from udfserve.spark_client.udf import ArrowPredictor
 
-from services.model_server.launcher import ServerProcess, launch_server
-from spark_client import ClientConfig, arrow_predictor, remote_predict
-from spark_client.channels import connect
-from spark_client.circuit import CircuitBreakers
-from spark_client.partition import PredictJob, predict_partition
-from spark_client.routing import TaskPlacement
-from spark_client.stats import ClientStats
-from spark_client.udf import ArrowPredictor
 from udfserve.discovery import NodeDiscovery, ServerEntry, read_discovery, write_discovery
 
 pytestmark = pytest.mark.slow
@@ -177,7 +177,7 @@ def node(example_repository: Path) -> Iterator[Path]:
     discovery file. A short runtime folder: unix socket paths are limited to about 100 bytes."""
     runtime_dir = Path(tempfile.mkdtemp(prefix="udfc-"))
     command = [
-        sys.executable, "-m", "services", "node",
+        sys.executable, "-m", "udfserve", "node",
         "--model-repository", str(example_repository),
         "--devices", "sim:0",
         "--models", "tabular_mlp",

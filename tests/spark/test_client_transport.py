@@ -14,15 +14,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from spark_data import feature_values
-
-from services.model_server.launcher import ServerProcess
-from spark_client.channels import connect
-from spark_client.circuit import CircuitBreakers
-from spark_client.config import ClientConfig
-from spark_client.errors import ServerUnavailable
-from spark_client.partition import PredictJob, predict_partition
-from spark_client.routing import TaskPlacement
-from spark_client.stats import ClientStats
+from udfserve.services.model_server.launcher import ServerProcess
+from udfserve.spark_client.channels import connect
+from udfserve.spark_client.circuit import CircuitBreakers
+from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.errors import ServerUnavailable
+from udfserve.spark_client.partition import PredictJob, predict_partition
+from udfserve.spark_client.routing import TaskPlacement
+from udfserve.spark_client.stats import ClientStats
 
 MODEL = "slow_sum"
 

@@ -44,7 +44,7 @@ def demo(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     with open(stderr, "w") as errors:
         process = subprocess.Popen(
             [
-                sys.executable, "-m", "services", "demo",
+                sys.executable, "-m", "udfserve", "demo",
                 "--model", "multi_io",
                 "--rows", str(ROWS),
                 "--partitions", "2",
@@ -103,7 +103,7 @@ def test_ctrl_c_stops_the_node_kept_running_and_the_demo_exits_0(demo: RunningDe
 
 def test_an_unknown_model_is_refused_in_one_line(example_repository: Path) -> None:
     completed = subprocess.run(
-        [sys.executable, "-m", "services", "demo", "--model", "no_such_model",
+        [sys.executable, "-m", "udfserve", "demo", "--model", "no_such_model",
          "--model-repository", str(example_repository)],
         capture_output=True,
         text=True,

@@ -12,9 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 from spark_data import feature_values, reference_outputs, stacked
-
-from services.model_server.launcher import ServerProcess, launch_server
-from spark_client import ClientConfig, predict_files
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
+from udfserve.spark_client import ClientConfig, predict_files
 
 SHAPES = {
     "tabular_mlp": ("features", (64,), "probabilities"),

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 from spark_data import feature_column
-
-from services.model_server.launcher import ServerProcess
-from spark_client import ClientConfig, remote_predict
+from udfserve.services.model_server.launcher import ServerProcess
+from udfserve.spark_client import ClientConfig, remote_predict
 
 ROWS = 6_000
 

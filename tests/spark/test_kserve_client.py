@@ -17,15 +17,14 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from spark_data import feature_column, feature_values, reference_outputs, stacked
-
-from services.model_server.launcher import ServerProcess, launch_server
-from spark_client import ClientConfig, predict_arrow, remote_predict
-from spark_client.circuit import CircuitBreakers
-from spark_client.errors import ModelNotFound, RequestRejected
-from spark_client.partition import PredictJob, predict_partition
-from spark_client.protocols import describe_model
-from spark_client.routing import TaskPlacement, apply_spark_conf
-from spark_client.stats import ClientStats
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
+from udfserve.spark_client import ClientConfig, predict_arrow, remote_predict
+from udfserve.spark_client.circuit import CircuitBreakers
+from udfserve.spark_client.errors import ModelNotFound, RequestRejected
+from udfserve.spark_client.partition import PredictJob, predict_partition
+from udfserve.spark_client.protocols import describe_model
+from udfserve.spark_client.routing import TaskPlacement, apply_spark_conf
+from udfserve.spark_client.stats import ClientStats
 
 ROWS = 20_000
 

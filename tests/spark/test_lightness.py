@@ -10,9 +10,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from spark_data import feature_column
-
-from services.model_server.launcher import ServerProcess
-from spark_client import ClientConfig, arrow_predictor
+from udfserve.services.model_server.launcher import ServerProcess
+from udfserve.spark_client import ClientConfig, arrow_predictor
 
 
 @pytest.mark.parametrize("protocol", ["arrow", "kserve"])
@@ -34,7 +33,8 @@ def test_a_worker_that_predicts_through_the_server_never_imports_tensorflow(
             heavy = sorted(
                 name
                 for name in sys.modules
-                if name.split(".")[0] in {"tensorflow", "keras", "onnxruntime", "onnx", "torch", "services"}
+                if name.split(".")[0] in {"tensorflow", "keras", "onnxruntime", "onnx", "torch"}
+                or name.startswith("udfserve.services")
             )
             yield batch.append_column("heavy_modules", pa.array([",".join(heavy)] * batch.num_rows))
 
@@ -54,8 +54,7 @@ def test_a_worker_that_predicts_an_onnx_model_through_the_server_never_imports_o
     """The same check against a server of an ONNX graph: the client's happy path is the same
     whatever backend the server runs."""
     from onnx_graphs import scored_graph, write_model
-
-    from services.model_server.launcher import launch_server
+    from udfserve.services.model_server.launcher import launch_server
 
     root = tmp_path_factory.mktemp("onnx_lightness")
     write_model(root / "repository", "scored", scored_graph())

@@ -22,10 +22,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from spark_data import feature_column, feature_values, reference_outputs, stacked
-
-from services.model_server.launcher import ServerProcess, launch_server
-from spark_client import ClientConfig, arrow_predictor, predict_arrow, remote_predict
-from spark_client.errors import ModelNotFound
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
+from udfserve.spark_client import ClientConfig, arrow_predictor, predict_arrow, remote_predict
+from udfserve.spark_client.errors import ModelNotFound
 
 ROWS = 3_000
 FALLBACK_ROWS = 1_000
@@ -261,7 +260,7 @@ def test_a_partition_whose_rows_two_versions_computed_tells_them_apart_row_by_ro
 def test_a_pinned_version_the_policy_does_not_serve_is_refused_by_the_fallback(
     versioned_repository: Path,
 ) -> None:
-    from spark_client.fallback import load_cpu_model
+    from udfserve.spark_client.fallback import load_cpu_model
 
     with pytest.raises(
         ModelNotFound, match=r"version 1 is not served: its version policy serves \[2\]"

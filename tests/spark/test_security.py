@@ -14,11 +14,10 @@ import pytest
 from certificates import make_certificate, make_pki
 from pyspark.sql import SparkSession
 from spark_data import feature_column, feature_values, reference_outputs, stacked
-
-from services.model_server.launcher import ServerProcess, launch_server
-from spark_client import ClientConfig, remote_predict
-from spark_client.errors import AuthenticationFailed, ServerUnavailable
-from spark_client.routing import SPARK_CONF_AUTH_TOKEN
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
+from udfserve.spark_client import ClientConfig, remote_predict
+from udfserve.spark_client.errors import AuthenticationFailed, ServerUnavailable
+from udfserve.spark_client.routing import SPARK_CONF_AUTH_TOKEN
 
 TOKEN = "spark-client-s3cret"
 ROWS = 2_000

@@ -12,9 +12,8 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from spark_data import reference_outputs, stacked
-
-from services.model_server.launcher import ServerProcess
-from spark_client import ClientConfig, remote_predict
+from udfserve.services.model_server.launcher import ServerProcess
+from udfserve.spark_client import ClientConfig, remote_predict
 
 ROWS = 5_000
 

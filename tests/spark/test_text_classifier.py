@@ -1,6 +1,6 @@
 """The Hugging Face text classifier end to end: a Spark string column in, class probabilities out.
 
-The model is a fine-tuned folder made here (``services.examples.text_classifier``) imported with
+The model is a fine-tuned folder made here (``udfserve.services.examples.text_classifier``) imported with
 ``models import-hf`` as a user's model is, to ONNX (served by ONNX Runtime) and to torch.export
 (served by PyTorch). The server tokenizes; the executors send text, and each row's answer equals
 what transformers computes in-process for that text, tokenized by transformers.
@@ -18,11 +18,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from spark_data import stacked
-
-from services.examples.text_classifier import MAX_LENGTH, generated_texts, write_fine_tuned_folder
-from services.hf_import import import_hugging_face
-from services.model_server.launcher import ServerProcess, launch_server
-from spark_client import ClientConfig, arrow_predictor, remote_predict
+from udfserve.services.examples.text_classifier import MAX_LENGTH, generated_texts, write_fine_tuned_folder
+from udfserve.services.hf_import import import_hugging_face
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
+from udfserve.spark_client import ClientConfig, arrow_predictor, remote_predict
 
 ROWS = 100_000
 DISTINCT_TEXTS = 8_000
@@ -30,7 +29,8 @@ DISTINCT_TEXTS = 8_000
 CPU for 100,000 texts on a busy 2-core machine) are computed once per distinct text."""
 TOLERANCE = 1e-5
 MODELS = {"onnx": "reviews_onnx", "pt2": "reviews_pt2"}
-FRAMEWORK_MODULES = {"tensorflow", "keras", "services", "torch", "transformers", "tokenizers", "onnxruntime"}
+FRAMEWORK_MODULES = {"tensorflow", "keras", "torch", "transformers", "tokenizers", "onnxruntime"}
+SERVER_PACKAGE = "udfserve.services"
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,11 @@ def test_a_worker_scoring_text_through_the_server_imports_no_framework_and_no_to
         import pyarrow as pa
 
         for batch in predictor(batches):  # type: ignore[arg-type]
-            heavy = sorted(name for name in sys.modules if name.split(".")[0] in FRAMEWORK_MODULES)
+            heavy = sorted(
+                name
+                for name in sys.modules
+                if name.split(".")[0] in FRAMEWORK_MODULES or name.startswith(SERVER_PACKAGE)
+            )
             yield batch.append_column("heavy_modules", pa.array([",".join(heavy)] * batch.num_rows))
 
     frame = text_frame(spark, texts[:10_000], partitions=2)

@@ -12,15 +12,14 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 from spark_data import feature_values
-
-from services.model_server.launcher import ServerProcess
-from spark_client import ClientConfig, predict_arrow, remote_predict
-from spark_client.circuit import CircuitBreakers
-from spark_client.errors import ModelNotFound, RequestRejected
-from spark_client.partition import PredictJob, predict_partition
-from spark_client.protocols import describe_model
-from spark_client.routing import TaskPlacement
-from spark_client.stats import ClientStats
+from udfserve.services.model_server.launcher import ServerProcess
+from udfserve.spark_client import ClientConfig, predict_arrow, remote_predict
+from udfserve.spark_client.circuit import CircuitBreakers
+from udfserve.spark_client.errors import ModelNotFound, RequestRejected
+from udfserve.spark_client.partition import PredictJob, predict_partition
+from udfserve.spark_client.protocols import describe_model
+from udfserve.spark_client.routing import TaskPlacement
+from udfserve.spark_client.stats import ClientStats
 
 MISSPELLED = "tabular_mpl"
 SERVED = "multi_io, sequence_bilstm, tabular_mlp, tabular_mlp_savedmodel, text_hashing"

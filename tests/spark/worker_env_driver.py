@@ -13,9 +13,8 @@ import sys
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-
-from spark_client import ClientConfig, predict_arrow, remote_predict
-from spark_client.errors import RemotePredictError
+from udfserve.spark_client import ClientConfig, predict_arrow, remote_predict
+from udfserve.spark_client.errors import RemotePredictError
 
 
 def main() -> int:

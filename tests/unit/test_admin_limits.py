@@ -8,8 +8,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
-
-from services.model_server.frontends.admin_limits import AdminRateLimit, ClientRates, TokenBucket
+from udfserve.services.model_server.frontends.admin_limits import AdminRateLimit, ClientRates, TokenBucket
 
 
 def test_a_bucket_gives_its_burst_then_says_when_the_next_token_is_due() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.model_server.frontends.http_api import without_server_paths
+from udfserve.services.model_server.frontends.http_api import without_server_paths
 
 
 def test_paths_inside_the_repository_become_relative_to_it(tmp_path: Path) -> None:

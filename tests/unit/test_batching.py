@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pytest
+from udfserve.services.model_server.core.batching import DynamicBatcher
+from udfserve.services.model_server.errors import ModelUnavailable, QueueFull
 
-from services.model_server.core.batching import DynamicBatcher
-from services.model_server.errors import ModelUnavailable, QueueFull
 from udfserve.runtime.errors import BackendFault, InvalidInput
 from udfserve.runtime.model_config import BatchingConfig
 

@@ -8,18 +8,18 @@ import asyncio
 
 import numpy as np
 import pytest
-
-from services.model_server.core.batching.answers import (
+from udfserve.services.model_server.core.batching.answers import (
     as_serving_error,
     check_outputs,
     joined,
     resolve,
     whole_request,
 )
-from services.model_server.core.batching.observers import Reports
-from services.model_server.core.batching.queue import Chunk, signature
-from services.model_server.core.batching.row_limit import RowLimit
-from services.model_server.errors import QueueFull
+from udfserve.services.model_server.core.batching.observers import Reports
+from udfserve.services.model_server.core.batching.queue import Chunk, signature
+from udfserve.services.model_server.core.batching.row_limit import RowLimit
+from udfserve.services.model_server.errors import QueueFull
+
 from udfserve.runtime.errors import BackendFault, InvalidInput
 
 

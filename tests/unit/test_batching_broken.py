@@ -12,9 +12,9 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
+from udfserve.services.model_server.core.batching import DynamicBatcher
+from udfserve.services.model_server.errors import ModelUnavailable
 
-from services.model_server.core.batching import DynamicBatcher
-from services.model_server.errors import ModelUnavailable
 from udfserve.runtime.model_config import BatchingConfig
 
 SAFETY_TIMEOUT_S = 8.0

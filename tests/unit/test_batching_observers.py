@@ -9,9 +9,8 @@ import time
 
 import numpy as np
 import pytest
-
-from services.model_server.core.batching.observers import Reports
-from services.model_server.core.batching.queue import Chunk, signature
+from udfserve.services.model_server.core.batching.observers import Reports
+from udfserve.services.model_server.core.batching.queue import Chunk, signature
 
 
 class Broken:

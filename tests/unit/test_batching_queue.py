@@ -7,9 +7,8 @@ import asyncio
 
 import numpy as np
 import pytest
-
-from services.model_server.core.batching.queue import Chunk, RequestQueue, rows_of
-from services.model_server.errors import QueueFull
+from udfserve.services.model_server.core.batching.queue import Chunk, RequestQueue, rows_of
+from udfserve.services.model_server.errors import QueueFull
 
 
 def rows(*values: float, width: int | None = None) -> dict[str, np.ndarray]:

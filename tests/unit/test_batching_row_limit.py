@@ -3,8 +3,8 @@ fitted when a call's size was to blame, and grows back one step after enough ful
 
 from __future__ import annotations
 
-from services.model_server.core.batching.observers import Reports
-from services.model_server.core.batching.row_limit import LIMIT_RECOVERY_CALLS, RowLimit
+from udfserve.services.model_server.core.batching.observers import Reports
+from udfserve.services.model_server.core.batching.row_limit import LIMIT_RECOVERY_CALLS, RowLimit
 
 
 class MemoryRecorder:

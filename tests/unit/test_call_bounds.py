@@ -8,11 +8,15 @@ import gc
 
 import grpc
 import pytest
+from udfserve.services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
+from udfserve.services.model_server.frontends.streaming import (
+    RawStreamRequests,
+    UnparseableRequest,
+    parse_request,
+)
+from udfserve.services.model_server.observability.metrics import ServerMetrics
+from udfserve.services.model_server.security import _refusing_handler
 
-from services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
-from services.model_server.frontends.streaming import RawStreamRequests, UnparseableRequest, parse_request
-from services.model_server.observability.metrics import ServerMetrics
-from services.model_server.security import _refusing_handler
 from udfserve.protocol import inference_pb2 as pb
 
 

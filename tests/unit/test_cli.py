@@ -6,12 +6,15 @@ import logging
 from pathlib import Path
 
 import pytest
-
-from services.cli import build_parser
-from services.examples.generate_models import EXAMPLES, SAVEDMODEL_SUFFIX, generate_example_repository
-from services.model_server.config import ServerConfig
-from services.node.config import NodeConfig
-from services.settings_cli import SettingsError, settings_from_args
+from udfserve.services.cli import build_parser
+from udfserve.services.examples.generate_models import (
+    EXAMPLES,
+    SAVEDMODEL_SUFFIX,
+    generate_example_repository,
+)
+from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.node.config import NodeConfig
+from udfserve.services.settings_cli import SettingsError, settings_from_args
 
 
 def serve_config(*argv: str) -> ServerConfig:
@@ -143,7 +146,7 @@ def test_keeping_a_present_model_names_the_flag_that_regenerates_it(
 ) -> None:
     for name in EXAMPLES:
         (tmp_path / name).mkdir()
-    with caplog.at_level(logging.INFO, logger="services.examples.generate_models"):
+    with caplog.at_level(logging.INFO, logger="udfserve.services.examples.generate_models"):
         assert generate_example_repository(tmp_path) == list(EXAMPLES)
     kept = [r.getMessage() for r in caplog.records if r.getMessage().startswith("keeping")]
     assert len(kept) == len(EXAMPLES)

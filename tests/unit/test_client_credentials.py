@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from spark_client.config import ClientConfig
-from spark_client.credentials import auth_metadata, channel_credentials, uses_tls
-from spark_client.errors import ClientSetupError
+from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.credentials import auth_metadata, channel_credentials, uses_tls
+from udfserve.spark_client.errors import ClientSetupError
 
 
 def test_no_token_sends_no_authorization() -> None:

@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-
-from spark_client.circuit import CircuitBreakers
-from spark_client.config import ClientConfig
-from spark_client.errors import ModelMetadataError, ServerUnavailable
-from spark_client.model_spec import spec_from_tensors
-from spark_client.partition import PredictJob, predict_partition
-from spark_client.routing import ADDRESS_ENV, TaskPlacement
-from spark_client.udf import describe_in_driver
+from udfserve.spark_client.circuit import CircuitBreakers
+from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.errors import ModelMetadataError, ServerUnavailable
+from udfserve.spark_client.model_spec import spec_from_tensors
+from udfserve.spark_client.partition import PredictJob, predict_partition
+from udfserve.spark_client.routing import ADDRESS_ENV, TaskPlacement
+from udfserve.spark_client.udf import describe_in_driver
 
 
 def test_the_driver_says_once_that_there_is_no_discovery_file(

@@ -6,9 +6,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from spark_client.config import ClientConfig
-from spark_client.routing import (
+from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.routing import (
     ADDRESS_ENV,
     SPARK_CONF_ADDRESS,
     SPARK_CONF_AUTH_TOKEN,
@@ -27,6 +26,7 @@ from spark_client.routing import (
     placement_from_resources,
     resolve_route,
 )
+
 from udfserve.discovery import (
     DISCOVERY_FILE_ENV,
     RUNTIME_DIR_ENV,

@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pydantic import ValidationError
-
-from services.model_server.config import ServerConfig
-from services.model_server.core.cpu_parallel import ROW_ALIGNMENT, CallsInFlight, CoreParallelPredict
-from services.model_server.core.model_table import cpu_parts
+from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.model_server.core.cpu_parallel import ROW_ALIGNMENT, CallsInFlight, CoreParallelPredict
+from udfserve.services.model_server.core.model_table import cpu_parts
 
 TIMEOUT_S = 10.0
 

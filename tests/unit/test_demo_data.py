@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from pyspark.sql import Row
-
-from services.demo_data import FREE_DIMENSION, SAMPLE_VALUES, describe_inputs, format_value, values_per_row
-from spark_client.model_spec import Tensor
+from udfserve.services.demo_data import (
+    FREE_DIMENSION,
+    SAMPLE_VALUES,
+    describe_inputs,
+    format_value,
+    values_per_row,
+)
+from udfserve.spark_client.model_spec import Tensor
 
 
 def test_a_tensor_input_gets_a_flat_array_of_its_shapes_size() -> None:

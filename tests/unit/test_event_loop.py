@@ -7,8 +7,7 @@ import sys
 
 import pytest
 import uvloop
-
-from services.model_server.event_loop import EventLoopUnavailable, resolve, run, running_loop_kind
+from udfserve.services.model_server.event_loop import EventLoopUnavailable, resolve, run, running_loop_kind
 
 
 def test_auto_takes_uvloop_where_it_is_installed() -> None:

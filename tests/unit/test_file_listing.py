@@ -8,8 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from spark_client.file_reads import FileReadError, FileSplit, list_files, plan_splits, read_schema
+from udfserve.spark_client.file_reads import FileReadError, FileSplit, list_files, plan_splits, read_schema
 
 
 def write_ids(path: Path, rows: int, row_group_rows: int) -> None:

@@ -1,15 +1,19 @@
-"""Which modules of ``services``, ``spark_client`` and ``udfserve`` import which, read from the source.
+"""Which modules of ``udfserve`` import which, read from the source.
+
+The folders ``services/`` and ``spark_client/`` install as ``udfserve.services`` and
+``udfserve.spark_client`` (setup.py); the rest of ``udfserve`` (the folder ``udfserve/``) is the
+shared layer.
 
 Every import statement counts wherever it stands: at the top of a module, inside a function (the
 lazy imports of the CPU fallback and of the backends), or under ``TYPE_CHECKING``. ``from a
 import b`` counts as an import of the module ``a.b`` when there is one, else of ``a``; relative
 imports are resolved against the importing module's package.
 
-The layers: ``udfserve`` is what both sides share and imports neither side (nor ``tritonclient``,
-which only the KServe client's two modules import); ``spark_client``
-never imports ``services`` (its CPU fallback runs ``udfserve.runtime``, as the server does); in
-the model server, the request core (``core/``) imports no front end (``frontends/``) and the
-metrics (``observability/``) import neither; and no module takes part in an import cycle.
+The layers: the shared layer imports neither side (nor ``tritonclient``, which only the KServe
+client's two modules import); ``udfserve.spark_client`` never imports ``udfserve.services`` (its
+CPU fallback runs ``udfserve.runtime``, as the server does); in the model server, the request
+core (``core/``) imports no front end (``frontends/``) and the metrics (``observability/``) import neither;
+and no module takes part in an import cycle.
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("services", "spark_client", "udfserve")
+SERVICES = "udfserve.services"
+CLIENT = "udfserve.spark_client"
+SHARED = "udfserve"
+"""The shared layer: the package ``udfserve`` less the two mapped into it and ``python -m udfserve``."""
+COMMAND = "udfserve.__main__"
+PACKAGES = {"udfserve": SHARED, "services": SERVICES, "spark_client": CLIENT}
+"""Folder of the repository -> the package it installs as."""
 
 KNOWN_CYCLES: set[frozenset[str]] = set()
 """Cycles as the sets of modules that form them; each must still exist, so fixing one means
@@ -40,14 +50,15 @@ class Import:
     line: int
 
 
-def module_files(root: Path, packages: Iterable[str]) -> dict[str, Path]:
-    """Every module of ``packages`` under ``root`` by its dotted name (a package by its own)."""
+def module_files(root: Path, packages: Mapping[str, str]) -> dict[str, Path]:
+    """Every module of the folders of ``packages`` under ``root`` by its dotted name (a package by
+    its own), each folder named as the package it installs as."""
     modules = {}
-    for package in packages:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            modules[name] = path
+    for folder, package in packages.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root / folder).with_suffix("").parts
+            inner = parts[:-1] if parts[-1] == "__init__" else parts
+            modules[".".join([package, *inner])] = path
     return modules
 
 
@@ -85,7 +96,7 @@ def _known(name: str, modules: Mapping[str, Path]) -> str | None:
     return name or None
 
 
-def import_graph(root: Path, packages: Iterable[str]) -> dict[str, dict[str, int]]:
+def import_graph(root: Path, packages: Mapping[str, str]) -> dict[str, dict[str, int]]:
     """Per module, the modules of the tree it imports, each with the line of its first import."""
     modules = module_files(root, packages)
     graph: dict[str, dict[str, int]] = {name: {} for name in modules}
@@ -161,7 +172,15 @@ def shortest_cycle(graph: Mapping[str, Mapping[str, int]], component: frozenset[
 
 
 def _within(name: str, packages: Iterable[str]) -> bool:
-    return any(name == package or name.startswith(package + ".") for package in packages)
+    return any(_in_package(name, package) for package in packages)
+
+
+def _in_package(name: str, package: str) -> bool:
+    inside = name == package or name.startswith(package + ".")
+    if package == SHARED:
+        mapped = any(_in_package(name, package) for package in (SERVICES, CLIENT))
+        return inside and name != COMMAND and not mapped
+    return inside
 
 
 def imports_from(importers: str, imported: Iterable[str]) -> list[str]:
@@ -199,31 +218,33 @@ def test_every_known_cycle_still_exists() -> None:
 
 
 def test_spark_client_imports_nothing_of_services() -> None:
-    found = imports_from("spark_client", ["services"])
+    found = imports_from(CLIENT, [SERVICES])
 
     assert not found, "expected no import of services in spark_client:\n" + "\n".join(found)
 
 
-def test_udfserve_imports_neither_services_nor_spark_client() -> None:
-    found = imports_from("udfserve", ["services", "spark_client"])
+def test_the_shared_layer_imports_neither_services_nor_spark_client() -> None:
+    found = imports_from(SHARED, [SERVICES, CLIENT])
 
-    assert not found, "expected no import of services or spark_client in udfserve:\n" + "\n".join(found)
+    assert not found, "expected no import of services or spark_client in the shared layer:\n" + "\n".join(
+        found
+    )
 
 
-def test_udfserve_never_imports_tritonclient() -> None:
+def test_the_shared_layer_never_imports_tritonclient() -> None:
     """The shared layer runs in every executor; ``tritonclient`` is the KServe extra's, not the base's."""
-    found = imports_from("udfserve", ["tritonclient"])
+    found = imports_from(SHARED, ["tritonclient"])
 
     assert not found, "expected no import of tritonclient in udfserve:\n" + "\n".join(found)
 
 
-KSERVE_CLIENT_MODULES = {"spark_client.kserve_transport", "spark_client.kserve_messages"}
+KSERVE_CLIENT_MODULES = {"udfserve.spark_client.kserve_transport", "udfserve.spark_client.kserve_messages"}
 
 
 def test_in_spark_client_only_the_kserve_wire_and_its_messages_import_tritonclient() -> None:
     found = [
         line
-        for line in imports_from("spark_client", ["tritonclient"])
+        for line in imports_from(CLIENT, ["tritonclient"])
         if line.split()[0] not in KSERVE_CLIENT_MODULES
     ]
 
@@ -233,7 +254,7 @@ def test_in_spark_client_only_the_kserve_wire_and_its_messages_import_tritonclie
     )
 
 
-SERVER = "services.model_server"
+SERVER = f"{SERVICES}.model_server"
 
 
 def test_the_servers_request_core_imports_no_front_end() -> None:
@@ -263,7 +284,7 @@ def test_the_walk_sees_lazy_relative_and_type_checking_imports_and_prints_a_cycl
     )
     (package / "sub" / "c.py").write_text("import os\n\nfrom ..a import f\n")
 
-    graph = import_graph(tmp_path, ["pkg"])
+    graph = import_graph(tmp_path, {"pkg": "pkg"})
 
     assert graph["pkg.a"] == {"pkg.sub.b": 2}
     assert graph["pkg.sub.b"] == {"pkg.sub.c": 4}
@@ -272,4 +293,32 @@ def test_the_walk_sees_lazy_relative_and_type_checking_imports_and_prints_a_cycl
     assert shortest_cycle(graph, cycles(graph)[0]) == (
         "pkg.a -> pkg.sub.b (line 2 of pkg.a) -> pkg.sub.c (line 4 of pkg.sub.b) "
         "-> pkg.a (line 3 of pkg.sub.c)"
+    )
+
+
+def test_nothing_imports_a_folder_by_its_card_name() -> None:
+    """``services`` and ``spark_client`` install as ``udfserve.services`` and ``udfserve.spark_client``;
+    a bare ``import services`` works only from the repository's root, and would load a second copy of
+    each module under another name."""
+    folders = ("udfserve", "services", "spark_client", "tests", "benchmarks", "scripts")
+    bare = {"services", "spark_client"}
+    found = []
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+                names = (
+                    [alias.name for alias in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom) and not node.level
+                    else []
+                )
+                found += [
+                    f"{path.relative_to(ROOT)} (line {node.lineno}) imports {name}"
+                    for name in names
+                    if name.split(".")[0] in bare
+                ]
+
+    assert not found, "expected imports of udfserve.services and udfserve.spark_client only:\n" + "\n".join(
+        found
     )

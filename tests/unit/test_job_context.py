@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 
 from prometheus_client import CollectorRegistry, generate_latest
-
-from services.model_server.core.job_context import JobContext, SparkApplications, parse_job_context
+from udfserve.services.model_server.core.job_context import JobContext, SparkApplications, parse_job_context
 
 
 def applications(max_tracked_apps: int = 3) -> tuple[SparkApplications, CollectorRegistry]:
@@ -88,7 +87,7 @@ def test_thousands_of_distinct_applications_keep_the_series_bounded() -> None:
 
 def test_a_flood_of_failed_requests_is_logged_within_the_budget(caplog) -> None:
     apps, _ = applications()
-    with caplog.at_level("WARNING", logger="services.model_server.core.job_context"):
+    with caplog.at_level("WARNING", logger="udfserve.services.model_server.core.job_context"):
         for i in range(1000):
             apps.observe(job("a"), "m", i, "INVALID_ARGUMENT", 0.01, 0)
     assert 1 <= len(caplog.records) <= 20

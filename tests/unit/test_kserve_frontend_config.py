@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-
-from services.model_server.config import ServerConfig
-from services.model_server.frontends.kserve.native import NativeFrontendUnavailable, load_frontend_module
+from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.model_server.frontends.kserve.native import (
+    NativeFrontendUnavailable,
+    load_frontend_module,
+)
 
 
 def test_the_python_front_end_is_the_default_and_has_no_port_of_its_own() -> None:
@@ -40,7 +42,9 @@ def test_the_native_port_beyond_loopback_needs_tls_like_the_others() -> None:
 
 
 def test_an_unbuilt_native_module_is_named_with_its_build_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "services.model_server.frontends.kserve.native._kserve_frontend", None)
-    build = r"python -m services\.model_server\.frontends\.kserve\.native\.build"
+    monkeypatch.setitem(
+        sys.modules, "udfserve.services.model_server.frontends.kserve.native._kserve_frontend", None
+    )
+    build = r"python -m udfserve\.services\.model_server\.frontends\.kserve\.native\.build"
     with pytest.raises(NativeFrontendUnavailable, match=build):
         load_frontend_module()

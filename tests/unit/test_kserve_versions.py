@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from udfserve.services.model_server.frontends.kserve.tensors import parse_version
 
-from services.model_server.frontends.kserve.tensors import parse_version
 from udfserve.runtime.errors import InvalidInput
 
 

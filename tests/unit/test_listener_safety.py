@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-
-from services.model_server.config import ServerConfig, is_loopback
-from services.node.config import NodeConfig
+from udfserve.services.model_server.config import ServerConfig, is_loopback
+from udfserve.services.node.config import NodeConfig
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"])

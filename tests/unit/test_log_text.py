@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from udfserve.services.log_limits import LogLimits
 
-from services.log_limits import LogLimits
 from udfserve.log_text import CLIENT_TEXT_CHARS, clip, error_line
 
 

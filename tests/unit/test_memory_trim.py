@@ -7,10 +7,9 @@ import asyncio
 import time
 
 import pytest
-
-from services.model_server.core.memory_trim import MemoryTrimmer, _glibc_malloc_trim
-from services.model_server.frontends.kserve.unary_budget import UnaryBudget
-from services.model_server.observability.metrics import ServerMetrics
+from udfserve.services.model_server.core.memory_trim import MemoryTrimmer, _glibc_malloc_trim
+from udfserve.services.model_server.frontends.kserve.unary_budget import UnaryBudget
+from udfserve.services.model_server.observability.metrics import ServerMetrics
 
 MIB = 1 << 20
 WAIT_S = 30.0

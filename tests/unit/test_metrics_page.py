@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from services.model_server.frontends.metrics_page import MetricsPage
+from udfserve.services.model_server.frontends.metrics_page import MetricsPage
 
 
 def counting_render() -> tuple[MetricsPage, itertools.count[int]]:

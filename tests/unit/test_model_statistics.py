@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import pytest
+from udfserve.services.model_server.core.batching import DynamicBatcher
+from udfserve.services.model_server.observability.metrics import ServerMetrics
+from udfserve.services.model_server.observability.statistics import ModelStatistics
 
-from services.model_server.core.batching import DynamicBatcher
-from services.model_server.observability.metrics import ServerMetrics
-from services.model_server.observability.statistics import ModelStatistics
 from udfserve.runtime.errors import DeviceOutOfMemory
 from udfserve.runtime.model_config import BatchingConfig
 

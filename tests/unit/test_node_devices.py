@@ -5,8 +5,7 @@ from __future__ import annotations
 import ctypes
 
 import pytest
-
-from services.node.devices import (
+from udfserve.services.node.devices import (
     DeviceError,
     DeviceSlot,
     GpuDetection,

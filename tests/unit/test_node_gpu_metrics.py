@@ -6,8 +6,7 @@ import ctypes
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-
-from services.model_server.observability.gpu_metrics import GpuCollector, nvml_status
+from udfserve.services.model_server.observability.gpu_metrics import GpuCollector, nvml_status
 
 
 def nvml_library_installed() -> bool:

@@ -6,8 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-from services.node.lock import NodeLock, NodeLockHeld
+from udfserve.services.node.lock import NodeLock, NodeLockHeld
 
 
 def test_a_second_lock_on_the_same_file_is_refused_naming_the_file_and_the_holder(tmp_path: Path) -> None:

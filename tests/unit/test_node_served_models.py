@@ -7,7 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from services.node.ready_file import ReadyFileWatch, ServedModels
+from udfserve.services.node.ready_file import ReadyFileWatch, ServedModels
+
 from udfserve.discovery import NodeDiscovery, ServerEntry, read_discovery, write_discovery
 
 

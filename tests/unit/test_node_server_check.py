@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 from certificates import make_pki
-
-from services.node.config import NodeConfig
-from services.node.devices import DeviceSlot
-from services.node.server_flags import check_server_command
-from services.node.supervisor import ServerSlot
-from services.settings_cli import add_settings_arguments, settings_from_args
+from udfserve.services.node.config import NodeConfig
+from udfserve.services.node.devices import DeviceSlot
+from udfserve.services.node.server_flags import check_server_command
+from udfserve.services.node.supervisor import ServerSlot
+from udfserve.services.settings_cli import add_settings_arguments, settings_from_args
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +40,7 @@ def tls_server_args(pki: Path, *more: str) -> str:
 
 
 def run_node(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "services", "node", "--model-repository", str(tmp_path)]
+    command = [sys.executable, "-m", "udfserve", "node", "--model-repository", str(tmp_path)]
     command += ["--devices", "cpu", "--runtime-dir", str(tmp_path / "rt"), *argv]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
 

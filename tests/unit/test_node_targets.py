@@ -6,7 +6,8 @@ import json
 import socket
 from pathlib import Path
 
-from services.node.targets import advertised_address, server_target, supervisor_target, write_targets
+from udfserve.services.node.targets import advertised_address, server_target, supervisor_target, write_targets
+
 from udfserve.discovery import ServerEntry
 
 

@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 from certificates import make_pki
 from pydantic import ValidationError
-
-from services.cli import build_parser
-from services.model_server.config import ServerConfig
-from services.model_server.security import check_credentials
-from services.settings_cli import SettingsError, settings_from_args
+from udfserve.services.cli import build_parser
+from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.model_server.security import check_credentials
+from udfserve.services.settings_cli import SettingsError, settings_from_args
 
 
 def serve_config(*argv: str) -> ServerConfig:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from services.model_server.launcher import ALLOCATOR_ENV, server_env
+from udfserve.services.model_server.launcher import ALLOCATOR_ENV, server_env
 
 
 def test_a_server_keeps_freed_memory_by_default() -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from udfserve.services.model_server.frontends.arrow.shared_memory import SharedMemoryRefused, StreamRegions
 
-from services.model_server.frontends.arrow.shared_memory import SharedMemoryRefused, StreamRegions
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.runtime.errors import InvalidInput
 

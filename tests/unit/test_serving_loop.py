@@ -7,8 +7,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-
-from services.model_server.frontends.admin_server import ServingLoop, ServingLoopUnresponsive
+from udfserve.services.model_server.frontends.admin_server import ServingLoop, ServingLoopUnresponsive
 
 
 def on_admin_thread(

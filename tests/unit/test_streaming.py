@@ -9,8 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TypeVar
 
 import pytest
-
-from services.model_server.frontends.streaming import (
+from udfserve.services.model_server.frontends.streaming import (
     Pending,
     StreamBounds,
     answer_concurrently,

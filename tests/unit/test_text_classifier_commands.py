@@ -7,11 +7,10 @@ import logging
 from pathlib import Path
 
 import pytest
-
-from services.cli import build_parser
-from services.demo import example_model_names, generate_command
-from services.examples.generate_models import EXAMPLES, generate_example_repository
-from services.examples.text_classifier import NAME
+from udfserve.services.cli import build_parser
+from udfserve.services.demo import example_model_names, generate_command
+from udfserve.services.examples.generate_models import EXAMPLES, generate_example_repository
+from udfserve.services.examples.text_classifier import NAME
 
 
 def help_of(*command: str, capsys: pytest.CaptureFixture[str]) -> str:
@@ -51,7 +50,7 @@ def test_a_present_text_classifier_is_kept_unless_overwrite(
     for name in [*EXAMPLES, NAME]:
         (tmp_path / name).mkdir()
 
-    with caplog.at_level(logging.INFO, logger="services.examples.text_classifier"):
+    with caplog.at_level(logging.INFO, logger="udfserve.services.examples.text_classifier"):
         names = generate_example_repository(tmp_path, include_text_classifier=True)
 
     assert names == [*EXAMPLES, NAME]

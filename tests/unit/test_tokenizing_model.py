@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
+from udfserve.services.examples.text_classifier import generated_texts, train_tokenizer
 
-from services.examples.text_classifier import generated_texts, train_tokenizer
 from udfserve.runtime.errors import InvalidInput, ModelLoadError
 from udfserve.runtime.model_config import ModelConfig, TextPreprocess
 from udfserve.runtime.model_source import ModelSource

@@ -4,7 +4,7 @@ the Spark client's CPU fallback.
 Each class carries the gRPC status that a server answers it with (so this module imports
 grpcio, as the wire contract of this package does); the server adds the errors of its own state
 (unknown model, full queue, draining) and maps every one to the wire in one place
-(``services.model_server.errors.failure_status``). The CPU fallback turns them into the client's
+(``udfserve.services.model_server.errors.failure_status``). The CPU fallback turns them into the client's
 own errors. Anything else escaping a backend is a real fault and is reported as INTERNAL with its
 text.
 """

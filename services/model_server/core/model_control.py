@@ -25,9 +25,15 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from services.model_server.core.model_table import ModelEntry, ModelTable
-from services.model_server.core.served_model import ServedModel
-from services.model_server.errors import ModelControlRefused, ModelLoadFailed, ModelNotFound, QueueFull
+from udfserve.services.model_server.core.model_table import ModelEntry, ModelTable
+from udfserve.services.model_server.core.served_model import ServedModel
+from udfserve.services.model_server.errors import (
+    ModelControlRefused,
+    ModelLoadFailed,
+    ModelNotFound,
+    QueueFull,
+)
+
 from udfserve.log_text import clip
 from udfserve.runtime.errors import InvalidInput
 from udfserve.runtime.model_config import ModelConfig, validate_model_name

@@ -22,16 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.model_server.config import ServerConfig
-from services.model_server.core.served_model import (
+from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.model_server.core.served_model import (
     ModelInfo,
     ModelState,
     ServedModel,
     VersionLoader,
     cpu_parts,
 )
-from services.model_server.errors import ModelNotFound, ModelSwapping, ModelUnavailable
-from services.model_server.observability.metrics import ModelMetrics, ServerMetrics
+from udfserve.services.model_server.errors import ModelNotFound, ModelSwapping, ModelUnavailable
+from udfserve.services.model_server.observability.metrics import ModelMetrics, ServerMetrics
+
 from udfserve.runtime.backends.base import LoadedModel
 from udfserve.runtime.errors import InvalidInput
 from udfserve.runtime.model_config import validate_model_name

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel
+from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.model_server.core.batching import DynamicBatcher
+from udfserve.services.model_server.core.cpu_parallel import CallsInFlight, CoreParallelPredict
+from udfserve.services.model_server.observability.metrics import ModelMetrics, ServerMetrics
 
-from services.model_server.config import ServerConfig
-from services.model_server.core.batching import DynamicBatcher
-from services.model_server.core.cpu_parallel import CallsInFlight, CoreParallelPredict
-from services.model_server.observability.metrics import ModelMetrics, ServerMetrics
 from udfserve.runtime.backends.base import LoadedModel
 from udfserve.runtime.errors import ModelLoadError
 from udfserve.runtime.model_source import ModelSource

@@ -25,8 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import uvicorn
-
-from services.model_server.frontends.admin_limits import ADMIN_MAX_CONNECTIONS
+from udfserve.services.model_server.frontends.admin_limits import ADMIN_MAX_CONNECTIONS
 
 T = TypeVar("T")
 

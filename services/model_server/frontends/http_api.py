@@ -23,15 +23,15 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from starlette.requests import Request
+from udfserve.services.model_server.core.model_table import ModelInfo, ModelTable
+from udfserve.services.model_server.errors import ModelNotFound
+from udfserve.services.model_server.frontends.admin_limits import AdminRateLimit
+from udfserve.services.model_server.frontends.admin_server import ServingLoop, ServingLoopUnresponsive
+from udfserve.services.model_server.frontends.metrics_page import MetricsPage
+from udfserve.services.model_server.observability.metrics import ServerMetrics
+from udfserve.services.model_server.security import http_token_dependency
 
 import udfserve
-from services.model_server.core.model_table import ModelInfo, ModelTable
-from services.model_server.errors import ModelNotFound
-from services.model_server.frontends.admin_limits import AdminRateLimit
-from services.model_server.frontends.admin_server import ServingLoop, ServingLoopUnresponsive
-from services.model_server.frontends.metrics_page import MetricsPage
-from services.model_server.observability.metrics import ServerMetrics
-from services.model_server.security import http_token_dependency
 from udfserve.runtime.errors import InvalidInput
 
 

@@ -32,8 +32,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
+from udfserve.services.model_server.core.pending import Pending
 
-from services.model_server.core.pending import Pending
 from udfserve.runtime.errors import InvalidInput
 
 T = TypeVar("T")

@@ -62,8 +62,8 @@ def _set_up_threads() -> None:
     The event loop answering gRPC runs in Python, one core's worth, and every request passes
     through it; an intra-op pool of one thread per core makes TensorFlow compete with that thread
     for the last core, and small batches gain nothing from splitting an op. Large calls use the
-    cores by rows instead (``services.model_server.core.cpu_parallel``): their parts run as concurrent
-    calls, which the inter-op pool must be able to run at once. Measured: docs/benchmarks.md,
+    cores by rows instead (``udfserve.services.model_server.core.cpu_parallel``): their parts run as
+    concurrent calls, which the inter-op pool must be able to run at once. Measured: docs/benchmarks.md,
     section 6, "Thread pools". ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` in the
     environment win.
     """

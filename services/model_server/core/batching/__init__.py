@@ -16,11 +16,15 @@ an executor, and every request gets its own rows back. One part per rule:
 - ``batcher``: ``DynamicBatcher``, the parts put together: start, refusals, stop and drain.
 """
 
-from services.model_server.core.batching.batcher import DynamicBatcher
-from services.model_server.core.batching.observers import AnswerObserver, BatchObserver, MemoryObserver
-from services.model_server.core.batching.queue import Arrays
-from services.model_server.core.batching.row_limit import LIMIT_RECOVERY_CALLS, LIMIT_RECOVERY_STEPS
-from services.model_server.core.batching.runner import PredictFn
+from udfserve.services.model_server.core.batching.batcher import DynamicBatcher
+from udfserve.services.model_server.core.batching.observers import (
+    AnswerObserver,
+    BatchObserver,
+    MemoryObserver,
+)
+from udfserve.services.model_server.core.batching.queue import Arrays
+from udfserve.services.model_server.core.batching.row_limit import LIMIT_RECOVERY_CALLS, LIMIT_RECOVERY_STEPS
+from udfserve.services.model_server.core.batching.runner import PredictFn
 
 __all__ = [
     "LIMIT_RECOVERY_CALLS",

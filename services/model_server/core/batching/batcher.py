@@ -25,14 +25,14 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
+from udfserve.services.model_server.core.batching.answers import set_exception, whole_request
+from udfserve.services.model_server.core.batching.dispatch import Dispatcher
+from udfserve.services.model_server.core.batching.observers import BatchObserver, Reports
+from udfserve.services.model_server.core.batching.queue import Chunk, RequestQueue, rows_of
+from udfserve.services.model_server.core.batching.row_limit import RowLimit
+from udfserve.services.model_server.core.batching.runner import Batch, BatchRunner, PredictFn
+from udfserve.services.model_server.errors import ModelUnavailable
 
-from services.model_server.core.batching.answers import set_exception, whole_request
-from services.model_server.core.batching.dispatch import Dispatcher
-from services.model_server.core.batching.observers import BatchObserver, Reports
-from services.model_server.core.batching.queue import Chunk, RequestQueue, rows_of
-from services.model_server.core.batching.row_limit import RowLimit
-from services.model_server.core.batching.runner import Batch, BatchRunner, PredictFn
-from services.model_server.errors import ModelUnavailable
 from udfserve.runtime.errors import ServingError
 from udfserve.runtime.model_config import DEFAULT_QUEUE_BATCHES, BatchingConfig
 

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from services.model_server.core.batching.queue import Chunk
+    from udfserve.services.model_server.core.batching.queue import Chunk
 
 logger = logging.getLogger(__name__)
 

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from services.model_server.errors import QueueFull
+from udfserve.services.model_server.errors import QueueFull
 
 Arrays = dict[str, np.ndarray]
 

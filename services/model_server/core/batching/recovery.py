@@ -16,11 +16,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
+from udfserve.services.model_server.core.batching.answers import (
+    as_serving_error,
+    joined,
+    resolve,
+    set_exception,
+)
+from udfserve.services.model_server.core.batching.observers import Reports
+from udfserve.services.model_server.core.batching.queue import Arrays, Chunk
+from udfserve.services.model_server.core.batching.row_limit import RowLimit
 
-from services.model_server.core.batching.answers import as_serving_error, joined, resolve, set_exception
-from services.model_server.core.batching.observers import Reports
-from services.model_server.core.batching.queue import Arrays, Chunk
-from services.model_server.core.batching.row_limit import RowLimit
 from udfserve.log_text import clip
 from udfserve.runtime.errors import DeviceOutOfMemory, InvalidInput, ServingError
 

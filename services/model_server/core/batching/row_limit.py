@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 
-from services.model_server.core.batching.observers import Reports
+from udfserve.services.model_server.core.batching.observers import Reports
 
 logger = logging.getLogger(__name__)
 

@@ -17,20 +17,19 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pyarrow as pa
-
-from services.model_server.core.job_context import JobContext, parse_job_context
-from services.model_server.core.model_control import ModelControl
-from services.model_server.core.model_table import ModelInfo
-from services.model_server.core.pending import Pending
-from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
-from services.model_server.errors import failure_status
-from services.model_server.frontends import model_control_api
-from services.model_server.frontends.arrow.shared_memory import (
+from udfserve.services.model_server.core.job_context import JobContext, parse_job_context
+from udfserve.services.model_server.core.model_control import ModelControl
+from udfserve.services.model_server.core.model_table import ModelInfo
+from udfserve.services.model_server.core.pending import Pending
+from udfserve.services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
+from udfserve.services.model_server.errors import failure_status
+from udfserve.services.model_server.frontends import model_control_api
+from udfserve.services.model_server.frontends.arrow.shared_memory import (
     DEFAULT_MAX_REGION_BYTES,
     SharedMemoryRefused,
     StreamRegions,
 )
-from services.model_server.frontends.streaming import (
+from udfserve.services.model_server.frontends.streaming import (
     DEFAULT_STREAM_BOUNDS,
     StreamBounds,
     UnparseableRequest,
@@ -38,6 +37,7 @@ from services.model_server.frontends.streaming import (
     parsed_requests,
     size_as_read,
 )
+
 from udfserve.log_text import clip
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc

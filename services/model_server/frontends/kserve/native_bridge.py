@@ -39,12 +39,11 @@ from google.protobuf.message import DecodeError
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from tritonclient.grpc import service_pb2 as kpb
-
-from services.model_server.core.job_context import parse_job_context
-from services.model_server.core.pending import Pending
-from services.model_server.frontends.kserve.answers import DecodedHead, Failure, TensorAnswer
-from services.model_server.frontends.kserve.native import load_frontend_module
-from services.model_server.frontends.kserve.servicer import KServeServicer
+from udfserve.services.model_server.core.job_context import parse_job_context
+from udfserve.services.model_server.core.pending import Pending
+from udfserve.services.model_server.frontends.kserve.answers import DecodedHead, Failure, TensorAnswer
+from udfserve.services.model_server.frontends.kserve.native import load_frontend_module
+from udfserve.services.model_server.frontends.kserve.servicer import KServeServicer
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tritonclient.grpc import service_pb2 as kpb
+from udfserve.services.model_server.frontends.model_control_api import ControlCalls, parse_config_json
 
-from services.model_server.frontends.model_control_api import ControlCalls, parse_config_json
 from udfserve.log_text import clip
 from udfserve.runtime.errors import InvalidInput
 from udfserve.runtime.model_config import ModelConfig

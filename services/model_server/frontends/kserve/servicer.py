@@ -29,16 +29,14 @@ from typing import TypeVar
 import grpc
 from tritonclient.grpc import service_pb2 as kpb
 from tritonclient.grpc import service_pb2_grpc as kpb_grpc
-
-import udfserve
-from services.model_server.core.job_context import JobContext, parse_job_context
-from services.model_server.core.model_control import ModelControl
-from services.model_server.core.model_table import LoadedModel
-from services.model_server.core.pending import Pending
-from services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
-from services.model_server.errors import failure_status
-from services.model_server.frontends.kserve import repository
-from services.model_server.frontends.kserve.answers import (
+from udfserve.services.model_server.core.job_context import JobContext, parse_job_context
+from udfserve.services.model_server.core.model_control import ModelControl
+from udfserve.services.model_server.core.model_table import LoadedModel
+from udfserve.services.model_server.core.pending import Pending
+from udfserve.services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
+from udfserve.services.model_server.errors import failure_status
+from udfserve.services.model_server.frontends.kserve import repository
+from udfserve.services.model_server.frontends.kserve.answers import (
     Failure,
     MessageAnswer,
     MessageAnswers,
@@ -48,14 +46,14 @@ from services.model_server.frontends.kserve.answers import (
     StreamAnswers,
     TensorAnswers,
 )
-from services.model_server.frontends.kserve.metadata import (
+from udfserve.services.model_server.frontends.kserve.metadata import (
     EXTENSIONS,
     SERVER_NAME,
     model_config,
     model_metadata,
     model_statistics,
 )
-from services.model_server.frontends.kserve.tensors import (
+from udfserve.services.model_server.frontends.kserve.tensors import (
     DecodedTensor,
     InputPlan,
     decoded_to_inputs,
@@ -65,9 +63,9 @@ from services.model_server.frontends.kserve.tensors import (
     request_to_inputs,
     requested_outputs,
 )
-from services.model_server.frontends.model_control_api import ControlCalls
-from services.model_server.frontends.readable_requests import add_service
-from services.model_server.frontends.streaming import (
+from udfserve.services.model_server.frontends.model_control_api import ControlCalls
+from udfserve.services.model_server.frontends.readable_requests import add_service
+from udfserve.services.model_server.frontends.streaming import (
     STREAM_METHODS,
     StreamBounds,
     UnparseableRequest,
@@ -75,6 +73,8 @@ from services.model_server.frontends.streaming import (
     parsed_requests,
     size_as_read,
 )
+
+import udfserve
 from udfserve.log_text import clip
 from udfserve.runtime.errors import InvalidInput, ServingError
 

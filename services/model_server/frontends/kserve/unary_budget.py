@@ -21,9 +21,8 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
-
-from services.model_server.core.memory_trim import MemoryTrimmer
-from services.model_server.observability.metrics import ServerMetrics
+from udfserve.services.model_server.core.memory_trim import MemoryTrimmer
+from udfserve.services.model_server.observability.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 

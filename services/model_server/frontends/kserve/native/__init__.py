@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-BUILD_COMMAND = "python -m services.model_server.frontends.kserve.native.build"
+BUILD_COMMAND = "python -m udfserve.services.model_server.frontends.kserve.native.build"
 
 
 class NativeFrontendUnavailable(RuntimeError):
@@ -18,7 +18,9 @@ class NativeFrontendUnavailable(RuntimeError):
 
 def load_frontend_module() -> ModuleType:
     try:
-        return importlib.import_module("services.model_server.frontends.kserve.native._kserve_frontend")
+        return importlib.import_module(
+            "udfserve.services.model_server.frontends.kserve.native._kserve_frontend"
+        )
     except ImportError as exc:
         raise NativeFrontendUnavailable(
             f"the native KServe front end is not built here ({exc}); expected it built by `{BUILD_COMMAND}` "

@@ -1,6 +1,6 @@
 """Build the native KServe front end (``_kserve_frontend``) beside this file.
 
-    python -m services.model_server.frontends.kserve.native.build          # or: bash scripts/native.sh
+    python -m udfserve.services.model_server.frontends.kserve.native.build    # or: bash scripts/native.sh
 
 It is compiled on the machine that runs it, against the system's grpc++ and protobuf (Debian:
 ``libgrpc++-dev libprotobuf-dev protobuf-compiler pkg-config g++``) and pybind11 (the
@@ -108,7 +108,8 @@ def _imports() -> bool:
         [
             sys.executable,
             "-c",
-            "from services.model_server.frontends.kserve.native import load_frontend_module as l; l()",
+            "from udfserve.services.model_server.frontends.kserve.native import load_frontend_module; "
+            "load_frontend_module()",
         ],
         capture_output=True,
         check=False,
@@ -162,7 +163,7 @@ def build(work: Path, force: bool = False) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.model_server.frontends.kserve.native.build",
+        prog="python -m udfserve.services.model_server.frontends.kserve.native.build",
         description="Build the native KServe front end (grpc++) for --kserve-frontend native.",
     )
     parser.add_argument("--work", type=Path, default=Path("build") / "native", help="build folder")

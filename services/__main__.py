@@ -1,3 +1,0 @@
-from services.cli import main
-
-raise SystemExit(main())
