@@ -214,9 +214,8 @@ def run(
     streams: int,
     connections: int,
 ) -> list[Setting]:
-    from udfserve.services.model_server.config import MAX_TRACKED_APPS
-
     from benchmarks.processes import Workspace
+    from udfserve.services.model_server.config import MAX_TRACKED_APPS
 
     settings: list[Setting] = []
     windows = 2 * pairs

@@ -28,7 +28,6 @@ from typing import Any
 import grpc
 import numpy as np
 import psutil
-from udfserve.services.model_server.launcher import ServerProcess, wait_until_serving
 
 from benchmarks import plots
 from benchmarks.cli import main_for, results_dir
@@ -41,6 +40,7 @@ from benchmarks.spark_job import Job, JobResult, run_in_child, write_dataset
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import decode_batch, encode_batch
+from udfserve.services.model_server.launcher import ServerProcess, wait_until_serving
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from udfserve.services.model_server.launcher import ServerProcess
-
 from benchmarks import plots
 from benchmarks.cli import main_for, results_dir
 from benchmarks.load_client import LoadSpec, finish, start_in_child
@@ -29,6 +27,7 @@ from benchmarks.processes import ProcessMeter, Workspace, metric_value, scrape
 from benchmarks.profiling import SampledProfile, py_spy_available
 from benchmarks.report import RESULTS_DIR, ComparisonResult, Table, TargetCheck
 from benchmarks.stages import stages_in_child, stages_table
+from udfserve.services.model_server.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
 

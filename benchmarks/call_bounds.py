@@ -29,10 +29,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2 as kpb
-from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol.arrow_ipc import encode_batch
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 FEATURES = 64
 

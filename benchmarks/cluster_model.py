@@ -29,12 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cli import QUICK_RESULTS_DIR
+from benchmarks.report import RESULTS_DIR, Table, format_cell
 from udfserve.services.examples.generate_models import EXAMPLES
 from udfserve.spark_client.config import ClientConfig
 from udfserve.spark_client.rechunk import planned_request_rows
-
-from benchmarks.cli import QUICK_RESULTS_DIR
-from benchmarks.report import RESULTS_DIR, Table, format_cell
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HEADING = "10. On paper: a cluster of N nodes with G GPUs"

@@ -23,7 +23,6 @@ from typing import Any
 import grpc
 import numpy as np
 import pyarrow as pa
-from udfserve.services.model_server.launcher import ServerProcess, wait_until_serving
 
 from benchmarks import plots
 from benchmarks.cli import main_for, results_dir
@@ -33,6 +32,7 @@ from benchmarks.startup_probe import probe_in_child
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import encode_batch
+from udfserve.services.model_server.launcher import ServerProcess, wait_until_serving
 
 logger = logging.getLogger(__name__)
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2 as kpb
+
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 MIB = 1 << 20

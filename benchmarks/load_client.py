@@ -72,13 +72,12 @@ CLIENT_KINDS = ("client_inline", "client_shared_memory")
 def run_client_load(spec: LoadSpec) -> LoadResult:
     """The Spark client's stream for ``duration_s``: latency is from the moment the stream takes a
     batch (and sends it) to the moment it yields that batch's answer, in order."""
+    from benchmarks.processes import percentile
+    from udfserve.shared_memory import ipc_stream_size
     from udfserve.spark_client.arrow_wire import arrow_stream
     from udfserve.spark_client.channels import connect
     from udfserve.spark_client.config import ClientConfig
     from udfserve.spark_client.transport import HeldBatch
-
-    from benchmarks.processes import percentile
-    from udfserve.shared_memory import ipc_stream_size
 
     config = ClientConfig(
         shared_memory=spec.kind == "client_shared_memory",

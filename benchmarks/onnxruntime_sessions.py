@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnxruntime as ort
+
 from udfserve.services.examples.onnx_models import dense_stack_graph
 
 Call = Callable[[np.ndarray], object]

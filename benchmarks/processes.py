@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 import yaml
+
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 logger = logging.getLogger(__name__)

@@ -46,7 +46,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from udfserve.services.model_server.frontends.arrow.shared_memory import StreamRegions
 
 from benchmarks.load_client import LoadSpec, finish, start_in_child
 from benchmarks.models import IDENTITY_MODEL, generate_identity_in_child
@@ -56,6 +55,7 @@ from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol.arrow_ipc import decode_batch
 from udfserve.runtime.tensor_conversion import batch_to_inputs
 from udfserve.runtime.tensor_spec import TensorSpec
+from udfserve.services.model_server.frontends.arrow.shared_memory import StreamRegions
 from udfserve.shared_memory import DEFAULT_DIRECTORY, FILE_PREFIX, FILE_SUFFIX, write_ipc_into
 
 FEATURES = 64

@@ -36,8 +36,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from udfserve.services.demo_node import running_node
-
 from benchmarks import plots
 from benchmarks.cli import add_common_arguments, configure_logging, results_dir
 from benchmarks.processes import LOGS_DIR, Workspace, child_env
@@ -45,6 +43,7 @@ from benchmarks.report import ComparisonResult, Table, TargetCheck
 from benchmarks.soak_jobs import JobCheck, Plan
 from benchmarks.soak_sampling import MEMORY_SLOPE_LIMIT_MIB_PER_10_MIN, NodeWatch, Sample, Trend, trend
 from benchmarks.spark_job import write_dataset
+from udfserve.services.demo_node import running_node
 
 logger = logging.getLogger(__name__)
 

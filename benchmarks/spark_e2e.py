@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-from udfserve.services.model_server.launcher import ServerProcess
 
 from benchmarks import plots, ray_contender
 from benchmarks.cli import main_for, results_dir
@@ -40,6 +39,7 @@ from benchmarks.ray_job import CONTENDER as RAY
 from benchmarks.ray_job import RayJobResult
 from benchmarks.report import ComparisonResult, Table, TargetCheck
 from benchmarks.spark_job import MODEL_LESS, MODELS, Job, JobResult, run_in_child, write_dataset
+from udfserve.services.model_server.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
 

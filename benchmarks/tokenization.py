@@ -28,11 +28,11 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from udfserve.services.examples.text_classifier import MAX_LENGTH, generated_texts, train_tokenizer
 
 from udfserve.runtime.model_config import TextPreprocess
 from udfserve.runtime.preprocessing import open_tokenizer
 from udfserve.runtime.tensor_spec import TensorSpec
+from udfserve.services.examples.text_classifier import MAX_LENGTH, generated_texts, train_tokenizer
 
 FEEDS = (
     TensorSpec(name="input_ids", dtype="int64", shape=(-1,)),

@@ -8,13 +8,12 @@ import argparse
 import logging
 from collections.abc import Sequence
 
+import udfserve
 from udfserve.services.model_server import event_loop
 from udfserve.services.model_server.config import ServerConfig
 from udfserve.services.node.config import NodeConfig
 from udfserve.services.process_setup import configure_logging
 from udfserve.services.settings_cli import SettingsError, add_settings_arguments, settings_from_args
-
-import udfserve
 
 logger = logging.getLogger("udfserve")
 

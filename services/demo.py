@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO, cast
 
+from udfserve.discovery import NodeDiscovery, default_discovery_path, read_discovery
 from udfserve.services.demo_data import describe_inputs, format_value, input_columns
 from udfserve.services.demo_node import (
     SHARED_MEMORY_REQUESTS,
@@ -33,8 +34,6 @@ from udfserve.services.demo_node import (
     scrape_total,
     wait_until_interrupted,
 )
-
-from udfserve.discovery import NodeDiscovery, default_discovery_path, read_discovery
 
 if TYPE_CHECKING:
     from udfserve.spark_client.stats import ClientStats
@@ -172,6 +171,7 @@ def ensure_example_models(repository: Path, model: str) -> None:
 def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDiscovery) -> dict[str, object]:
     """Score the generated DataFrame through remote_predict; return the figures of the report."""
     from pyspark.sql import SparkSession
+
     from udfserve.spark_client import remote_predict
     from udfserve.spark_client.errors import RemotePredictError
 

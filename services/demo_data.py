@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
+
     from udfserve.spark_client.model_spec import Tensor
 
 INTEGER_VALUES = 16

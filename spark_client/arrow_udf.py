@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
+
 from udfserve.spark_client.convert import answer_to_array, array_to_request
 from udfserve.spark_client.partition import PredictJob
 from udfserve.spark_client.task import answer_partition

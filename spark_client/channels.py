@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+
+from udfserve.protocol import inference_pb2 as pb
+from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.spark_client.config import ClientConfig
 from udfserve.spark_client.credentials import CallMetadata, channel_credentials, uses_tls
 from udfserve.spark_client.errors import AuthenticationFailed, ModelMetadataError, ModelNotFound
 from udfserve.spark_client.model_spec import ModelSpec, spec_from_tensors
 from udfserve.spark_client.wire import AUTH_ERROR_CODES
-
-from udfserve.protocol import inference_pb2 as pb
-from udfserve.protocol import inference_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 

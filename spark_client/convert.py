@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pyarrow as pa
+
 from udfserve.spark_client.model_spec import ModelSpec
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+
 from udfserve.spark_client.config import ClientConfig
 from udfserve.spark_client.errors import ClientSetupError
 

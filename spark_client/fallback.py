@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+
 from udfserve.spark_client.errors import ModelNotFound, ServerUnavailable
 from udfserve.spark_client.model_spec import ModelSpec, spec_from_tensors
 
@@ -114,10 +115,9 @@ def predict_on_cpu(
     """Answer one request batch as a server would: checked whole (so an error names the row as
     the server's would), run in chunks of the model's ``max_batch_size``; with the version that
     computed it."""
-    from udfserve.spark_client.errors import RequestRejected
-
     from udfserve.runtime.errors import InvalidInput
     from udfserve.runtime.tensor_conversion import batch_to_inputs, outputs_to_batch
+    from udfserve.spark_client.errors import RequestRejected
 
     loaded, max_batch_size = load_cpu_model(repository, model, version)
     try:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
 from udfserve.spark_client.config import ClientConfig
 from udfserve.spark_client.output_names import check_output_names
 from udfserve.spark_client.udf import ArrowPredictor, _active_session, arrow_predictor

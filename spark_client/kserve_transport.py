@@ -32,6 +32,8 @@ import grpc
 import numpy as np
 import pyarrow as pa
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from udfserve.kserve_tensors import NUMPY_DTYPE_OF, KServeCodecError, TensorSpec
 from udfserve.spark_client.config import ClientConfig
 from udfserve.spark_client.credentials import CallMetadata
 from udfserve.spark_client.errors import ModelMetadataError, RequestRejected
@@ -45,8 +47,6 @@ from udfserve.spark_client.model_spec import ModelSpec, Tensor
 from udfserve.spark_client.transport import PredictStream
 from udfserve.spark_client.versions import kserve_version
 from udfserve.spark_client.wire import Reply, StreamBroken
-
-from udfserve.kserve_tensors import NUMPY_DTYPE_OF, KServeCodecError, TensorSpec
 
 logger = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from typing import TypeAlias
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+
 from udfserve.spark_client.convert import match_inputs
 from udfserve.spark_client.model_spec import ModelSpec, Tensor
 from udfserve.spark_client.rechunk import Pieces

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Tuple, Union  # noqa: UP035 (pyspark reads these hints)
 
 import pandas as pd
+
 from udfserve.spark_client.pandas_convert import answer_to_pandas, pandas_pieces
 from udfserve.spark_client.partition import PredictJob
 from udfserve.spark_client.task import answer_partition

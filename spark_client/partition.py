@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
 from udfserve.spark_client.channels import ConnectFailed, forget_channel
 from udfserve.spark_client.circuit import BREAKERS, CircuitBreakers
 from udfserve.spark_client.config import ClientConfig

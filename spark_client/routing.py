@@ -22,8 +22,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from udfserve.spark_client.config import ClientConfig, check_target
-
 from udfserve.discovery import (
     DiscoveryError,
     NodeDiscovery,
@@ -32,6 +30,7 @@ from udfserve.discovery import (
     read_discovery,
     read_live_discovery,
 )
+from udfserve.spark_client.config import ClientConfig, check_target
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pyspark.accumulators import AccumulatorParam
+
 from udfserve.spark_client.transport import StreamCounters
 
 Key = TypeVar("Key", str, int)

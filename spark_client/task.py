@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
+
 from udfserve.spark_client.job_context import SparkJobContext
 from udfserve.spark_client.partition import PredictJob, predict_partition
 from udfserve.spark_client.rechunk import Carry, Pieces, Rechunker

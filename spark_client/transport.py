@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import grpc
 import pyarrow as pa
+
 from udfserve.spark_client.config import ClientConfig
 from udfserve.spark_client.errors import AuthenticationFailed, ModelNotFound, RequestRejected
 from udfserve.spark_client.wire import (

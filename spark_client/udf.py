@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 import pyarrow as pa
+
 from udfserve.spark_client.channels import ConnectFailed
 from udfserve.spark_client.config import ClientConfig
 from udfserve.spark_client.convert import answer_to_spark_columns, arrow_to_request, match_inputs
@@ -95,6 +96,7 @@ def remote_predict(
         make_udf = _arrow_udf_maker()  # refused before any server is asked
     else:
         from pyspark.sql.functions import pandas_udf as make_udf
+
         from udfserve.spark_client.pandas_udf import pandas_function as function_of
     job = build_job(model, config, config_overrides)
     check_python_workers(_active_session(), worker_modules(function_of.__module__, job.config.protocol))

@@ -40,7 +40,6 @@ import numpy as np
 import psutil
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as kpb
-from udfserve.services.model_server.launcher import ServerProcess
 
 from benchmarks.cli import results_dir
 from benchmarks.fuzz.hostile_requests import (
@@ -52,6 +51,7 @@ from benchmarks.fuzz.hostile_requests import (
 )
 from benchmarks.processes import Workspace
 from udfserve.protocol import inference_pb2 as pb
+from udfserve.services.model_server.launcher import ServerProcess
 
 logger = logging.getLogger("fuzz_servers")
 

@@ -46,10 +46,10 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from udfserve.services.model_server.launcher import launch_server
 
 from benchmarks.kserve.run import DEFAULT_ENV_FILE, generate_examples, quiet_env, read_env_file, triton_server
 from benchmarks.kserve.triton_model import EXAMPLE_MODELS, write_example_repository
+from udfserve.services.model_server.launcher import launch_server
 
 logger = logging.getLogger("benchmarks.kserve.interop")
 
@@ -198,6 +198,7 @@ def server_counts(route: Route, model: str, job: SparkJob) -> tuple[float, float
 def predicted(frame: Any, model: str, route: Route, job: SparkJob) -> tuple[Any, Any]:
     """``frame``'s ids with a ``prediction`` column through ``route``, and the object holding its counters."""
     from pyspark.sql.types import StructType
+
     from udfserve.spark_client import arrow_predictor, remote_predict
 
     column = EXAMPLE_MODELS[model].input_name

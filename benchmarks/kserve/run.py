@@ -44,14 +44,14 @@ import pyarrow as pa
 import tritonclient.grpc as triton
 import yaml
 from tritonclient.grpc import service_pb2_grpc
+
+from benchmarks.kserve.triton_model import write_triton_repository
 from udfserve.services.model_server.launcher import launch_server
 from udfserve.spark_client.kserve_messages import (
     arrow_batch_to_infer_request,
     infer_response_to_arrow,
     specs_from_config,
 )
-
-from benchmarks.kserve.triton_model import write_triton_repository
 
 logger = logging.getLogger("benchmarks.kserve")
 

@@ -28,6 +28,8 @@ from pathlib import Path
 import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.services.model_server.config import ServerConfig, is_loopback
 from udfserve.services.model_server.core.in_flight import InFlightRequests
 from udfserve.services.model_server.core.memory_trim import MemoryTrimmer
@@ -52,8 +54,6 @@ from udfserve.services.model_server.observability.metrics import ServerMetrics
 from udfserve.services.model_server.security import TokenInterceptor, grpc_server_credentials
 from udfserve.services.model_server.unix_socket import bind_private_unix_socket
 from udfserve.services.process_setup import stop_on_signals
-
-from udfserve.protocol import inference_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from udfserve.services.model_server.core.cpu_parallel import ROW_ALIGNMENT
-from udfserve.services.model_server.event_loop import EventLoopChoice
 
 from udfserve.runtime.device import DEVICE_PATTERN
 from udfserve.runtime.model_config import validate_model_name
+from udfserve.services.model_server.core.cpu_parallel import ROW_ALIGNMENT
+from udfserve.services.model_server.event_loop import EventLoopChoice
 from udfserve.shared_memory import DEFAULT_DIRECTORY as DEFAULT_SHARED_MEMORY_DIRECTORY
 
 MAX_TRACKED_APPS = 512

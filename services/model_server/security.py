@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 from fastapi import Header, HTTPException
+
 from udfserve.services.model_server.config import ServerConfig
 
 OPEN_GRPC_PREFIXES = ("/grpc.health.v1.Health/",)

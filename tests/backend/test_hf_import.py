@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
-from udfserve.services.examples.text_classifier import MAX_LENGTH, generated_texts, write_fine_tuned_folder
-from udfserve.services.hf_import import HfImportError, import_hugging_face
 
 from udfserve.runtime.model_config import ModelConfig
 from udfserve.runtime.preprocessing import BatchTokenizer, open_tokenizer
 from udfserve.runtime.repository import scan_repository
 from udfserve.runtime.tensor_spec import TensorSpec
+from udfserve.services.examples.text_classifier import MAX_LENGTH, generated_texts, write_fine_tuned_folder
+from udfserve.services.hf_import import HfImportError, import_hugging_face
 
 TOLERANCE = 1e-5
 FEEDS = (

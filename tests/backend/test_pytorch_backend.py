@@ -19,13 +19,13 @@ import pytest
 import torch
 import yaml
 from torch_programs import CLASSES, IMAGE_SHAPE, conv_net_repository, torch_outputs
-from udfserve.services.examples.torch_models import TORCH_EXAMPLE, generate_torch_examples
 
 from udfserve.runtime.backends.pytorch import PyTorchModel
 from udfserve.runtime.backends.pytorch_errors import call_error
 from udfserve.runtime.errors import BackendFault, DeviceOutOfMemory, InvalidInput, ModelLoadError
 from udfserve.runtime.repository import load_model, scan_repository
 from udfserve.runtime.tensor_spec import TensorSpec
+from udfserve.services.examples.torch_models import TORCH_EXAMPLE, generate_torch_examples
 
 TOLERANCE = 1e-5
 

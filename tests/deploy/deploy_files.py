@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from udfserve.services.cli import build_parser
 from udfserve.services.model_server.config import ServerConfig
 from udfserve.services.node.config import NodeConfig
@@ -188,9 +189,8 @@ def settings_field(variable: str) -> str:
 
 def known_settings_variables() -> set[str]:
     """Every UDFSERVE_* variable a udfserve process reads: server and node settings, client lookups."""
-    from udfserve.spark_client.routing import ADDRESS_ENV
-
     from udfserve.discovery import DISCOVERY_FILE_ENV, RUNTIME_DIR_ENV
+    from udfserve.spark_client.routing import ADDRESS_ENV
 
     fields = set(ServerConfig.model_fields) | set(NodeConfig.model_fields)
     return {f"UDFSERVE_{f.upper()}" for f in fields} | {ADDRESS_ENV, DISCOVERY_FILE_ENV, RUNTIME_DIR_ENV}

@@ -23,6 +23,7 @@ from deploy_files import (
     node_config,
     settings_field,
 )
+
 from udfserve.services.cli import build_parser
 from udfserve.services.node.config import NodeConfig
 

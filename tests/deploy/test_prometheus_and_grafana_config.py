@@ -150,9 +150,8 @@ def test_podmonitor_labels_every_daemonset_port_like_the_targets_file() -> None:
 
 
 def test_expected_kubernetes_labels_are_those_of_the_targets_file() -> None:
-    from udfserve.services.node.targets import server_target, supervisor_target
-
     from udfserve.discovery import ServerEntry
+    from udfserve.services.node.targets import server_target, supervisor_target
 
     entry = ServerEntry(device="gpu:0", device_index=0, http_address="10.0.0.5:7501")
     server = server_target(entry, "gpu-node-7", None)["labels"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from server_harness import running_server
+
 from udfserve.services.model_server.launcher import ServerProcess
 
 _servers = itertools.count()

@@ -15,11 +15,11 @@ import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
-from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import decode_batch, encode_batch
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 
 @contextmanager

@@ -11,10 +11,10 @@ import grpc
 import numpy as np
 import pytest
 from server_harness import batch_of, http_json, metric_value, request, scrape, stream_predict
-from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 SERVING_METRICS = (
     "udfserve_requests_total",

@@ -17,6 +17,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import Case
+
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 TOKEN = "fuzz-token-7f3a"

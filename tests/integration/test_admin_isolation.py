@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from server_harness import metric_value, module_server
+
 from udfserve.services.model_server.config import ServerConfig
 from udfserve.services.model_server.core.model_table import ModelTable
 from udfserve.services.model_server.frontends.admin_server import (

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from server_harness import batch_of, metric_value, module_server, scrape
 from test_shared_memory import MODEL, PayloadFile, features, raw_predict
-from udfserve.services.model_server.launcher import ServerProcess
 
 from udfserve.protocol import inference_pb2 as pb
+from udfserve.services.model_server.launcher import ServerProcess
 
 MAX_MESSAGE_BYTES = 1 << 16  # the smallest the server accepts
 ROWS = 3_000  # 8 float32 outputs per row: 96,000 bytes of values, over the limit

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from onnx_graphs import scored_graph, write_model
 from server_harness import batch_of, http_json, request, running_server, stream_predict
+
 from udfserve.services.model_server.launcher import ServerProcess
 
 BLOCKER = '''"""Makes onnxruntime unimportable here, as where the onnx extra is not installed."""

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from oom_model import FEATURES, HUGE_ROW_MARKER, MODEL_NAME
 from server_harness import batch_of, metric_value, request, scrape, stream_predict
+
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from server_harness import batch_of, metric_value, request, scrape, stream_predict
-from udfserve.services.model_server.launcher import ServerProcess
 
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol.arrow_ipc import encode_batch
+from udfserve.services.model_server.launcher import ServerProcess
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 

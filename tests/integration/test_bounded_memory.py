@@ -22,9 +22,9 @@ from idle_stream import IdleStream
 from server_harness import batch_of, metric_value, module_server, request, scrape, stream_predict
 from tritonclient.grpc import service_pb2 as kpb
 from tritonclient.grpc import service_pb2_grpc as kpb_grpc
-from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 from udfserve.protocol import inference_pb2 as pb
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 logger = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ from typing import Literal
 import pyarrow as pa
 import pytest
 from server_harness import module_server
+
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.spark_client.circuit import CircuitBreakers
 from udfserve.spark_client.config import ClientConfig

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark import cloudpickle
+
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.spark_client.arrow_udf import arrow_function
 from udfserve.spark_client.config import ClientConfig

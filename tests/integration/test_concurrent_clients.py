@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from server_harness import client_inputs, client_process_main, keras_reference, metric_value, scrape
+
 from udfserve.services.model_server.launcher import ServerProcess
 
 CLIENTS = 4

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from server_harness import keras_reference, metric_value, module_server, scrape
 from test_predictions import MAX_BATCH, example_inputs, predict_over
+
 from udfserve.services.model_server.launcher import ServerProcess
 
 cutting_server = module_server("cut", ["--cpu-parallel-min-rows", "64"], port=0, http_port=0)

@@ -8,6 +8,7 @@ import numpy as np
 import tritonclient.grpc as triton
 from server_harness import keras_reference, metric_value, module_server, scrape
 from test_predictions import example_inputs, predict_over
+
 from udfserve.services.model_server.launcher import ServerProcess
 
 asyncio_server = module_server("asyncio_loop", ["--event-loop", "asyncio"], port=0, http_port=0)

@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from server_harness import batch_of, metric_value, request, scrape, stream_predict
-from udfserve.services.model_server.launcher import ServerProcess
 
 from udfserve.protocol.arrow_ipc import encode_batch
+from udfserve.services.model_server.launcher import ServerProcess
 
 ABSURD = (-1, (1 << 31) - 1, 1 << 40, 1 << 62)
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}

@@ -34,6 +34,7 @@ from server_harness import (
 )
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
+
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 from udfserve.spark_client.kserve_messages import (
     arrow_batch_to_infer_request,

@@ -20,6 +20,7 @@ from certificates import make_pki
 from server_harness import batch_of, column_to_numpy, request, stream_predict, wait_until_idle
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
+
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 NATIVE = ["--kserve-frontend", "native", "--kserve-port", "0"]

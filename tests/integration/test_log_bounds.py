@@ -7,6 +7,7 @@ import grpc
 import numpy as np
 from server_harness import batch_of, module_server, request, stream_predict
 from tritonclient.grpc import service_pb2_grpc
+
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.spark_client.kserve_messages import arrow_batch_to_infer_request
 

@@ -21,10 +21,10 @@ from model_control_client import EXPLICIT, add_version, control_repository, inde
 from server_harness import batch_of, metric_value, request, running_server, scrape
 from tritonclient.grpc import service_pb2 as kpb
 from tritonclient.utils import InferenceServerException
-from udfserve.services.model_server.launcher import ServerProcess
 
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
+from udfserve.services.model_server.launcher import ServerProcess
 
 NATIVE = ["--kserve-frontend", "native", "--kserve-port", "0"]
 TOKEN = "control-s3cret"

@@ -24,10 +24,10 @@ from test_bounded_memory import MIB, RSS_GROWTH_BOUND_BYTES, PeakMemory
 from tritonclient.grpc import service_pb2 as kpb
 from tritonclient.grpc import service_pb2_grpc as kpb_grpc
 from tritonclient.utils import InferenceServerException
-from udfserve.services.model_server.launcher import ServerProcess
 
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
+from udfserve.services.model_server.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from udfserve.services.model_server.launcher import ServerProcess
 
 from tests.integration.server_harness import (
     Answer,
@@ -33,6 +32,7 @@ from tests.node.node_harness import wait_until
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import decode_batch
+from udfserve.services.model_server.launcher import ServerProcess
 
 MODEL = "tabular_mlp"
 POLL_ARGS = ["--model-control", "poll", "--repository-poll-s", "0.2", "--repository-settle-s", "1"]

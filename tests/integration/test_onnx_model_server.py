@@ -25,6 +25,7 @@ from server_harness import (
     scrape,
     stream_predict,
 )
+
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.spark_client.arrow_wire import arrow_stream
 from udfserve.spark_client.channels import connect

@@ -24,11 +24,11 @@ import psutil
 import pytest
 import yaml
 from server_harness import batch_of, column_to_numpy, metric_value, request, scrape, stream_predict
-from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import decode_batch, encode_batch
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 pytestmark = pytest.mark.slow
 logger = logging.getLogger(__name__)

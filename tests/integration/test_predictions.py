@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from server_harness import batch_of, column_to_numpy, keras_reference, request, stream_predict
+
 from udfserve.services.model_server.launcher import ServerProcess
 
 MAX_BATCH = {"tabular_mlp": 1024, "sequence_bilstm": 4096, "multi_io": 512, "text_hashing": 1024}

@@ -14,6 +14,7 @@ import pytest
 import tritonclient.grpc as triton
 from server_harness import batch_of, column_to_numpy, request, running_server, stream_predict
 from torch_programs import CLASSES, IMAGE_SHAPE, conv_net_repository, torch_outputs
+
 from udfserve.services.examples.torch_models import TORCH_EXAMPLE, generate_torch_examples
 from udfserve.services.model_server.launcher import ServerProcess
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from server_harness import batch_of, request, stream_predict
+
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 ROWS_PER_REQUEST = 8

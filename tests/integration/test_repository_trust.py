@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from file_reading_model import INPUT_NAME, MODEL_NAME, OUTPUT_NAME
 from server_harness import Answer, batch_of, request, running_server, stream_predict
+
 from udfserve.services.model_server.launcher import ServerProcess
 
 SECRET = b"only the server's user may read this\n"

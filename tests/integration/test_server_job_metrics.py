@@ -10,9 +10,9 @@ import numpy as np
 import psutil
 import pytest
 from server_harness import batch_of, http_json, metric_value, request, scrape
-from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 MAX_TRACKED_APPS = 8
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from certificates import make_pki
 from server_harness import batch_of, request
-from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 TOKEN = "s3cret-token"
 

@@ -13,6 +13,7 @@ import grpc
 import numpy as np
 import pytest
 from server_harness import batch_of, http_json, request, stream_predict
+
 from udfserve.services.model_server.launcher import (
     ServerNotServing,
     ServerStartError,

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from idle_stream import IdleStream
 from server_harness import _CODES, batch_of, request
-from udfserve.services.model_server.launcher import launch_server
 
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
+from udfserve.services.model_server.launcher import launch_server
 
 GRACE_PERIOD_S = 20.0
 BATCHES = 40

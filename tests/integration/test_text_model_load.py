@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from server_harness import http_json, request, running_server, stream_predict
+
 from udfserve.services.examples.text_classifier import MAX_LENGTH, write_fine_tuned_folder
 from udfserve.services.hf_import import import_hugging_face
 from udfserve.services.model_server.launcher import ServerProcess

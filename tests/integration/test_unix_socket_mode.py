@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
 from udfserve.services.model_server.launcher import launch_server, wait_until_serving
 from udfserve.services.model_server.unix_socket import bind_private_unix_socket
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
 from udfserve.spark_client import ClientConfig, arrow_predictor
 
 

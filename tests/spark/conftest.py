@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 

@@ -26,6 +26,8 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from spark_data import feature_column, feature_values, reference_outputs, stacked
+
+from udfserve.discovery import NodeDiscovery, ServerEntry, read_discovery, write_discovery
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 from udfserve.spark_client import ClientConfig, arrow_predictor, remote_predict
 from udfserve.spark_client.channels import connect
@@ -34,8 +36,6 @@ from udfserve.spark_client.partition import PredictJob, predict_partition
 from udfserve.spark_client.routing import TaskPlacement
 from udfserve.spark_client.stats import ClientStats
 from udfserve.spark_client.udf import ArrowPredictor
-
-from udfserve.discovery import NodeDiscovery, ServerEntry, read_discovery, write_discovery
 
 pytestmark = pytest.mark.slow
 

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from spark_data import feature_values
+
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.spark_client.channels import connect
 from udfserve.spark_client.circuit import CircuitBreakers

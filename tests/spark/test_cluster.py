@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from udfserve.services.model_server.launcher import ServerProcess, launch_server, wait_until_serving
 
 from udfserve.discovery import DISCOVERY_FILE_ENV, NodeDiscovery, ServerEntry, write_discovery
+from udfserve.services.model_server.launcher import ServerProcess, launch_server, wait_until_serving
 
 pytestmark = pytest.mark.slow
 

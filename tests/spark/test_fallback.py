@@ -12,6 +12,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from spark_data import ROWS, feature_column, feature_values, reference_outputs, stacked
+
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 from udfserve.spark_client import ClientConfig, predict_arrow, remote_predict
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 from spark_data import feature_column
+
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.spark_client import ClientConfig, remote_predict
 

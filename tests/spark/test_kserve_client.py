@@ -17,6 +17,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from spark_data import feature_column, feature_values, reference_outputs, stacked
+
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 from udfserve.spark_client import ClientConfig, predict_arrow, remote_predict
 from udfserve.spark_client.circuit import CircuitBreakers

@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from spark_data import feature_column
+
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.spark_client import ClientConfig, arrow_predictor
 
@@ -54,6 +55,7 @@ def test_a_worker_that_predicts_an_onnx_model_through_the_server_never_imports_o
     """The same check against a server of an ONNX graph: the client's happy path is the same
     whatever backend the server runs."""
     from onnx_graphs import scored_graph, write_model
+
     from udfserve.services.model_server.launcher import launch_server
 
     root = tmp_path_factory.mktemp("onnx_lightness")

@@ -27,13 +27,13 @@ import yaml
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from spark_data import feature_column, feature_values, reference_outputs
-from udfserve.services.model_server.launcher import ServerProcess, launch_server
-from udfserve.spark_client import ClientConfig, remote_predict
 
 from tests.integration.server_harness import metric_value, scrape
 from tests.node.node_harness import wait_until
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
+from udfserve.spark_client import ClientConfig, remote_predict
 
 logger = logging.getLogger(__name__)
 

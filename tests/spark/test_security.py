@@ -14,6 +14,7 @@ import pytest
 from certificates import make_certificate, make_pki
 from pyspark.sql import SparkSession
 from spark_data import feature_column, feature_values, reference_outputs, stacked
+
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 from udfserve.spark_client import ClientConfig, remote_predict
 from udfserve.spark_client.errors import AuthenticationFailed, ServerUnavailable

@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from spark_data import reference_outputs, stacked
+
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.spark_client import ClientConfig, remote_predict
 

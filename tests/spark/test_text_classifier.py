@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from spark_data import stacked
+
 from udfserve.services.examples.text_classifier import MAX_LENGTH, generated_texts, write_fine_tuned_folder
 from udfserve.services.hf_import import import_hugging_face
 from udfserve.services.model_server.launcher import ServerProcess, launch_server

@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from spark_data import ROWS, feature_column, stacked
 from torch_programs import IMAGE_SHAPE, conv_net_inputs, conv_net_repository, torch_outputs
+
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 from udfserve.spark_client import ClientConfig, remote_predict
 

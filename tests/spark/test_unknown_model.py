@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 from spark_data import feature_values
+
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.spark_client import ClientConfig, predict_arrow, remote_predict
 from udfserve.spark_client.circuit import CircuitBreakers

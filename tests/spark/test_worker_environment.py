@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from udfserve.services.model_server.launcher import ServerProcess
 
 DRIVER = Path(__file__).with_name("worker_env_driver.py")

@@ -13,6 +13,7 @@ import sys
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+
 from udfserve.spark_client import ClientConfig, predict_arrow, remote_predict
 from udfserve.spark_client.errors import RemotePredictError
 

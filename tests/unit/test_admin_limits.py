@@ -8,6 +8,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
+
 from udfserve.services.model_server.frontends.admin_limits import AdminRateLimit, ClientRates, TokenBucket
 
 

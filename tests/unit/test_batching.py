@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pytest
-from udfserve.services.model_server.core.batching import DynamicBatcher
-from udfserve.services.model_server.errors import ModelUnavailable, QueueFull
 
 from udfserve.runtime.errors import BackendFault, InvalidInput
 from udfserve.runtime.model_config import BatchingConfig
+from udfserve.services.model_server.core.batching import DynamicBatcher
+from udfserve.services.model_server.errors import ModelUnavailable, QueueFull
 
 T = TypeVar("T")
 LONG_DELAY_S = 10.0  # the most BatchingConfig accepts

@@ -8,6 +8,8 @@ import asyncio
 
 import numpy as np
 import pytest
+
+from udfserve.runtime.errors import BackendFault, InvalidInput
 from udfserve.services.model_server.core.batching.answers import (
     as_serving_error,
     check_outputs,
@@ -19,8 +21,6 @@ from udfserve.services.model_server.core.batching.observers import Reports
 from udfserve.services.model_server.core.batching.queue import Chunk, signature
 from udfserve.services.model_server.core.batching.row_limit import RowLimit
 from udfserve.services.model_server.errors import QueueFull
-
-from udfserve.runtime.errors import BackendFault, InvalidInput
 
 
 class Answers:

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
-from udfserve.services.model_server.core.batching import DynamicBatcher
-from udfserve.services.model_server.errors import ModelUnavailable
 
 from udfserve.runtime.model_config import BatchingConfig
+from udfserve.services.model_server.core.batching import DynamicBatcher
+from udfserve.services.model_server.errors import ModelUnavailable
 
 SAFETY_TIMEOUT_S = 8.0
 HOUR_S = 3600.0  # a grace period no test waits out: stop must not wait for the broken batch

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from udfserve.runtime.model_config import BatchingConfig
 from udfserve.services.model_server.core.batching.dispatch import Dispatcher, ReturningCohort
 from udfserve.services.model_server.core.batching.observers import Reports
 from udfserve.services.model_server.core.batching.queue import Chunk, RequestQueue
 from udfserve.services.model_server.core.batching.row_limit import RowLimit
-
-from udfserve.runtime.model_config import BatchingConfig
 
 DELAY_S = 1.0
 

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+
 from udfserve.services.model_server.core.batching.observers import Reports
 from udfserve.services.model_server.core.batching.queue import Chunk, signature
 

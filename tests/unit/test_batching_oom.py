@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from udfserve.services.model_server.core.batching import LIMIT_RECOVERY_CALLS, DynamicBatcher
 
 from udfserve.runtime.errors import BackendFault, DeviceOutOfMemory, InvalidInput
 from udfserve.runtime.model_config import BatchingConfig
+from udfserve.services.model_server.core.batching import LIMIT_RECOVERY_CALLS, DynamicBatcher
 
 T = TypeVar("T")
 LONG_DELAY_S = 10.0  # a batch fills up rather than waiting for the delay

@@ -7,6 +7,7 @@ import asyncio
 
 import numpy as np
 import pytest
+
 from udfserve.services.model_server.core.batching.queue import Chunk, RequestQueue, rows_of
 from udfserve.services.model_server.errors import QueueFull
 

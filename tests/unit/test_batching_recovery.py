@@ -10,12 +10,12 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 import pytest
+
+from udfserve.runtime.errors import BackendFault, DeviceOutOfMemory
 from udfserve.services.model_server.core.batching.observers import Reports
 from udfserve.services.model_server.core.batching.queue import Arrays, Chunk, signature
 from udfserve.services.model_server.core.batching.recovery import CallResult, Recovery
 from udfserve.services.model_server.core.batching.row_limit import RowLimit
-
-from udfserve.runtime.errors import BackendFault, DeviceOutOfMemory
 
 HUGE_ROW = 99.0
 Predict = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]

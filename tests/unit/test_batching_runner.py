@@ -12,12 +12,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pytest
+
+from udfserve.runtime.errors import BackendFault
 from udfserve.services.model_server.core.batching.observers import Reports
 from udfserve.services.model_server.core.batching.queue import Chunk, signature
 from udfserve.services.model_server.core.batching.row_limit import RowLimit
 from udfserve.services.model_server.core.batching.runner import Batch, BatchRunner
-
-from udfserve.runtime.errors import BackendFault
 
 T = TypeVar("T")
 SAFETY_TIMEOUT_S = 8.0

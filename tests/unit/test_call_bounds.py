@@ -8,6 +8,8 @@ import gc
 
 import grpc
 import pytest
+
+from udfserve.protocol import inference_pb2 as pb
 from udfserve.services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
 from udfserve.services.model_server.frontends.streaming import (
     RawStreamRequests,
@@ -16,8 +18,6 @@ from udfserve.services.model_server.frontends.streaming import (
 )
 from udfserve.services.model_server.observability.metrics import ServerMetrics
 from udfserve.services.model_server.security import _refusing_handler
-
-from udfserve.protocol import inference_pb2 as pb
 
 
 async def _unary(request: bytes, context: object) -> bytes:

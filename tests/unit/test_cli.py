@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
+
 from udfserve.services.cli import build_parser
 from udfserve.services.examples.generate_models import (
     EXAMPLES,

@@ -7,6 +7,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
+
 from udfserve.spark_client.convert import answer_to_spark_columns, arrow_to_request, match_inputs
 from udfserve.spark_client.model_spec import ModelSpec, Tensor
 from udfserve.spark_client.pandas_convert import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from udfserve.spark_client.config import ClientConfig
 from udfserve.spark_client.credentials import auth_metadata, channel_credentials, uses_tls
 from udfserve.spark_client.errors import ClientSetupError

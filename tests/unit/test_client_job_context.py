@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from udfserve.services.model_server.core import job_context as server_side
 from udfserve.spark_client.job_context import MAX_VALUE_CHARS, METADATA_PREFIX, SparkJobContext, sanitise
 

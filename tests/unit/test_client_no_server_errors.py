@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+
 from udfserve.spark_client.circuit import CircuitBreakers
 from udfserve.spark_client.config import ClientConfig
 from udfserve.spark_client.errors import ModelMetadataError, ServerUnavailable

@@ -6,6 +6,14 @@ import time
 from pathlib import Path
 
 import pytest
+
+from udfserve.discovery import (
+    DISCOVERY_FILE_ENV,
+    RUNTIME_DIR_ENV,
+    NodeDiscovery,
+    ServerEntry,
+    write_discovery,
+)
 from udfserve.spark_client.config import ClientConfig
 from udfserve.spark_client.routing import (
     ADDRESS_ENV,
@@ -25,14 +33,6 @@ from udfserve.spark_client.routing import (
     fallback_repository,
     placement_from_resources,
     resolve_route,
-)
-
-from udfserve.discovery import (
-    DISCOVERY_FILE_ENV,
-    RUNTIME_DIR_ENV,
-    NodeDiscovery,
-    ServerEntry,
-    write_discovery,
 )
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from udfserve.spark_client.shared_memory import SPARE_FILES, SharedMemoryPayloads
 
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol.arrow_ipc import decode_batch
 from udfserve.shared_memory import FILE_NAME_PATTERN, write_ipc_into
+from udfserve.spark_client.shared_memory import SPARE_FILES, SharedMemoryPayloads
 
 
 def batch(rows: int, value: float = 1.0) -> pa.RecordBatch:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
+
 from udfserve.spark_client.convert import answer_to_array
 from udfserve.spark_client.model_spec import ModelSpec, Tensor
 from udfserve.spark_client.rechunk import Rechunker

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pydantic import ValidationError
+
 from udfserve.services.model_server.config import ServerConfig
 from udfserve.services.model_server.core.cpu_parallel import ROW_ALIGNMENT, CallsInFlight, CoreParallelPredict
 from udfserve.services.model_server.core.model_table import cpu_parts

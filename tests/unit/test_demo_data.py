@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pyspark.sql import Row
+
 from udfserve.services.demo_data import (
     FREE_DIMENSION,
     SAMPLE_VALUES,

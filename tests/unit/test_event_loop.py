@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import uvloop
+
 from udfserve.services.model_server.event_loop import EventLoopUnavailable, resolve, run, running_loop_kind
 
 

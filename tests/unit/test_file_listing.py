@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from udfserve.spark_client.file_reads import FileReadError, FileSplit, list_files, plan_splits, read_schema
 
 

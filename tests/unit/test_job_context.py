@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from prometheus_client import CollectorRegistry, generate_latest
+
 from udfserve.services.model_server.core.job_context import JobContext, SparkApplications, parse_job_context
 
 

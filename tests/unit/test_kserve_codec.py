@@ -7,12 +7,6 @@ import pyarrow as pa
 import pytest
 from tritonclient.grpc import model_config_pb2, service_pb2
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
-from udfserve.spark_client.kserve_messages import (
-    arrow_batch_to_infer_request,
-    infer_response_to_arrow,
-    specs_from_config,
-    specs_from_metadata,
-)
 
 from udfserve.kserve_tensors import (
     KServeCodecError,
@@ -21,6 +15,12 @@ from udfserve.kserve_tensors import (
     tensor_from_contents,
     tensor_from_raw,
     tensor_to_raw,
+)
+from udfserve.spark_client.kserve_messages import (
+    arrow_batch_to_infer_request,
+    infer_response_to_arrow,
+    specs_from_config,
+    specs_from_metadata,
 )
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+
 from udfserve.services.model_server.config import ServerConfig
 from udfserve.services.model_server.frontends.kserve.native import (
     NativeFrontendUnavailable,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from udfserve.services.model_server.frontends.kserve.tensors import parse_version
 
 from udfserve.runtime.errors import InvalidInput
+from udfserve.services.model_server.frontends.kserve.tensors import parse_version
 
 
 @pytest.mark.parametrize(("text", "version"), [("", 0), ("1", 1), ("999999999999999999", 999999999999999999)])

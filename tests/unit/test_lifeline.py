@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from udfserve.services.model_server.lifeline import watch_lifeline
 
 SAFETY_TIMEOUT_S = 8.0

@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 
 import pytest
-from udfserve.services.log_limits import LogLimits
 
 from udfserve.log_text import CLIENT_TEXT_CHARS, clip, error_line
+from udfserve.services.log_limits import LogLimits
 
 
 def test_short_text_is_kept_as_it_is() -> None:

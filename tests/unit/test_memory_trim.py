@@ -7,6 +7,7 @@ import asyncio
 import time
 
 import pytest
+
 from udfserve.services.model_server.core.memory_trim import MemoryTrimmer, _glibc_malloc_trim
 from udfserve.services.model_server.frontends.kserve.unary_budget import UnaryBudget
 from udfserve.services.model_server.observability.metrics import ServerMetrics

@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import pytest
-from udfserve.services.model_server.core.batching import DynamicBatcher
-from udfserve.services.model_server.observability.metrics import ServerMetrics
-from udfserve.services.model_server.observability.statistics import ModelStatistics
 
 from udfserve.runtime.errors import DeviceOutOfMemory
 from udfserve.runtime.model_config import BatchingConfig
+from udfserve.services.model_server.core.batching import DynamicBatcher
+from udfserve.services.model_server.observability.metrics import ServerMetrics
+from udfserve.services.model_server.observability.statistics import ModelStatistics
 
 LONG_DELAY_S = 5.0
 Predict = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]

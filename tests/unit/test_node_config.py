@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 import pytest
+
+from udfserve.discovery import default_discovery_path
 from udfserve.services.cli import build_parser
 from udfserve.services.model_server.config import ServerConfig
 from udfserve.services.model_server.launcher import serve_arguments, server_command
@@ -13,8 +15,6 @@ from udfserve.services.node.config import NodeConfig
 from udfserve.services.node.devices import DeviceSlot
 from udfserve.services.node.server_flags import SHARED_SETTINGS
 from udfserve.services.settings_cli import SettingsError, add_settings_arguments, settings_from_args
-
-from udfserve.discovery import default_discovery_path
 
 
 def parse(argv: list[str]) -> NodeConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 
 import pytest
+
 from udfserve.services.node.devices import (
     DeviceError,
     DeviceSlot,

@@ -6,6 +6,7 @@ import ctypes
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+
 from udfserve.services.model_server.observability.gpu_metrics import GpuCollector, nvml_status
 
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from udfserve.services.node.lock import NodeLock, NodeLockHeld
 
 

@@ -7,9 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from udfserve.services.node.ready_file import ReadyFileWatch, ServedModels
-
 from udfserve.discovery import NodeDiscovery, ServerEntry, read_discovery, write_discovery
+from udfserve.services.node.ready_file import ReadyFileWatch, ServedModels
 
 
 def write_ready_file(path: Path, versions: dict[str, list[int]]) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from certificates import make_pki
+
 from udfserve.services.node.config import NodeConfig
 from udfserve.services.node.devices import DeviceSlot
 from udfserve.services.node.server_flags import check_server_command

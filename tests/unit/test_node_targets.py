@@ -6,9 +6,8 @@ import json
 import socket
 from pathlib import Path
 
-from udfserve.services.node.targets import advertised_address, server_target, supervisor_target, write_targets
-
 from udfserve.discovery import ServerEntry
+from udfserve.services.node.targets import advertised_address, server_target, supervisor_target, write_targets
 
 
 def test_a_server_target_is_its_http_address_labelled_with_its_device() -> None:

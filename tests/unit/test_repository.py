@@ -372,12 +372,11 @@ def test_a_folder_with_an_invalid_name_is_still_refused_as_an_invalid_name_by_th
 ) -> None:
     """The scan keeps such a folder as a failed entry under its own name; asking for it is still
     INVALID_ARGUMENT (not a retryable "failed to load"), as for any name that is not valid."""
+    from udfserve.runtime.errors import InvalidInput
     from udfserve.services.model_server.config import ServerConfig
     from udfserve.services.model_server.core.model_control import ModelControl
     from udfserve.services.model_server.core.model_table import ModelTable
     from udfserve.services.model_server.observability.metrics import ServerMetrics
-
-    from udfserve.runtime.errors import InvalidInput
 
     make_model(tmp_path, "has space")
     config = ServerConfig(model_repository=tmp_path, socket=tmp_path / "s.sock", port=None)

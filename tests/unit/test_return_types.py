@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from pyspark.sql import types as T
+
 from udfserve.spark_client.model_spec import ModelSpec, Tensor
 from udfserve.spark_client.return_types import check_return_type, spark_return_type
 

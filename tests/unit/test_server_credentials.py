@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from certificates import make_pki
 from pydantic import ValidationError
+
 from udfserve.services.cli import build_parser
 from udfserve.services.model_server.config import ServerConfig
 from udfserve.services.model_server.security import check_credentials

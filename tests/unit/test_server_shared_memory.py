@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from udfserve.services.model_server.frontends.arrow.shared_memory import SharedMemoryRefused, StreamRegions
 
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.runtime.errors import InvalidInput
+from udfserve.services.model_server.frontends.arrow.shared_memory import SharedMemoryRefused, StreamRegions
 
 ANOTHER_SERVER_UID = 4242
 """The uid the server under test takes itself for: the test's files then belong to someone else."""

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
+
 from udfserve.services.model_server.frontends.admin_server import ServingLoop, ServingLoopUnresponsive
 
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TypeVar
 
 import pytest
+
 from udfserve.services.model_server.frontends.streaming import (
     Pending,
     StreamBounds,

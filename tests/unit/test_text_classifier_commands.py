@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
+
 from udfserve.services.cli import build_parser
 from udfserve.services.demo import example_model_names, generate_command
 from udfserve.services.examples.generate_models import EXAMPLES, generate_example_repository

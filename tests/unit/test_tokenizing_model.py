@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
-from udfserve.services.examples.text_classifier import generated_texts, train_tokenizer
 
 from udfserve.runtime.errors import InvalidInput, ModelLoadError
 from udfserve.runtime.model_config import ModelConfig, TextPreprocess
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.preprocessing import TokenizingModel, with_preprocessing
 from udfserve.runtime.tensor_spec import TensorSpec
+from udfserve.services.examples.text_classifier import generated_texts, train_tokenizer
 
 
 class TokenCounter:

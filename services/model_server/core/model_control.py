@@ -25,15 +25,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from udfserve.services.model_server.core.model_table import ModelEntry, ModelTable
-from udfserve.services.model_server.core.served_model import ServedModel
-from udfserve.services.model_server.errors import (
-    ModelControlRefused,
-    ModelLoadFailed,
-    ModelNotFound,
-    QueueFull,
-)
-
 from udfserve.log_text import clip
 from udfserve.runtime.errors import InvalidInput
 from udfserve.runtime.model_config import ModelConfig, validate_model_name
@@ -45,6 +36,14 @@ from udfserve.runtime.repository import (
     read_model,
     resolve_model_dir,
     scan_repository,
+)
+from udfserve.services.model_server.core.model_table import ModelEntry, ModelTable
+from udfserve.services.model_server.core.served_model import ServedModel
+from udfserve.services.model_server.errors import (
+    ModelControlRefused,
+    ModelLoadFailed,
+    ModelNotFound,
+    QueueFull,
 )
 
 logger = logging.getLogger(__name__)

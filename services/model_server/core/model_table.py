@@ -22,6 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from udfserve.runtime.backends.base import LoadedModel
+from udfserve.runtime.errors import InvalidInput
+from udfserve.runtime.model_config import validate_model_name
 from udfserve.services.model_server.config import ServerConfig
 from udfserve.services.model_server.core.served_model import (
     ModelInfo,
@@ -32,10 +35,6 @@ from udfserve.services.model_server.core.served_model import (
 )
 from udfserve.services.model_server.errors import ModelNotFound, ModelSwapping, ModelUnavailable
 from udfserve.services.model_server.observability.metrics import ModelMetrics, ServerMetrics
-
-from udfserve.runtime.backends.base import LoadedModel
-from udfserve.runtime.errors import InvalidInput
-from udfserve.runtime.model_config import validate_model_name
 
 __all__ = ["LoadedModel", "ModelEntry", "ModelInfo", "ModelState", "ModelTable", "ServedModel", "cpu_parts"]
 

@@ -30,15 +30,15 @@ from typing import Generic, TypeVar
 
 import grpc
 import numpy as np
+
+from udfserve.runtime.tensor_conversion import answer_bytes_at_least, check_answer_size
+from udfserve.runtime.tensor_spec import TensorSpec, zeros
+from udfserve.runtime.value_ranges import check_ranges
 from udfserve.services.model_server.core.in_flight import InFlightRequests
 from udfserve.services.model_server.core.job_context import JobContext
 from udfserve.services.model_server.core.model_table import ModelTable, ServedModel
 from udfserve.services.model_server.core.pending import Pending
 from udfserve.services.model_server.observability.metrics import ModelMetrics, ServerMetrics
-
-from udfserve.runtime.tensor_conversion import answer_bytes_at_least, check_answer_size
-from udfserve.runtime.tensor_spec import TensorSpec, zeros
-from udfserve.runtime.value_ranges import check_ranges
 
 M = TypeVar("M")
 """The protocol's request message (what its front end reads when it answers)."""

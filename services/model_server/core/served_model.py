@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel
-from udfserve.services.model_server.config import ServerConfig
-from udfserve.services.model_server.core.batching import DynamicBatcher
-from udfserve.services.model_server.core.cpu_parallel import CallsInFlight, CoreParallelPredict
-from udfserve.services.model_server.observability.metrics import ModelMetrics, ServerMetrics
 
 from udfserve.runtime.backends.base import LoadedModel
 from udfserve.runtime.errors import ModelLoadError
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.repository import load_model
 from udfserve.runtime.tensor_spec import TensorSpec
+from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.model_server.core.batching import DynamicBatcher
+from udfserve.services.model_server.core.cpu_parallel import CallsInFlight, CoreParallelPredict
+from udfserve.services.model_server.observability.metrics import ModelMetrics, ServerMetrics
 
 logger = logging.getLogger(__name__)
 

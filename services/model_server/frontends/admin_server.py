@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import uvicorn
+
 from udfserve.services.model_server.frontends.admin_limits import ADMIN_MAX_CONNECTIONS
 
 T = TypeVar("T")

@@ -23,6 +23,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from starlette.requests import Request
+
+import udfserve
+from udfserve.runtime.errors import InvalidInput
 from udfserve.services.model_server.core.model_table import ModelInfo, ModelTable
 from udfserve.services.model_server.errors import ModelNotFound
 from udfserve.services.model_server.frontends.admin_limits import AdminRateLimit
@@ -30,9 +33,6 @@ from udfserve.services.model_server.frontends.admin_server import ServingLoop, S
 from udfserve.services.model_server.frontends.metrics_page import MetricsPage
 from udfserve.services.model_server.observability.metrics import ServerMetrics
 from udfserve.services.model_server.security import http_token_dependency
-
-import udfserve
-from udfserve.runtime.errors import InvalidInput
 
 
 class Liveness(BaseModel):

@@ -18,15 +18,15 @@ from collections.abc import Coroutine
 from typing import Any, NoReturn
 
 import grpc
-from udfserve.services.model_server.core.model_control import IndexEntry, ModelControl
-from udfserve.services.model_server.core.model_table import ModelTable
-from udfserve.services.model_server.errors import failure_status
 
 from udfserve.log_text import clip
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.runtime.errors import InvalidInput, ServingError
 from udfserve.runtime.model_config import ModelConfig
 from udfserve.runtime.repository import parse_model_config
+from udfserve.services.model_server.core.model_control import IndexEntry, ModelControl
+from udfserve.services.model_server.core.model_table import ModelTable
+from udfserve.services.model_server.errors import failure_status
 
 logger = logging.getLogger(__name__)
 

@@ -32,9 +32,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
-from udfserve.services.model_server.core.pending import Pending
 
 from udfserve.runtime.errors import InvalidInput
+from udfserve.services.model_server.core.pending import Pending
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.registry import Collector
-from udfserve.services.model_server.core.job_context import JobContext, SparkApplications
-from udfserve.services.model_server.observability.statistics import ModelStatistics
 
 import udfserve
+from udfserve.services.model_server.core.job_context import JobContext, SparkApplications
+from udfserve.services.model_server.observability.statistics import ModelStatistics
 
 LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,

@@ -15,12 +15,12 @@ import asyncio
 import logging
 
 import numpy as np
-from udfserve.services.model_server.core.batching.observers import Reports
-from udfserve.services.model_server.core.batching.queue import Arrays, Chunk
-from udfserve.services.model_server.core.batching.row_limit import RowLimit
 
 from udfserve.log_text import error_line
 from udfserve.runtime.errors import BackendFault, InvalidInput, ServingError
+from udfserve.services.model_server.core.batching.observers import Reports
+from udfserve.services.model_server.core.batching.queue import Arrays, Chunk
+from udfserve.services.model_server.core.batching.row_limit import RowLimit
 
 logger = logging.getLogger(__name__)
 

@@ -25,6 +25,9 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
+
+from udfserve.runtime.errors import ServingError
+from udfserve.runtime.model_config import DEFAULT_QUEUE_BATCHES, BatchingConfig
 from udfserve.services.model_server.core.batching.answers import set_exception, whole_request
 from udfserve.services.model_server.core.batching.dispatch import Dispatcher
 from udfserve.services.model_server.core.batching.observers import BatchObserver, Reports
@@ -32,9 +35,6 @@ from udfserve.services.model_server.core.batching.queue import Chunk, RequestQue
 from udfserve.services.model_server.core.batching.row_limit import RowLimit
 from udfserve.services.model_server.core.batching.runner import Batch, BatchRunner, PredictFn
 from udfserve.services.model_server.errors import ModelUnavailable
-
-from udfserve.runtime.errors import ServingError
-from udfserve.runtime.model_config import DEFAULT_QUEUE_BATCHES, BatchingConfig
 
 logger = logging.getLogger(__name__)
 

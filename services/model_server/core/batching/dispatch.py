@@ -25,10 +25,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sized
 from typing import Protocol
 
+from udfserve.runtime.model_config import BatchingConfig
 from udfserve.services.model_server.core.batching.queue import Chunk, RequestQueue
 from udfserve.services.model_server.core.batching.row_limit import RowLimit
-
-from udfserve.runtime.model_config import BatchingConfig
 
 
 class Cancellable(Protocol):

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from udfserve.services.model_server.errors import QueueFull
 
 Arrays = dict[str, np.ndarray]

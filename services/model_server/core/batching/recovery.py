@@ -16,6 +16,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from udfserve.log_text import clip
+from udfserve.runtime.errors import DeviceOutOfMemory, InvalidInput, ServingError
 from udfserve.services.model_server.core.batching.answers import (
     as_serving_error,
     joined,
@@ -25,9 +28,6 @@ from udfserve.services.model_server.core.batching.answers import (
 from udfserve.services.model_server.core.batching.observers import Reports
 from udfserve.services.model_server.core.batching.queue import Arrays, Chunk
 from udfserve.services.model_server.core.batching.row_limit import RowLimit
-
-from udfserve.log_text import clip
-from udfserve.runtime.errors import DeviceOutOfMemory, InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)
 

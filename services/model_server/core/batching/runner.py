@@ -18,13 +18,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+
+from udfserve.runtime.errors import BackendFault
 from udfserve.services.model_server.core.batching.answers import check_outputs, resolve, set_exception
 from udfserve.services.model_server.core.batching.observers import Reports
 from udfserve.services.model_server.core.batching.queue import Arrays, Chunk
 from udfserve.services.model_server.core.batching.recovery import CallResult, Recovery
 from udfserve.services.model_server.core.batching.row_limit import RowLimit
-
-from udfserve.runtime.errors import BackendFault
 
 logger = logging.getLogger(__name__)
 

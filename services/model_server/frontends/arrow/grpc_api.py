@@ -17,6 +17,17 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pyarrow as pa
+
+from udfserve.log_text import clip
+from udfserve.protocol import inference_pb2 as pb
+from udfserve.protocol import inference_pb2_grpc as pb_grpc
+from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
+from udfserve.runtime.errors import InvalidInput, ServingError
+from udfserve.runtime.tensor_conversion import (
+    batch_to_inputs,
+    outputs_to_batch,
+)
+from udfserve.runtime.tensor_spec import TensorSpec
 from udfserve.services.model_server.core.job_context import JobContext, parse_job_context
 from udfserve.services.model_server.core.model_control import ModelControl
 from udfserve.services.model_server.core.model_table import ModelInfo
@@ -37,17 +48,6 @@ from udfserve.services.model_server.frontends.streaming import (
     parsed_requests,
     size_as_read,
 )
-
-from udfserve.log_text import clip
-from udfserve.protocol import inference_pb2 as pb
-from udfserve.protocol import inference_pb2_grpc as pb_grpc
-from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
-from udfserve.runtime.errors import InvalidInput, ServingError
-from udfserve.runtime.tensor_conversion import (
-    batch_to_inputs,
-    outputs_to_batch,
-)
-from udfserve.runtime.tensor_spec import TensorSpec
 
 logger = logging.getLogger(__name__)
 

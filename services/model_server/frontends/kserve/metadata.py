@@ -7,17 +7,17 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as kpb
+
+from udfserve.log_text import clip
+from udfserve.runtime.errors import InvalidInput
+from udfserve.runtime.model_config import ModelConfig
+from udfserve.runtime.tensor_spec import TensorSpec
 from udfserve.services.model_server.core.model_table import ModelTable, ServedModel
 from udfserve.services.model_server.frontends.kserve.tensors import (
     DATATYPE_OF_DTYPE,
     advertised_dims,
     parse_version,
 )
-
-from udfserve.log_text import clip
-from udfserve.runtime.errors import InvalidInput
-from udfserve.runtime.model_config import ModelConfig
-from udfserve.runtime.tensor_spec import TensorSpec
 
 SERVER_NAME = "udfserve"
 EXTENSIONS = ("model_configuration", "model_repository", "statistics")

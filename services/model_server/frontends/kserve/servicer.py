@@ -29,6 +29,10 @@ from typing import TypeVar
 import grpc
 from tritonclient.grpc import service_pb2 as kpb
 from tritonclient.grpc import service_pb2_grpc as kpb_grpc
+
+import udfserve
+from udfserve.log_text import clip
+from udfserve.runtime.errors import InvalidInput, ServingError
 from udfserve.services.model_server.core.job_context import JobContext, parse_job_context
 from udfserve.services.model_server.core.model_control import ModelControl
 from udfserve.services.model_server.core.model_table import LoadedModel
@@ -73,10 +77,6 @@ from udfserve.services.model_server.frontends.streaming import (
     parsed_requests,
     size_as_read,
 )
-
-import udfserve
-from udfserve.log_text import clip
-from udfserve.runtime.errors import InvalidInput, ServingError
 
 logger = logging.getLogger(__name__)
 

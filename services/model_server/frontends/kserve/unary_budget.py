@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
+
 from udfserve.services.model_server.core.memory_trim import MemoryTrimmer
 from udfserve.services.model_server.observability.metrics import ServerMetrics
 
