@@ -24,6 +24,13 @@ from udfserve.services.model_server.config import ServerConfig
 from udfserve.services.node.config import NodeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_FOLDERS = {
+    "udfserve": "udfserve",
+    "services": "udfserve/services",
+    "spark_client": "udfserve/spark_client",
+}
+"""The folders the package is built from, each with where it lands in an install (setup.py)."""
+BUILD_FILES = ("pyproject.toml", "setup.py")
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOTENV_FILE = ROOT / ".env"
 DEPLOY = ROOT / "deploy"

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import tomllib
 from deploy_files import (
+    BUILD_FILES,
+    PACKAGE_FOLDERS,
     ROOT,
     Instruction,
     argv_of,
@@ -151,9 +153,8 @@ def test_copied_sources_hold_every_installed_package(image: str) -> None:
     """pip installs from the copy: every package the project declares must be in it."""
     copied = {source for copy in instructions(image, "COPY") for source in copy_sources(copy)}
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = {p.removesuffix("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
-    assert packages <= copied
-    assert {"pyproject.toml", project["project"]["readme"]} <= copied
+    assert set(PACKAGE_FOLDERS) <= copied
+    assert {*BUILD_FILES, project["project"]["readme"]} <= copied
 
 
 def test_server_image_runs_the_node_supervisor_by_default() -> None:

@@ -3,6 +3,7 @@ and the licence declared as an SPDX expression."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -12,16 +13,9 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from deploy_files import ROOT
+from deploy_files import BUILD_FILES, PACKAGE_FOLDERS, ROOT
 
 pytestmark = pytest.mark.slow
-
-PACKAGE_FOLDERS = {
-    "udfserve": "udfserve",
-    "services": "udfserve/services",
-    "spark_client": "udfserve/spark_client",
-}
-"""The folders the package is built from, each with where it lands in the wheel (setup.py)."""
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +26,7 @@ def build_output(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     source = root / "source"
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     source.mkdir()
-    for name in ("pyproject.toml", "setup.py", project["project"]["readme"]):
+    for name in (*BUILD_FILES, project["project"]["readme"]):
         shutil.copy(ROOT / name, source / name)
     for folder in PACKAGE_FOLDERS:
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
@@ -140,3 +134,17 @@ def test_a_fresh_install_imports_the_namespace_and_no_services(
     )
 
     assert completed.returncode == 0, completed.stderr
+
+
+def test_the_package_folders_are_those_setup_py_maps() -> None:
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    [mapped] = [
+        ast.literal_eval(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(getattr(t, "id", "") == "MAPPED_FOLDERS" for t in node.targets)
+    ]
+
+    assert {folder: package.replace(".", "/") for folder, package in mapped.items()} == {
+        folder: prefix for folder, prefix in PACKAGE_FOLDERS.items() if folder != "udfserve"
+    }
