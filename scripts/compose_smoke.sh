@@ -48,7 +48,7 @@ COMPOSE_FILES=(-f docker-compose.yml -f deploy/local/compose.local.yml)
 PYTHON_IMAGE=udfserve-local/python:3.11-slim-bookworm
 DEBIAN_IMAGE=udfserve-local/debian:bookworm
 PROMETHEUS_IMAGE=udfserve-local/prometheus:2.42
-VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' udfserve/__init__.py)  # the one place the version is written
 
 STARTED_ENGINE=0
 HELD=()

@@ -187,6 +187,8 @@ def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDis
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "16384")
         .config("spark.ui.showConsoleProgress", "true")
         .config("spark.udfserve.discoveryFile", str(discovery_file))
+        # the CPU fallback's model files: the client's own setting, never taken from the node's file
+        .config("spark.udfserve.modelRepository", str(options.model_repository))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")

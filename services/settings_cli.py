@@ -49,6 +49,8 @@ def help_text(settings_cls: type[BaseSettings], name: str) -> str:
     parts = [f"env {env_name(settings_cls, name)}"]
     if field.is_required():
         parts.append("required")
+    elif field.default_factory is not None:
+        parts.append(f"default: {default_text(field.get_default(call_default_factory=True))}")
     else:
         value = field.get_default()
         if default_text(value) != "none" or "default" not in field.description:

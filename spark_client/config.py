@@ -57,7 +57,20 @@ class ClientConfig(BaseModel):
     discovery_file: str | None = Field(
         default=None,
         description="the node's discovery file; default: UDFSERVE_DISCOVERY_FILE, then "
-        "<UDFSERVE_RUNTIME_DIR or /tmp/udfserve>/discovery.json on the executor",
+        "<UDFSERVE_RUNTIME_DIR or /tmp/udfserve-<uid>>/discovery.json on the executor",
+    )
+    trusted_node_uids: tuple[int, ...] = Field(
+        default=(),
+        description="users (uids) besides the executor's own and root whose discovery file and runtime "
+        "folder the client believes: the uid of a node run by a service user. A file or socket of "
+        "any other user, or in a folder others may write, is refused and the rows run on the CPU "
+        "fallback, naming why",
+    )
+    fallback_repository_from_node: bool = Field(
+        default=False,
+        description="let the CPU fallback load the model from the repository the node's discovery "
+        "file names when model_repository is not set; off by default, since the fallback then runs "
+        "model files that the node's user chose inside the job",
     )
     model_version: int = Field(
         default=0,
@@ -89,8 +102,8 @@ class ClientConfig(BaseModel):
     )
     model_repository: str | None = Field(
         default=None,
-        description="where the CPU fallback finds the model; default: the repository named in the "
-        "node's discovery file",
+        description="where the CPU fallback finds the model; without it the fallback cannot run (or, "
+        "with fallback_repository_from_node, it takes the repository the node's discovery file names)",
     )
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1 << 16)
     initial_backoff_s: float = Field(default=0.01, gt=0, description="first wait after RESOURCE_EXHAUSTED")
@@ -163,6 +176,19 @@ class ClientConfig(BaseModel):
     def _path(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
             raise ValueError("expected a path or None, received an empty string")
+        return value
+
+    @field_validator("trusted_node_uids", mode="before")
+    @classmethod
+    def _uids(cls, value: object) -> object:
+        """A Spark conf value is a string: ``"10001"`` or ``"10001,10002"``."""
+        if isinstance(value, str):
+            words = [word.strip() for word in value.split(",") if word.strip()]
+            if not all(word.isdigit() for word in words):
+                raise ValueError(
+                    f"expected uids as numbers separated by commas, such as '10001', received {value!r}"
+                )
+            return tuple(int(word) for word in words)
         return value
 
     @field_validator("tls_server_name")

@@ -190,7 +190,7 @@ class _PartitionRunner:
             route = resolve_route(self._config, self._environ, self._placement)
         except NoServerFound as exc:
             self._quiet_until_s = now + reset_s
-            self._failure.cause, self._failure.kind = str(exc), "no_server"
+            self._failure.cause, self._failure.kind = str(exc), exc.kind
             return None
         self._failure.origin = route.origin
         self._route = route

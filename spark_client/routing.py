@@ -23,13 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from udfserve.discovery import (
+    TRUST_FIX,
     DiscoveryError,
     NodeDiscovery,
     ServerEntry,
+    UntrustedDiscoveryFile,
     default_discovery_path,
     read_discovery,
     read_live_discovery,
 )
+from udfserve.node_files import SocketMissing, UntrustedNodeFile, check_node_socket, trusted_uids
 from udfserve.spark_client.config import ClientConfig, check_target
 
 logger = logging.getLogger(__name__)
@@ -48,6 +51,8 @@ SPARK_CONF_TLS_SERVER_NAME = "spark.udfserve.tlsServerName"
 SPARK_CONF_SHARED_MEMORY = "spark.udfserve.sharedMemory"
 SPARK_CONF_SHARED_MEMORY_DIR = "spark.udfserve.sharedMemoryDir"
 SPARK_CONF_SHARED_MEMORY_GROUP_ACCESS = "spark.udfserve.sharedMemoryGroupAccess"
+SPARK_CONF_TRUSTED_NODE_UIDS = "spark.udfserve.trustedNodeUids"
+SPARK_CONF_FALLBACK_REPOSITORY_FROM_NODE = "spark.udfserve.fallbackRepositoryFromNode"
 
 _SPARK_CONF_PATHS = {
     SPARK_CONF_DISCOVERY_FILE: "discovery_file",
@@ -63,6 +68,8 @@ _SPARK_CONF_SETTINGS = {
     SPARK_CONF_SHARED_MEMORY: "shared_memory",
     SPARK_CONF_SHARED_MEMORY_DIR: "shared_memory_dir",
     SPARK_CONF_SHARED_MEMORY_GROUP_ACCESS: "shared_memory_group_access",
+    SPARK_CONF_TRUSTED_NODE_UIDS: "trusted_node_uids",
+    SPARK_CONF_FALLBACK_REPOSITORY_FROM_NODE: "fallback_repository_from_node",
 }
 """Settings with a default of their own: the conf applies unless the UDF's config set them."""
 SPARK_CONF_KEYS = (SPARK_CONF_ADDRESS, SPARK_CONF_AUTH_TOKEN, *_SPARK_CONF_SETTINGS, *_SPARK_CONF_PATHS)
@@ -70,7 +77,16 @@ SPARK_CONF_KEYS = (SPARK_CONF_ADDRESS, SPARK_CONF_AUTH_TOKEN, *_SPARK_CONF_SETTI
 
 
 class NoServerFound(LookupError):
-    """Nothing names a server for this task; the message says where the client looked."""
+    """Nothing names a server for this task; the message says where the client looked, ``kind``
+    the short label the client's counters give it."""
+
+    def __init__(self, message: str, kind: str = "no_server") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+UNTRUSTED = "untrusted_node_file"
+"""The label of a route refused because another user could have written the node's files."""
 
 
 @dataclass(frozen=True)
@@ -164,23 +180,31 @@ def resolve_route(config: ClientConfig, environ: Mapping[str, str], placement: T
         target = check_target(environ[ADDRESS_ENV], f"environment variable {ADDRESS_ENV}")
         return Route(targets=(target,), origin=f"environment variable {ADDRESS_ENV}")
     path = discovery_path(config, environ)
+    trusted = trusted_uids(config.trusted_node_uids)
     try:
-        discovery = read_live_discovery(path)
+        discovery = read_live_discovery(path, trusted=trusted)
     except DiscoveryError as exc:
         raise NoServerFound(
-            f"no address configured (ClientConfig.address, {SPARK_CONF_ADDRESS}, {ADDRESS_ENV}) and {exc}"
+            f"no address configured (ClientConfig.address, {SPARK_CONF_ADDRESS}, {ADDRESS_ENV}) and {exc}",
+            UNTRUSTED if isinstance(exc, UntrustedDiscoveryFile) else "no_server",
         ) from exc
     server = choose_server(discovery, placement, path)
-    targets = ordered_targets(server, config.prefer_unix_socket)
+    refused: list[str] = []
+    targets = trusted_targets(server, config.prefer_unix_socket, trusted, refused)
     if not targets:
+        if refused:
+            raise NoServerFound(f"discovery file {path}, server {server.device}: {refused[0]}", UNTRUSTED)
         raise NoServerFound(
             f"discovery file {path}: server {server.device} lists no unix socket or TCP address"
         )
     ready = sorted(discovery.ready_servers(), key=_device_order)
     after = ready.index(server) + 1
     alternate_servers = tuple(
-        ordered_targets(other, config.prefer_unix_socket) for other in ready[after:] + ready[: after - 1]
+        trusted_targets(other, config.prefer_unix_socket, trusted, refused)
+        for other in ready[after:] + ready[: after - 1]
     )
+    for problem in refused:
+        logger.warning("udfserve: not dialling a socket of discovery file %s: %s", path, problem)
     return Route(
         targets=targets,
         origin=f"discovery file {path}, server {server.device}",
@@ -233,18 +257,47 @@ def ordered_targets(server: ServerEntry, prefer_unix_socket: bool) -> tuple[str,
     return tuple(targets if prefer_unix_socket else reversed(targets))
 
 
+def trusted_targets(
+    server: ServerEntry, prefer_unix_socket: bool, trusted: frozenset[int], refused: list[str]
+) -> tuple[str, ...]:
+    """``ordered_targets`` less a unix socket that another user created or could replace (its
+    problem appended to ``refused``): the rows sent there would go to that user's process. A socket
+    missing from a trusted folder stays (nobody else can create it there: dialling it fails
+    plainly, as for a server that is restarting); one whose folder is missing goes."""
+    if not server.unix_socket:
+        return ordered_targets(server, prefer_unix_socket)
+    try:
+        check_node_socket(
+            Path(server.unix_socket), trusted, f"the socket of server {server.device}", TRUST_FIX
+        )
+    except UntrustedNodeFile as exc:
+        refused.append(str(exc))
+    except SocketMissing:
+        return ordered_targets(server, prefer_unix_socket)
+    except FileNotFoundError:
+        pass
+    else:
+        return ordered_targets(server, prefer_unix_socket)
+    return ordered_targets(server.model_copy(update={"unix_socket": None}), prefer_unix_socket)
+
+
 def fallback_repository(config: ClientConfig, environ: Mapping[str, str]) -> tuple[Path, str]:
     """Where the CPU fallback loads the model from, and how that was decided.
 
-    The config's (or the Spark conf's) ``model_repository`` wins; else the repository the
-    node's servers load, as the discovery file says. Raises ``LookupError`` naming both. A
-    stale file still names the repository: the files outlive the servers that died.
+    The config's (or the Spark conf's) ``model_repository``; else, only with
+    ``fallback_repository_from_node``, the repository the node's servers load, as its discovery
+    file says (a stale file still names it: the files outlive the servers that died). The
+    fallback runs those model files inside the job, as the job's user: a repository is taken
+    from the node's file only when the job says so, and only from a file that passes the
+    ownership checks. Raises ``LookupError`` saying what to set.
     """
     if config.model_repository:
         return Path(config.model_repository), "the configured model_repository"
+    if not config.fallback_repository_from_node:
+        raise LookupError(FALLBACK_NEEDS_FILES)
     path = discovery_path(config, environ)
     try:
-        discovery = read_discovery(path)
+        discovery = read_discovery(path, trusted_uids(config.trusted_node_uids))
     except DiscoveryError as exc:
         raise LookupError(f"{FALLBACK_NEEDS_FILES}; {exc}") from exc
     if not discovery.model_repository:
@@ -257,7 +310,8 @@ def fallback_repository(config: ClientConfig, environ: Mapping[str, str]) -> tup
 
 FALLBACK_NEEDS_FILES = (
     "the CPU fallback needs the model files: set ClientConfig.model_repository (or "
-    f"{SPARK_CONF_MODEL_REPOSITORY}), or run the node supervisor"
+    f"{SPARK_CONF_MODEL_REPOSITORY}); the repository a node's discovery file names is used only with "
+    f"fallback_repository_from_node=True ({SPARK_CONF_FALLBACK_REPOSITORY_FROM_NODE})"
 )
 
 

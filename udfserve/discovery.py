@@ -13,8 +13,12 @@ may run in other PID namespaces (containers) than the supervisor; one node share
 
 Where it lives, in order: an explicit path; the ``UDFSERVE_DISCOVERY_FILE`` environment
 variable; ``<runtime dir>/discovery.json`` where the runtime dir is ``UDFSERVE_RUNTIME_DIR``
-or ``/tmp/udfserve``. Callers pass the environment in (a mapping) so that nothing here reads
-``os.environ`` behind their back: Spark reuses Python workers across tasks.
+or ``/tmp/udfserve-<uid>`` (``default_runtime_dir``). Callers pass the environment in (a mapping)
+so that nothing here reads ``os.environ`` behind their back: Spark reuses Python workers across
+tasks.
+
+Every reader checks who could have written the file before it believes it (``node_files``): it
+names the servers a job's rows go to.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-DEFAULT_RUNTIME_DIR = Path("/tmp/udfserve")
+from udfserve.node_files import UntrustedNodeFile, read_node_file, trusted_uids
+
+RUNTIME_DIR_PARENT = Path("/tmp")
 DISCOVERY_FILE_NAME = "discovery.json"
 DISCOVERY_FILE_ENV = "UDFSERVE_DISCOVERY_FILE"
 RUNTIME_DIR_ENV = "UDFSERVE_RUNTIME_DIR"
@@ -118,22 +124,51 @@ class NodeDiscovery(BaseModel):
         return self.stale_after_s is not None and self.age_s(now) > self.stale_after_s
 
 
+def default_runtime_dir() -> Path:
+    """The runtime folder when nobody names one: ``/tmp/udfserve-<uid>``, this user's own.
+
+    A folder of its own per user, as tmux's ``/tmp/tmux-<uid>``: a shared ``/tmp/udfserve``
+    could be created first by another user, who would then own the node's sockets. Not
+    ``$XDG_RUNTIME_DIR``: executors started by a cluster manager have no login session, so a node
+    started from a shell and the executors of the same user would look in two places. Nodes
+    shared by several users name a folder of their own (``--runtime-dir``, ``/run/udfserve`` in
+    the deployment files).
+    """
+    return RUNTIME_DIR_PARENT / f"udfserve-{os.geteuid()}"
+
+
 def default_discovery_path(environ: Mapping[str, str]) -> Path:
     """Where the discovery file is when nobody says otherwise."""
     if environ.get(DISCOVERY_FILE_ENV):
         return Path(environ[DISCOVERY_FILE_ENV])
     runtime_dir = environ.get(RUNTIME_DIR_ENV)
-    return (Path(runtime_dir) if runtime_dir else DEFAULT_RUNTIME_DIR) / DISCOVERY_FILE_NAME
+    return (Path(runtime_dir) if runtime_dir else default_runtime_dir()) / DISCOVERY_FILE_NAME
 
 
-def read_discovery(path: Path) -> NodeDiscovery:
-    """Parse the discovery file at ``path``; raise DiscoveryError saying what is wrong."""
+class UntrustedDiscoveryFile(DiscoveryError):
+    """The discovery file, or a folder it lies in, could have been written by an untrusted user."""
+
+
+TRUST_FIX = (
+    "a node's files must belong to the reader's user, root, or a uid the client trusts "
+    "(ClientConfig.trusted_node_uids, spark.udfserve.trustedNodeUids), in a folder only they can write"
+)
+
+
+def read_discovery(path: Path, trusted: frozenset[int] | None = None) -> NodeDiscovery:
+    """Parse the discovery file at ``path``; raise DiscoveryError saying what is wrong, and
+    ``UntrustedDiscoveryFile`` when a user outside ``trusted`` (default: this user and root)
+    owns it or could have replaced it (``node_files``)."""
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = read_node_file(
+            path, trusted if trusted is not None else trusted_uids(), "the discovery file", TRUST_FIX
+        )
     except FileNotFoundError as exc:
         raise DiscoveryError(
             f"no discovery file at {path} (is `udfserve node` running on this node?)"
         ) from exc
+    except UntrustedNodeFile as exc:
+        raise UntrustedDiscoveryFile(f"refusing discovery file {path}: {exc}") from exc
     except OSError as exc:
         raise DiscoveryError(f"cannot read discovery file {path}: {exc}") from exc
     try:
@@ -142,10 +177,12 @@ def read_discovery(path: Path) -> NodeDiscovery:
         raise DiscoveryError(f"discovery file {path} is not valid: {exc}") from exc
 
 
-def read_live_discovery(path: Path, now: float | None = None) -> NodeDiscovery:
+def read_live_discovery(
+    path: Path, now: float | None = None, trusted: frozenset[int] | None = None
+) -> NodeDiscovery:
     """Like ``read_discovery``, and a file whose heartbeat stopped counts as absent: its servers
     died with their supervisor. ``now`` is the wall-clock time to judge by (default: now)."""
-    discovery = read_discovery(path)
+    discovery = read_discovery(path, trusted)
     now = time.time() if now is None else now
     if discovery.is_stale(now):
         raise DiscoveryError(

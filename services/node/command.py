@@ -7,10 +7,12 @@ import asyncio
 import logging
 
 import prometheus_client
+
 from udfserve.services.node.admin import AdminAddressUnavailable
 from udfserve.services.node.config import NodeConfig
 from udfserve.services.node.devices import DeviceError, detect_gpus, plan_devices
 from udfserve.services.node.lock import NodeLockHeld
+from udfserve.services.node.runtime_dir import RuntimeDirRefused
 from udfserve.services.node.server_flags import check_server_command
 from udfserve.services.node.supervisor import Supervisor
 from udfserve.services.process_setup import configure_logging
@@ -49,6 +51,9 @@ def run_node(args: argparse.Namespace) -> int:
     except NodeLockHeld as exc:
         logger.error("refusing to start: %s", exc)
         return EXIT_LOCK_HELD
+    except RuntimeDirRefused as exc:
+        logger.error("refusing to start: %s", exc)
+        return EXIT_CONFIG_ERROR
     except AdminAddressUnavailable as exc:
         logger.error("refusing to start: %s", exc)
         return EXIT_CONFIG_ERROR

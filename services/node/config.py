@@ -21,18 +21,19 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from udfserve.services.model_server.config import is_loopback
-from udfserve.services.node.devices import DeviceError, DeviceSlot, check_devices_syntax
-from udfserve.services.node.server_flags import SHARED_SETTINGS, check_server_args
-from udfserve.services.settings_cli import flag_name
 
 from udfserve.discovery import (
-    DEFAULT_RUNTIME_DIR,
     DISCOVERY_FILE_ENV,
     RUNTIME_DIR_ENV,
     default_discovery_path,
+    default_runtime_dir,
 )
 from udfserve.runtime.model_config import validate_model_name
+from udfserve.services.model_server.config import is_loopback
+from udfserve.services.node.devices import DeviceError, DeviceSlot, check_devices_syntax
+from udfserve.services.node.runtime_dir import PRIVATE_MODE, SHARED_MODE
+from udfserve.services.node.server_flags import SHARED_SETTINGS, check_server_args
+from udfserve.services.settings_cli import flag_name
 
 UNIX_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
 LONGEST_SOCKET_NAME = len("server-sim999.sock") + 1
@@ -59,8 +60,11 @@ class NodeConfig(BaseSettings):
         'or simulated devices "sim:0,sim:1" (CPU processes announced as GPUs 0 and 1)',
     )
     runtime_dir: Path = Field(
-        default=DEFAULT_RUNTIME_DIR,
-        description="folder of the lock, the servers' unix sockets and logs, the Prometheus targets file",
+        default_factory=default_runtime_dir,
+        description="folder of the lock, the servers' unix sockets and logs, the Prometheus targets file. "
+        "The default, /tmp/udfserve-<uid>, is created 0700; a folder named here is created 0755. A folder "
+        "that exists must belong to the node's user and be writable by nobody else (the node refuses it "
+        "otherwise)",
     )
     discovery_file: Path | None = Field(
         default=None, description="where to write the discovery file (default: <runtime dir>/discovery.json)"
@@ -247,6 +251,12 @@ class NodeConfig(BaseSettings):
         if self.discovery_file is not None:
             environ[DISCOVERY_FILE_ENV] = str(self.discovery_file)
         return default_discovery_path(environ)
+
+    @property
+    def runtime_dir_mode(self) -> int:
+        """The mode the node creates its runtime folder with: private for the default per-user
+        folder, readable by executors of other users for a folder named on purpose."""
+        return PRIVATE_MODE if self.runtime_dir == default_runtime_dir() else SHARED_MODE
 
     @property
     def lock_path(self) -> Path:

@@ -37,6 +37,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+
+from udfserve.discovery import NodeDiscovery, ServerEntry, ServerState, write_discovery
 from udfserve.services.model_server.launcher import (
     ServerProcess,
     ServerStartError,
@@ -49,10 +51,9 @@ from udfserve.services.node.config import NodeConfig
 from udfserve.services.node.devices import DeviceSlot, GpuDetection
 from udfserve.services.node.lock import NodeLock
 from udfserve.services.node.ready_file import ReadyFileWatch, ServedModels
+from udfserve.services.node.runtime_dir import SHARED_MODE, prepare_runtime_dir
 from udfserve.services.node.targets import server_target, supervisor_target, write_targets
 from udfserve.services.process_setup import stop_on_signals
-
-from udfserve.discovery import NodeDiscovery, ServerEntry, ServerState, write_discovery
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,12 @@ class Supervisor:
         """The pipe (read end, write end) whose read end every server watches (``lifeline.py``)."""
 
     async def run(self) -> int:
-        """Take the node's lock (NodeLockHeld if another supervisor has it), serve, clean up."""
+        """Check the runtime folder (RuntimeDirRefused when another user could write it), take the
+        node's lock (NodeLockHeld if another supervisor has it), serve, clean up."""
+        config = self.config
+        prepare_runtime_dir(config.runtime_dir, config.runtime_dir_mode)
+        if config.discovery_path.parent != config.runtime_dir:
+            prepare_runtime_dir(config.discovery_path.parent, SHARED_MODE, "the discovery file's folder")
         self.lock.acquire()
         try:
             return await self._run_locked()
@@ -145,7 +151,6 @@ class Supervisor:
         # Each slot keeps a thread blocked on its child; shutdown must never queue behind them.
         executor = ThreadPoolExecutor(max_workers=2 * len(self.slots) + 4, thread_name_prefix="supervisor")
         loop.set_default_executor(executor)
-        config.runtime_dir.mkdir(parents=True, exist_ok=True)
         lifeline = self._lifeline = os.pipe()  # both ends close on exec: a server gets only what it is passed
         self._admin = AdminServer(
             config.supervisor_http_host, config.supervisor_http_port, self.metrics, self.health

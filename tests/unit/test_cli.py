@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,12 @@ def test_an_empty_default_the_description_explains_is_not_repeated(
 ) -> None:
     text = help_of("node", capsys=capsys)
     assert "load only these models, comma separated (default: all) [env UDFSERVE_MODELS]" in text
-    assert "[env UDFSERVE_RUNTIME_DIR; default: /tmp/udfserve]" in text
+    assert "[env UDFSERVE_DISCOVERY_FILE]" in text
+
+
+def test_a_default_computed_at_start_is_shown_as_computed_here(capsys: pytest.CaptureFixture[str]) -> None:
+    text = help_of("node", capsys=capsys)
+    assert f"[env UDFSERVE_RUNTIME_DIR; default: /tmp/udfserve-{os.geteuid()}]" in text
 
 
 def test_models_generate_help_names_every_model_it_writes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,7 +27,8 @@ def test_the_driver_says_once_that_there_is_no_discovery_file(
     assert message.count(f"no discovery file at {missing}") == 1, message
     assert message.endswith(
         "and the CPU fallback needs the model files: set ClientConfig.model_repository (or "
-        "spark.udfserve.modelRepository), or run the node supervisor"
+        "spark.udfserve.modelRepository); the repository a node's discovery file names is used only "
+        "with fallback_repository_from_node=True (spark.udfserve.fallbackRepositoryFromNode)"
     )
 
 
@@ -42,6 +43,7 @@ def test_a_task_says_once_that_there_is_no_discovery_file(tmp_path: Path) -> Non
     assert message.count(f"no discovery file at {missing}") == 1, message
     assert message.endswith(
         "the CPU fallback cannot run: the CPU fallback needs the model files: set "
-        "ClientConfig.model_repository (or spark.udfserve.modelRepository), or run the node "
-        "supervisor"
+        "ClientConfig.model_repository (or spark.udfserve.modelRepository); the repository a node's "
+        "discovery file names is used only with fallback_repository_from_node=True "
+        "(spark.udfserve.fallbackRepositoryFromNode)"
     )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,12 +38,17 @@ from udfserve.spark_client.routing import (
     resolve_route,
 )
 
+RUN = Path(tempfile.mkdtemp(prefix="udfs-routing-"))
+"""The node's runtime folder in these tests: this user's, 0700, so its sockets pass the client's
+ownership checks (tests/unit/test_node_files.py tests those); the sockets themselves are absent."""
+atexit.register(shutil.rmtree, RUN, ignore_errors=True)
+
 
 def gpu_server(index: int, state: str = "ready") -> ServerEntry:
     return ServerEntry(
         device=f"gpu:{index}",
         device_index=index,
-        unix_socket=f"/run/udfserve/gpu{index}.sock",
+        unix_socket=f"{RUN}/gpu{index}.sock",
         tcp_address=f"127.0.0.1:{7500 + index}",
         state=state,  # type: ignore[arg-type]
     )
@@ -145,7 +153,7 @@ def test_an_invalid_environment_address_is_refused_naming_the_variable() -> None
 def test_a_task_with_a_gpu_takes_the_server_of_that_device(node_file: Path) -> None:
     config = ClientConfig(discovery_file=str(node_file))
     route = resolve_route(config, {}, TaskPlacement(partition_id=0, gpu_addresses=("1",)))
-    assert route.targets == ("unix:///run/udfserve/gpu1.sock", "127.0.0.1:7501")
+    assert route.targets == (f"unix://{RUN}/gpu1.sock", "127.0.0.1:7501")
     assert "gpu:1" in route.origin
 
 
@@ -153,7 +161,7 @@ def test_the_node_s_other_ready_servers_follow_as_alternates(node_file: Path) ->
     route = resolve_route(
         ClientConfig(discovery_file=str(node_file)), {}, TaskPlacement(gpu_addresses=("1",))
     )
-    assert route.alternates == ("unix:///run/udfserve/gpu0.sock", "127.0.0.1:7500")  # gpu:2 is restarting
+    assert route.alternates == (f"unix://{RUN}/gpu0.sock", "127.0.0.1:7500")  # gpu:2 is restarting
 
 
 def test_an_explicit_address_has_no_alternates() -> None:
@@ -167,7 +175,7 @@ def test_a_task_with_several_gpus_takes_the_server_of_the_first(node_file: Path)
         {},
         TaskPlacement(partition_id=1, gpu_addresses=("0", "1")),
     )
-    assert route.targets[0] == "unix:///run/udfserve/gpu0.sock"
+    assert route.targets[0] == f"unix://{RUN}/gpu0.sock"
 
 
 def test_a_gpu_without_a_ready_server_falls_back_to_round_robin(node_file: Path) -> None:
@@ -193,8 +201,8 @@ def test_the_unix_socket_is_dialled_first_unless_told_otherwise(node_file: Path)
     tcp_first = resolve_route(
         ClientConfig(discovery_file=str(node_file), prefer_unix_socket=False), {}, placement
     )
-    assert preferred.targets == ("unix:///run/udfserve/gpu0.sock", "127.0.0.1:7500")
-    assert tcp_first.targets == ("127.0.0.1:7500", "unix:///run/udfserve/gpu0.sock")
+    assert preferred.targets == (f"unix://{RUN}/gpu0.sock", "127.0.0.1:7500")
+    assert tcp_first.targets == ("127.0.0.1:7500", f"unix://{RUN}/gpu0.sock")
 
 
 def test_a_server_with_only_tcp_is_reached_over_tcp(tmp_path: Path) -> None:
@@ -255,15 +263,27 @@ def test_the_fallback_reads_the_model_repository_from_the_config_first(node_file
     assert fallback_repository(config, {})[0] == Path("/mine")
 
 
-def test_the_fallback_reads_the_model_repository_from_the_discovery_file(node_file: Path) -> None:
-    repository, origin = fallback_repository(ClientConfig(discovery_file=str(node_file)), {})
+def test_the_fallback_reads_the_model_repository_from_the_discovery_file_when_told_to(
+    node_file: Path,
+) -> None:
+    config = ClientConfig(discovery_file=str(node_file), fallback_repository_from_node=True)
+    repository, origin = fallback_repository(config, {})
     assert repository == Path("/models")
     assert str(node_file) in origin
 
 
+def test_the_fallback_takes_no_repository_from_the_discovery_file_by_default(node_file: Path) -> None:
+    """The fallback runs the repository's model files inside the job: the job names them."""
+    with pytest.raises(
+        LookupError, match=r"set ClientConfig\.model_repository .*fallback_repository_from_node"
+    ):
+        fallback_repository(ClientConfig(discovery_file=str(node_file)), {})
+
+
 def test_the_fallback_without_a_repository_says_how_to_give_one(tmp_path: Path) -> None:
+    config = ClientConfig(discovery_file=str(tmp_path / "none.json"), fallback_repository_from_node=True)
     with pytest.raises(LookupError, match=r"set ClientConfig\.model_repository"):
-        fallback_repository(ClientConfig(discovery_file=str(tmp_path / "none.json")), {})
+        fallback_repository(config, {})
 
 
 def test_the_placement_takes_gpu_addresses_from_the_task_resources() -> None:
@@ -298,7 +318,7 @@ def test_a_discovery_file_within_its_staleness_bound_routes(tmp_path: Path) -> N
     path = tmp_path / "d.json"
     write_discovery(path, NodeDiscovery(heartbeat_s=2.0, stale_after_s=10.0, servers=[gpu_server(0)]))
     route = resolve_route(ClientConfig(discovery_file=str(path)), {}, TaskPlacement())
-    assert route.targets[0] == "unix:///run/udfserve/gpu0.sock"
+    assert route.targets[0] == f"unix://{RUN}/gpu0.sock"
 
 
 def test_a_discovery_file_without_a_heartbeat_never_goes_stale(tmp_path: Path) -> None:
@@ -312,4 +332,5 @@ def test_a_stale_discovery_file_still_names_the_repository_for_the_cpu_fallback(
     """The model files outlive the servers that died: the fallback still finds them."""
     path = tmp_path / "d.json"
     write_discovery(path, NodeDiscovery(model_repository="/models", updated_at=0.0, stale_after_s=10.0))
-    assert fallback_repository(ClientConfig(discovery_file=str(path)), {})[0] == Path("/models")
+    config = ClientConfig(discovery_file=str(path), fallback_repository_from_node=True)
+    assert fallback_repository(config, {})[0] == Path("/models")
