@@ -50,6 +50,7 @@ async def run_stream(
     deadline: float,
     decode: bool,
     stats: StreamStats,
+    metadata: tuple[tuple[str, str], ...] = (),
 ) -> None:
     """Drive one Predict stream until ``deadline`` (``time.perf_counter``); answers are checked.
 
@@ -57,7 +58,7 @@ async def run_stream(
     counts as client time, as it would in a real client. With ``decode`` every answer is turned
     back into a record batch (zero-copy) and its row count checked.
     """
-    call = stub.Predict()
+    call = stub.Predict(metadata=metadata)
     slots = asyncio.Semaphore(in_flight)
     sent_at: dict[int, tuple[float, int]] = {}
     sent = 0
@@ -115,12 +116,17 @@ async def run_streams(
     decode: bool,
     max_message_bytes: int = 256 << 20,
     warmup_requests: int = 2,
+    metadata: tuple[tuple[str, str], ...] = (),
+    start_at_epoch_s: float = 0.0,
 ) -> tuple[float, StreamStats]:
     """``streams`` concurrent clients for ``duration_s``; returns (wall_s, stats of all of them).
 
     Each client has its own channel and connection (a local subchannel pool: gRPC would otherwise
     share one connection between channels to the same target), as separate Spark tasks would.
     Each first sends ``warmup_requests`` alone (connection set-up, first-call costs), not counted.
+    ``metadata`` goes on every stream (a Spark application's ``udfserve-spark-*`` keys);
+    ``start_at_epoch_s`` (wall-clock time), when later than the warm-up's end, is when the timed
+    run starts, so that clients of several processes load the server over the same window.
     """
     options = [*channel_options(max_message_bytes), ("grpc.use_local_subchannel_pool", 1)]
     channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(streams)]
@@ -128,7 +134,8 @@ async def run_streams(
         stubs = [pb_grpc.InferenceStub(channel) for channel in channels]
         for stub in stubs:
             for _ in range(warmup_requests):
-                await one_request(stub, model, make_payload)
+                await one_request(stub, model, make_payload, metadata)
+        await asyncio.sleep(max(0.0, start_at_epoch_s - time.time()))
         stats = StreamStats()
         started = time.perf_counter()
         deadline = started + duration_s
@@ -142,6 +149,7 @@ async def run_streams(
                     deadline=deadline,
                     decode=decode,
                     stats=stats,
+                    metadata=metadata,
                 )
                 for stub in stubs
             )
@@ -152,12 +160,15 @@ async def run_streams(
 
 
 async def one_request(
-    stub: pb_grpc.InferenceStub, model: str, make_payload: Callable[[int], tuple[bytes, int]]
+    stub: pb_grpc.InferenceStub,
+    model: str,
+    make_payload: Callable[[int], tuple[bytes, int]],
+    metadata: tuple[tuple[str, str], ...] = (),
 ) -> float:
     """One request on its own stream; returns its latency in seconds."""
     payload, _rows = make_payload(0)
     started = time.perf_counter()
-    call = stub.Predict()
+    call = stub.Predict(metadata=metadata)
     await call.write(pb.PredictRequest(model=model, batch_id=0, arrow_ipc=payload))
     await call.done_writing()
     response = await call.read()

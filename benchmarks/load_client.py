@@ -45,6 +45,17 @@ class LoadSpec:
     duration_s: float
     max_message_bytes: int = 256 << 20
     warmup_requests: int = 2
+    app_id: str = ""
+    """The Spark application the streams claim to belong to (none when empty)."""
+    priority_class: str = ""
+    start_at_epoch_s: float = 0.0
+    """Wall-clock time the timed run starts (after the warm-up): several clients over one window."""
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        from udfserve.spark_job_keys import METADATA_PREFIX
+
+        pairs = [("app-id", self.app_id), ("app-name", self.app_id), ("priority-class", self.priority_class)]
+        return tuple((METADATA_PREFIX + key, value) for key, value in pairs if value)
 
 
 @dataclass
@@ -157,6 +168,8 @@ def run_load(spec: LoadSpec) -> LoadResult:
             decode=spec.kind == "encode",
             max_message_bytes=spec.max_message_bytes,
             warmup_requests=spec.warmup_requests,
+            metadata=spec.metadata(),
+            start_at_epoch_s=spec.start_at_epoch_s,
         )
     )
     after = resource.getrusage(resource.RUSAGE_SELF)

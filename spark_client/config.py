@@ -59,6 +59,13 @@ class ClientConfig(BaseModel):
         description="the node's discovery file; default: UDFSERVE_DISCOVERY_FILE, then "
         "<UDFSERVE_RUNTIME_DIR or /tmp/udfserve-<uid>>/discovery.json on the executor",
     )
+    priority_class: str | None = Field(
+        default=None,
+        max_length=32,
+        description="the class the servers schedule this application in, such as 'interactive' or "
+        "'batch' (the server maps classes to weights; one it does not list, or none, gets its default "
+        "class)",
+    )
     trusted_node_uids: tuple[int, ...] = Field(
         default=(),
         description="users (uids) besides the executor's own and root whose discovery file and runtime "

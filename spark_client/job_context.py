@@ -39,6 +39,8 @@ class SparkJobContext:
     stage_id: int | None = None
     partition_id: int | None = None
     task_attempt: int | None = None
+    priority_class: str = ""
+    """The class the application asks the servers to schedule it in (``ClientConfig.priority_class``)."""
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The ``udfserve-spark-*`` pairs, each value sanitised to the server's bound."""
@@ -67,14 +69,17 @@ class SparkJobContext:
         )
 
 
-def application_context(spark: Any) -> SparkJobContext:
-    """The application id and name of a driver's session; empty when they cannot be read."""
+def application_context(spark: Any, priority_class: str | None = None) -> SparkJobContext:
+    """The application id and name of a driver's session, and the class it asks to be scheduled
+    in; the id and name empty when they cannot be read."""
+    asked = priority_class or ""
     if spark is None:
-        return SparkJobContext()
+        return SparkJobContext(priority_class=asked)
     try:
         return SparkJobContext(
             app_id=spark.conf.get("spark.app.id", "") or "",
             app_name=spark.conf.get("spark.app.name", "") or "",
+            priority_class=asked,
         )
     except Exception:  # a session being stopped, or a Spark Connect server refusing the keys
-        return SparkJobContext()
+        return SparkJobContext(priority_class=asked)

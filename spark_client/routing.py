@@ -52,6 +52,7 @@ SPARK_CONF_SHARED_MEMORY = "spark.udfserve.sharedMemory"
 SPARK_CONF_SHARED_MEMORY_DIR = "spark.udfserve.sharedMemoryDir"
 SPARK_CONF_SHARED_MEMORY_GROUP_ACCESS = "spark.udfserve.sharedMemoryGroupAccess"
 SPARK_CONF_TRUSTED_NODE_UIDS = "spark.udfserve.trustedNodeUids"
+SPARK_CONF_PRIORITY_CLASS = "spark.udfserve.priorityClass"
 SPARK_CONF_FALLBACK_REPOSITORY_FROM_NODE = "spark.udfserve.fallbackRepositoryFromNode"
 
 _SPARK_CONF_PATHS = {
@@ -69,6 +70,7 @@ _SPARK_CONF_SETTINGS = {
     SPARK_CONF_SHARED_MEMORY_DIR: "shared_memory_dir",
     SPARK_CONF_SHARED_MEMORY_GROUP_ACCESS: "shared_memory_group_access",
     SPARK_CONF_TRUSTED_NODE_UIDS: "trusted_node_uids",
+    SPARK_CONF_PRIORITY_CLASS: "priority_class",
     SPARK_CONF_FALLBACK_REPOSITORY_FROM_NODE: "fallback_repository_from_node",
 }
 """Settings with a default of their own: the conf applies unless the UDF's config set them."""

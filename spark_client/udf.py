@@ -293,7 +293,7 @@ def build_job(model: str, config: ClientConfig | None, overrides: Mapping[str, A
         model=model,
         spec=described.spec,
         config=full,
-        application=application_context(spark),
+        application=application_context(spark, full.priority_class),
         counters=_accumulator(spark),
     )
 

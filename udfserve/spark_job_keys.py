@@ -16,6 +16,7 @@ MAX_VALUE_CHARS = {
     "stage-id": 12,
     "partition-id": 12,
     "task-attempt": 12,
+    "priority-class": 32,
 }
 """Longest value the server accepts for each key (after the prefix); the client cuts to it."""
 

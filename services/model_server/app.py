@@ -36,6 +36,7 @@ from udfserve.services.model_server.core.memory_trim import MemoryTrimmer
 from udfserve.services.model_server.core.model_control import ModelControl
 from udfserve.services.model_server.core.model_table import ModelTable
 from udfserve.services.model_server.core.request_lifecycle import RequestLifecycle
+from udfserve.services.model_server.core.shares import ApplicationShares
 from udfserve.services.model_server.event_loop import running_loop_kind
 from udfserve.services.model_server.frontends.admin_server import AdminThread, ServingLoop
 from udfserve.services.model_server.frontends.arrow.grpc_api import InferenceServicer
@@ -129,7 +130,15 @@ class RunningServer:
         self.control = ModelControl(self.models)
         self.health = health.aio.HealthServicer()
         self.in_flight = InFlightRequests()
-        self.requests = RequestLifecycle(self.models, self.metrics, self.in_flight, config.max_message_bytes)
+        shares = ApplicationShares(
+            config.application_scheduling,
+            config.class_weights,
+            config.default_priority_class,
+            self.metrics.applications.observe_queue_wait,
+        )
+        self.requests = RequestLifecycle(
+            self.models, self.metrics, self.in_flight, config.max_message_bytes, shares
+        )
         stream_bounds = StreamBounds(config.max_stream_held_requests, config.max_stream_held_bytes)
         self.servicer = InferenceServicer(
             self.requests,

@@ -7,6 +7,7 @@ default. Each model's ``config.yaml`` is the runtime's (``udfserve.runtime.model
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -202,6 +203,22 @@ class ServerConfig(BaseSettings):
         "the server's permissions when it loads and runs, so --no-trust-savedmodels refuses them (Keras "
         "files are still served, loaded in safe mode) for a repository whose writers are not all trusted",
     )
+    application_scheduling: Literal["fair", "fifo"] = Field(
+        default="fair",
+        description="how a model's queue serves Spark applications: 'fair' gives each application its "
+        "priority class's weight in rows while it has requests waiting (requests naming no application "
+        "form one more application), and bounds each one's part of the queue; 'fifo': one queue in "
+        "arrival order",
+    )
+    priority_classes: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=("interactive=8", "default=2", "batch=1"),
+        description="the priority classes a client may name (spark.udfserve.priorityClass) and their "
+        "weights, 'name=weight' comma-separated; an application that names no class, or one not listed, "
+        "gets --default-priority-class",
+    )
+    default_priority_class: str = Field(
+        default="default", description="the class of applications that name none (one of --priority-classes)"
+    )
     max_tracked_apps: int = Field(
         default=64,
         ge=1,
@@ -294,6 +311,24 @@ class ServerConfig(BaseSettings):
             return tuple(v.strip() for v in value.split(",") if v.strip())
         return value
 
+    @field_validator("priority_classes", mode="before")
+    @classmethod
+    def _split_classes(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(",") if item.strip())
+        return value
+
+    @field_validator("priority_classes")
+    @classmethod
+    def _check_classes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        parse_priority_classes(value)
+        return value
+
+    @property
+    def class_weights(self) -> dict[str, int]:
+        """``priority_classes`` as a mapping of class name to weight."""
+        return parse_priority_classes(self.priority_classes)
+
     @field_validator("shared_memory_uids", mode="before")
     @classmethod
     def _split_uids(cls, value: object) -> object:
@@ -328,6 +363,15 @@ class ServerConfig(BaseSettings):
     @classmethod
     def _model_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(validate_model_name(v) for v in value)
+
+    @model_validator(mode="after")
+    def _default_class_is_listed(self) -> ServerConfig:
+        if self.default_priority_class not in self.class_weights:
+            raise ValueError(
+                f"default_priority_class {self.default_priority_class!r} is not one of the priority classes "
+                f"{sorted(self.class_weights)}; expected one of them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _some_listener(self) -> ServerConfig:
@@ -411,6 +455,32 @@ class ServerConfig(BaseSettings):
                 raise ValueError(f"--auth-token-file {self.auth_token_file} is empty")
             return token
         return self.auth_token.get_secret_value() if self.auth_token else None
+
+
+PRIORITY_CLASS_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+MAX_PRIORITY_WEIGHT = 1000
+
+
+def parse_priority_classes(items: tuple[str, ...]) -> dict[str, int]:
+    """``("interactive=8", "batch=1")`` as ``{"interactive": 8, "batch": 1}``; ``ValueError``
+    naming the item that is not ``name=weight`` with a lower-case name and a weight of 1 to 1000."""
+    weights: dict[str, int] = {}
+    for item in items:
+        name, _, weight = item.partition("=")
+        name, weight = name.strip(), weight.strip()
+        if not PRIORITY_CLASS_NAME.fullmatch(name) or not weight.isdigit():
+            raise ValueError(
+                f"priority class {item!r} is not 'name=weight'; expected a lower-case name of letters, "
+                "digits, '-' or '_' (at most 32) and a whole weight, such as 'interactive=8'"
+            )
+        if not 1 <= int(weight) <= MAX_PRIORITY_WEIGHT:
+            raise ValueError(f"priority class {item!r}: expected a weight from 1 to {MAX_PRIORITY_WEIGHT}")
+        if name in weights:
+            raise ValueError(f"priority class {name!r} is given twice")
+        weights[name] = int(weight)
+    if not weights:
+        raise ValueError("expected at least one priority class, such as 'default=1'")
+    return weights
 
 
 def is_loopback(host: str) -> bool:

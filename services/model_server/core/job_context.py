@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from udfserve.log_text import clip
 from udfserve.spark_job_keys import MAX_VALUE_CHARS, METADATA_PREFIX, NUMERIC_KEYS
@@ -61,6 +61,9 @@ class JobContext:
     stage_id: str = ""
     partition_id: str = ""
     task_attempt: str = ""
+    priority_class: str = ""
+    """The class the application asks to be scheduled in; the server maps it to a weight, and one
+    it does not list to its default class (``core.shares``)."""
 
     @property
     def has_application(self) -> bool:
@@ -147,8 +150,41 @@ class SparkApplications:
             buckets=buckets,
             registry=registry,
         )
+        self.queue_wait = Histogram(
+            "udfserve_app_queue_wait_seconds",
+            "Time a request's rows waited in a model's queue for their batch, by Spark application.",
+            ["app_name", "app_id"],
+            buckets=buckets,
+            registry=registry,
+        )
+        self.weight = Gauge(
+            "udfserve_app_weight",
+            "The weight the queues give the application (its priority class's, as this server maps it): "
+            "its share of a model's rows is its weight over the weights of the applications waiting.",
+            ["app_name", "app_id", "priority_class"],
+            registry=registry,
+        )
         self._codes_seen: dict[str, set[str]] = {}
+        self._classes_seen: dict[str, set[str]] = {}
         self._log_budget = LogBudget(LOG_LINES_PER_S)
+
+    def observe_queue_wait(self, job: JobContext, scheduled_as: str, weight: int, seconds: float) -> None:
+        """One chunk of ``job``'s application waited ``seconds`` for its batch, scheduled in class
+        ``scheduled_as`` with ``weight``."""
+        if not job.has_application:
+            return
+        totals = self._apps.get(job.app_id)
+        if totals is None:
+            totals = self._admit(job, time.time())
+        labels = {"app_name": totals.app_name, "app_id": totals.app_id}
+        self.queue_wait.labels(**labels).observe(seconds)
+        classes = self._classes_seen[job.app_id]
+        if scheduled_as not in classes:
+            for other in classes:
+                self.weight.remove(totals.app_name, totals.app_id, other)
+            classes.clear()
+            classes.add(scheduled_as)
+            self.weight.labels(priority_class=scheduled_as, **labels).set(weight)
 
     def observe(
         self, job: JobContext, model: str, batch_id: int | str, code: str, seconds: float, rows: int
@@ -193,13 +229,16 @@ class SparkApplications:
         totals = ApplicationTotals(job.app_id, job.app_name, first_seen=now, last_seen=now)
         self._apps[job.app_id] = totals
         self._codes_seen[job.app_id] = set()
+        self._classes_seen[job.app_id] = set()
         return totals
 
     def _forget_series(self, totals: ApplicationTotals) -> None:
         labels = (totals.app_name, totals.app_id)
         for code in self._codes_seen.pop(totals.app_id, set()):
             self.requests.remove(*labels, code)
-        for metric in (self.rows, self.duration):
+        for scheduled_as in self._classes_seen.pop(totals.app_id, set()):
+            self.weight.remove(*labels, scheduled_as)
+        for metric in (self.rows, self.duration, self.queue_wait):
             with contextlib.suppress(KeyError):  # never observed under these labels
                 metric.remove(*labels)
 

@@ -38,6 +38,7 @@ from udfserve.services.model_server.core.in_flight import InFlightRequests
 from udfserve.services.model_server.core.job_context import JobContext
 from udfserve.services.model_server.core.model_table import ModelTable, ServedModel
 from udfserve.services.model_server.core.pending import Pending
+from udfserve.services.model_server.core.shares import ApplicationShares
 from udfserve.services.model_server.observability.metrics import ModelMetrics, ServerMetrics
 
 M = TypeVar("M")
@@ -51,7 +52,8 @@ ENVELOPE_BYTES = 1024
 
 class RequestLifecycle:
     """What every request of one server shares: the models, the metrics, the count of requests in
-    flight (both protocols, one count) and the largest answer a message can carry."""
+    flight (both protocols, one count), the largest answer a message can carry, and the scheduling
+    of applications."""
 
     def __init__(
         self,
@@ -59,11 +61,14 @@ class RequestLifecycle:
         metrics: ServerMetrics,
         in_flight: InFlightRequests,
         max_message_bytes: int,
+        shares: ApplicationShares | None = None,
     ) -> None:
         self.models = models
         self.metrics = metrics
         self.in_flight = in_flight
         self.max_response_bytes = max_message_bytes - ENVELOPE_BYTES
+        self.shares = shares or ApplicationShares("fifo", {"default": 1}, "default")
+        """Which flow of a model's queue each request waits in (``core.shares``)."""
 
 
 class FrontEnd(ABC, Generic[M, A]):
@@ -165,7 +170,7 @@ class InferenceRequest(Generic[M, A]):
                 return answer
             assert served.batcher is not None and served.model is not None
             check_ranges(served.name, served.model.inputs, inputs)  # before merging: see value_ranges
-            future = served.batcher.enqueue(inputs)
+            future = served.batcher.enqueue(inputs, self._lifecycle.shares.share_of(self.job))
         except Exception as exc:
             return self.refuse(exc)
         model_metrics = self.model_metrics

@@ -158,6 +158,7 @@ class VersionLoader:
             executor=served.executor,
             observer=self._metrics,
             max_concurrent_batches=self._config.inference_threads,
+            max_flows=self._config.max_tracked_apps,
             on_broken=functools.partial(self._on_broken, source.name),
         )
         batcher.start()

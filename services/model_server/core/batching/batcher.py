@@ -31,7 +31,7 @@ from udfserve.runtime.model_config import DEFAULT_QUEUE_BATCHES, BatchingConfig
 from udfserve.services.model_server.core.batching.answers import set_exception, whole_request
 from udfserve.services.model_server.core.batching.dispatch import Dispatcher
 from udfserve.services.model_server.core.batching.observers import BatchObserver, Reports
-from udfserve.services.model_server.core.batching.queue import Chunk, RequestQueue, rows_of
+from udfserve.services.model_server.core.batching.queue import UNNAMED, Chunk, RequestQueue, Share, rows_of
 from udfserve.services.model_server.core.batching.row_limit import RowLimit
 from udfserve.services.model_server.core.batching.runner import Batch, BatchRunner, PredictFn
 from udfserve.services.model_server.errors import ModelUnavailable
@@ -57,6 +57,7 @@ class DynamicBatcher:
         observer: BatchObserver | None = None,
         max_concurrent_batches: int = 1,
         max_queue_rows: int | None = None,
+        max_flows: int = 64,
         on_broken: Callable[[str], None] | None = None,
     ) -> None:
         if max_batch_size < 1:
@@ -70,6 +71,7 @@ class DynamicBatcher:
             model_name,
             max_queue_rows or config.max_queue_rows or DEFAULT_QUEUE_BATCHES * max_batch_size,
             on_cancelled=self._resolve_drained,
+            max_flows=max_flows,
         )
         self._running: set[Batch] = set()
         self._runner = BatchRunner(
@@ -101,6 +103,10 @@ class DynamicBatcher:
     def max_queue_rows(self) -> int:
         return self._queue.max_rows
 
+    def queued_rows_by_flow(self) -> dict[str, int]:
+        """Rows waiting per application (its flow's key), for the metrics."""
+        return {key: flow.rows for key, flow in self._queue.flows.items()}
+
     @property
     def batch_limit(self) -> int:
         """The most rows one backend call runs now: ``max_batch_size`` until the backend ran out
@@ -126,14 +132,17 @@ class DynamicBatcher:
         self._runner.bind(loop)
         self._limit.report()
 
-    async def submit(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def submit(self, inputs: dict[str, np.ndarray], share: Share = UNNAMED) -> dict[str, np.ndarray]:
         """Queue one request and return its outputs, each with the request's row count."""
-        return await self.enqueue(inputs)
+        return await self.enqueue(inputs, share)
 
-    def enqueue(self, inputs: dict[str, np.ndarray]) -> asyncio.Future[dict[str, np.ndarray]]:
-        """Queue one request now and return the future of its outputs, for callers that answer
-        from a callback rather than a task. Cancelling the future drops what has not run yet.
-        Refusals (``QueueFull``, ``ModelUnavailable``, ``ValueError``) are raised here."""
+    def enqueue(
+        self, inputs: dict[str, np.ndarray], share: Share = UNNAMED
+    ) -> asyncio.Future[dict[str, np.ndarray]]:
+        """Queue one request now, in the flow of ``share``'s application, and return the future of
+        its outputs, for callers that answer from a callback rather than a task. Cancelling the
+        future drops what has not run yet. Refusals (``QueueFull``, ``ModelUnavailable``,
+        ``ValueError``) are raised here."""
         if self._stopping:
             raise ModelUnavailable(f"model '{self.model_name}' is shutting down; retry on another server")
         loop = self._loop
@@ -145,11 +154,11 @@ class DynamicBatcher:
             )
         rows = rows_of(inputs)
         queue = self._queue
-        queue.admit(rows)
+        queue.admit(rows, share)
         now_s = loop.time()
         dispatcher = self._dispatcher
         at_once = dispatcher.idle(now_s)
-        chunks = queue.put(inputs, rows, self._limit.rows, loop, now_s, at_once)
+        chunks = queue.put(inputs, rows, self._limit.rows, loop, now_s, at_once, share)
         dispatcher.wake(at_once)
         if len(chunks) == 1:
             return chunks[0].future
@@ -164,7 +173,7 @@ class DynamicBatcher:
         if loop is None or self._closed:
             return
         self._dispatch()  # the delay no longer applies: whatever is queued starts as slots free
-        if self._queue.chunks or self._running:
+        if self._queue or self._running:
             self._drained = loop.create_future()
             try:
                 await asyncio.wait_for(asyncio.shield(self._drained), timeout=grace_period_s)
@@ -224,7 +233,7 @@ class DynamicBatcher:
     def _resolve_drained(self) -> None:
         """Wake a ``stop`` waiting for the batcher to empty, once nothing is queued or running."""
         drained = self._drained
-        if drained is not None and not drained.done() and not self._queue.chunks and not self._running:
+        if drained is not None and not drained.done() and not self._queue and not self._running:
             drained.set_result(None)
 
     def _fail(self, chunks: list[Chunk], error: ServingError) -> None:

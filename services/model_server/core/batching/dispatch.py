@@ -124,11 +124,7 @@ class Dispatcher:
     def idle(self, now_s: float) -> bool:
         """Whether a request queued now starts a batch at once: nothing is queued or running, and
         no cohort is expected back. Called after the request was admitted, before it is queued."""
-        return (
-            not self._queue.chunks
-            and not self._running
-            and not self.cohort.awaiting(self._queue.requests, now_s)
-        )
+        return not self._queue and not self._running and not self.cohort.awaiting(self._queue.requests, now_s)
 
     def wake(self, at_once: bool) -> None:
         """After a request was queued: look for a batch to start when one could be due."""
@@ -142,7 +138,7 @@ class Dispatcher:
                 self._soon = self._clock.call_soon(self._on_soon)
         elif self._timer is None:
             assert self._clock is not None
-            self._arm_timer(self._due_at_s(queue.chunks[0], self._clock.time()))
+            self._arm_timer(self._due_at_s(queue.oldest(), self._clock.time()))
 
     def batch_finished(self, chunks: list[Chunk]) -> None:
         """A batch of these chunks was answered: its requests' clients are expected back."""
@@ -158,7 +154,7 @@ class Dispatcher:
         clock = self._clock
         assert clock is not None
         queue = self._queue
-        while queue.chunks and len(self._running) < self._max_concurrent_batches:
+        while queue and len(self._running) < self._max_concurrent_batches:
             chunks, can_grow = queue.candidates(self._limit.rows, self._merge)
             if not chunks:
                 return

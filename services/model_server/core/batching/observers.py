@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -66,6 +67,13 @@ class Reports:
             self._observer.on_queue_wait(self.model_name, seconds)
         except Exception:
             logger.exception("model '%s': batch observer failed", self.model_name)
+
+    def application_wait(self, observe: Callable[[float], None], seconds: float) -> None:
+        """A chunk's wait, to the callback its request gave (its application's series)."""
+        try:
+            observe(seconds)
+        except Exception:
+            logger.exception("model '%s': application queue-wait observer failed", self.model_name)
 
     def batch(self, rows: int, requests: int, seconds: float, succeeded: bool) -> None:
         if self._observer is None:

@@ -76,7 +76,10 @@ class BatchRunner:
         started_s = loop.time()
         reports = self._reports
         for chunk in chunks:
-            reports.queue_wait(started_s - chunk.enqueued_at_s)
+            waited_s = started_s - chunk.enqueued_at_s
+            reports.queue_wait(waited_s)
+            if chunk.on_start is not None:
+                reports.application_wait(chunk.on_start, waited_s)
         if len(chunks) == 1:
             inputs = chunks[0].inputs
         else:

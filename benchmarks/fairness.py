@@ -1,0 +1,194 @@
+"""Comparison: two Spark applications sharing one server, first in first out against fair shares.
+
+    python -m benchmarks.fairness [--quick]
+
+A busy application (16 streams) and a small one (2 streams) load one model of one server, each
+from a client process of its own that names its application in the streams' metadata, as the
+Spark client does. Each application's rows/s is measured alone, then both together over the same
+window (both clients start their timed run at one wall-clock time). Two servers are up, one with
+``--application-scheduling fifo`` (one queue in arrival order, as before fair shares) and one with
+``fair`` (the default); the cells of each mode are measured in alternating order so that what else
+the machine runs lands on both.
+
+The targets: together, the small application keeps at least 0.45x its rate alone under fair
+shares (half the server is a fair share for one of two); the total rows/s of both stays within 5%
+of first in first out's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from benchmarks.cli import main_for
+from benchmarks.load_client import LoadSpec, finish, start_in_child
+from benchmarks.processes import Workspace
+from benchmarks.report import ComparisonResult, Table, TargetCheck
+from udfserve.services.model_server.launcher import ServerProcess
+
+logger = logging.getLogger(__name__)
+
+NAME = "fairness"
+MODEL = "tabular_mlp"
+FIFO, FAIR = "fifo", "fair"
+BUSY, SMALL = "busy (16 streams)", "small (2 streams)"
+STREAMS = {BUSY: 16, SMALL: 2}
+SMALL_KEEPS_AT_LEAST = 0.45
+TOTAL_WITHIN = 0.05
+START_MARGIN_S = 2.0
+"""Time for both clients to connect and warm up before their common start."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    cell_s: float
+    rounds: int
+    rows: int
+    in_flight: int
+
+    @classmethod
+    def make(cls, quick: bool) -> Settings:
+        # Requests as the Spark client sends them: rows_per_request 4096 (the model's max_batch_size),
+        # max_in_flight 4 per task.
+        if quick:
+            return cls(cell_s=0.8, rounds=1, rows=4096, in_flight=2)
+        return cls(cell_s=6.0, rounds=3, rows=4096, in_flight=4)
+
+
+def load(server: ServerProcess, app: str, settings: Settings, start_at_epoch_s: float) -> LoadSpec:
+    return LoadSpec(
+        target=server.grpc_target(prefer_unix=True),
+        model=MODEL,
+        kind="preencoded",
+        rows=settings.rows,
+        streams=STREAMS[app],
+        in_flight=settings.in_flight,
+        duration_s=settings.cell_s,
+        warmup_requests=1,
+        app_id="app-busy" if app == BUSY else "app-small",
+        start_at_epoch_s=start_at_epoch_s,
+    )
+
+
+def measure(server: ServerProcess, apps: tuple[str, ...], settings: Settings) -> dict[str, float]:
+    """Rows/s of each of ``apps``, loading ``server`` over one window."""
+    start_at = time.time() + START_MARGIN_S
+    specs = {app: load(server, app, settings, start_at) for app in apps}
+    clients = {app: start_in_child(spec) for app, spec in specs.items()}
+    results = {app: finish(client, specs[app]) for app, client in clients.items()}
+    return {app: result.rows / result.wall_s for app, result in results.items()}
+
+
+def run(workspace: Workspace, quick: bool = False, profile: bool = True) -> ComparisonResult:
+    del profile  # nothing to profile here
+    settings = Settings.make(quick)
+    started = time.perf_counter()
+    repository = workspace.example_models()
+    servers = {
+        mode: workspace.start_server(
+            repository, f"fairness-{mode}", ["--models", MODEL, "--application-scheduling", mode]
+        )
+        for mode in (FIFO, FAIR)
+    }
+    cells: list[dict[str, object]] = []
+    for round_index in range(settings.rounds):
+        for mode in (FIFO, FAIR) if round_index % 2 == 0 else (FAIR, FIFO):
+            for apps in ((BUSY,), (SMALL,), (BUSY, SMALL)):
+                logger.info("fairness: %s, round %d, %s", mode, round_index, " + ".join(apps))
+                rates = measure(servers[mode], apps, settings)
+                cells += [
+                    {
+                        "mode": mode,
+                        "round": round_index,
+                        "together": len(apps) > 1,
+                        "app": app,
+                        "rows_s": rate,
+                    }
+                    for app, rate in rates.items()
+                ]
+    for server in servers.values():
+        workspace.stop_server(server)
+    return _result(cells, settings, time.perf_counter() - started)
+
+
+def _median(cells: list[dict[str, object]], mode: str, app: str, together: bool) -> float:
+    values = sorted(
+        float(c["rows_s"])  # type: ignore[arg-type]
+        for c in cells
+        if (c["mode"], c["app"], c["together"]) == (mode, app, together)
+    )
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def _result(cells: list[dict[str, object]], settings: Settings, duration_s: float) -> ComparisonResult:
+    table = Table(
+        f"{MODEL}, rows/s of each application alone and together (median of {settings.rounds} rounds)",
+        [
+            "scheduling",
+            "application",
+            "alone rows/s",
+            "together rows/s",
+            "together ÷ alone",
+            "share of total",
+        ],
+    )
+    totals = {}
+    for mode in (FIFO, FAIR):
+        together = {app: _median(cells, mode, app, True) for app in STREAMS}
+        totals[mode] = sum(together.values())
+        for app in STREAMS:
+            alone = _median(cells, mode, app, False)
+            table.rows.append(
+                {
+                    "scheduling": mode,
+                    "application": app,
+                    "alone rows/s": alone,
+                    "together rows/s": together[app],
+                    "together ÷ alone": together[app] / alone,
+                    "share of total": f"{together[app] / totals[mode]:.0%}",
+                }
+            )
+    small_kept = _median(cells, FAIR, SMALL, True) / _median(cells, FAIR, SMALL, False)
+    small_kept_fifo = _median(cells, FIFO, SMALL, True) / _median(cells, FIFO, SMALL, False)
+    total_ratio = totals[FAIR] / totals[FIFO]
+    targets = [
+        TargetCheck(
+            f"fair shares: the small application keeps at least {SMALL_KEEPS_AT_LEAST:.2f}x its rate alone",
+            f"{small_kept:.2f}x (first in first out: {small_kept_fifo:.2f}x)",
+            small_kept >= SMALL_KEEPS_AT_LEAST,
+        ),
+        TargetCheck(
+            f"fair shares: total rows/s within {TOTAL_WITHIN:.0%} of first in first out",
+            f"{total_ratio:.3f}x ({totals[FAIR]:,.0f} vs {totals[FIFO]:,.0f} rows/s)",
+            total_ratio >= 1 - TOTAL_WITHIN,
+        ),
+    ]
+    method = (
+        f"One `{MODEL}` (64→256→256→8, max_batch_size 4096, max_queue_delay_s 0.002) on two servers of this "
+        "tree, `--application-scheduling fifo` and `fair`, both up, over the unix socket. Each application "
+        "is a client process of its own (`benchmarks/load_client.py`) whose `grpc.aio` streams, each on its "
+        "own connection, name the application in their metadata (`udfserve-spark-app-id`) and keep "
+        f"{settings.in_flight} requests of {settings.rows} rows outstanding (a closed loop, as Spark tasks "
+        f"are): {STREAMS[BUSY]} streams for the busy application, {STREAMS[SMALL]} for the small one. Each "
+        f"cell runs {settings.cell_s:g} s; together, both clients start their timed run at one wall-clock "
+        "time. Rounds alternate the order of the two servers; the table gives each cell's median."
+    )
+    return ComparisonResult(
+        name=NAME,
+        title="Fair shares: two applications on one server",
+        method=method,
+        tables=[table],
+        targets=targets,
+        raw={"cells": cells, "settings": settings.__dict__},
+        duration_s=duration_s,
+    )
+
+
+def main() -> int:
+    return main_for(run, __doc__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
