@@ -16,6 +16,13 @@ from deploy_files import ROOT
 SCRIPT = ROOT / "scripts" / "compose_smoke.sh"
 
 
+def script_text() -> str:
+    """The script with the files it sources from scripts/ (the engine and image steps it shares)."""
+    text = SCRIPT.read_text()
+    sourced = re.findall(r"^source (scripts/[\w.-]+\.sh)$", text, flags=re.MULTILINE)
+    return "\n".join([text, *((ROOT / name).read_text() for name in sourced)])
+
+
 def test_bash_parses_the_smoke_script() -> None:
     result = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
@@ -43,7 +50,7 @@ def test_every_shell_script_passes_shellcheck(script: Path) -> None:
 
 
 def test_files_the_smoke_script_builds_and_runs_exist() -> None:
-    text = SCRIPT.read_text()
+    text = script_text()
     named = set(
         re.findall(r"(?:deploy|scripts)/[\w./-]+\.(?:yml|yaml|json|sh|python|prometheus|server|spark)", text)
     )
@@ -57,7 +64,7 @@ def test_files_the_smoke_script_builds_and_runs_exist() -> None:
 
 def test_smoke_script_undoes_what_a_started_engine_changed() -> None:
     """The engine's bridge, iptables rules and ip_forward: a run leaves the machine as it was."""
-    text = SCRIPT.read_text()
+    text = script_text()
     assert "ip link delete docker0" in text
     assert "iptables -t" in text and "-X" in text
     assert "/proc/sys/net/ipv4/ip_forward" in text
