@@ -2,7 +2,8 @@
 
 Tiers follow folders: ``tests/unit`` (no sockets, no Spark), ``tests/backend`` (real
 TensorFlow in-process), ``tests/integration`` and ``tests/node`` (real server processes),
-``tests/spark`` (real PySpark), ``tests/deploy`` (deployment files checked against the code).
+``tests/spark`` (real PySpark), ``tests/spark_connect`` (real PySpark through a Spark Connect
+session), ``tests/deploy`` (deployment files checked against the code).
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ _TIERS = {
     "integration": "integration",
     "node": "integration",
     "spark": "spark",
+    "spark_connect": "spark_connect",
     "deploy": "integration",
 }
+
+CONNECT_FIXTURE = "connect_spark"
+"""The Spark Connect session of tests/spark_connect, which stops the classic ``spark`` session."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -35,6 +40,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = _TIERS.get(parts[0]) if len(parts) > 1 else None
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
+    # A Spark Connect session cannot share the process with the classic session, which it stops
+    # (tests/spark_connect/conftest.py): its tests run after every other test, in their own order.
+    items.sort(key=lambda item: CONNECT_FIXTURE in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="session", autouse=True)
