@@ -5,6 +5,10 @@ its partition ends. The driver reads the sum with ``udf.stats()``. Spark applies
 updates made inside transformations at least once: a task that is re-run (a lost executor, a
 recomputed stage, speculation) or a DataFrame evaluated by several actions adds its counts again.
 The counts are exact for one action over a job whose tasks each ran once.
+
+A Spark Connect session has no SparkContext and so no accumulator: there ``stats()`` raises
+``CountersUnavailable``, naming the application id under which the model servers count the
+UDF's rows instead (their per-application metrics, which the job context feeds under Connect too).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any, TypeVar
 
 from pyspark.accumulators import AccumulatorParam
 
+from udfserve.spark_client.job_context import SparkJobContext
 from udfserve.spark_client.transport import StreamCounters
 
 Key = TypeVar("Key", str, int)
@@ -105,3 +110,30 @@ def _count(counts: dict[Key, int], key: Key, amount: int) -> None:
 def new_accumulator(spark_context: Any) -> Any:
     """An accumulator of ``ClientStats`` in the driver."""
     return spark_context.accumulator(ClientStats(), ClientStatsParam())
+
+
+class CountersUnavailable(RuntimeError):
+    """``stats()`` of a UDF built where there is no SparkContext to hold its accumulator (a Spark
+    Connect session, or no active SparkSession); the message says what counts the rows instead."""
+
+
+def counters_unavailable(application: SparkJobContext) -> CountersUnavailable:
+    """The error ``stats()`` raises for a UDF without an accumulator, pointing a Spark Connect user
+    at the servers' per-application counts of the application its requests name."""
+    if not application.app_id:
+        return CountersUnavailable(
+            "no client counters: this UDF was built without a SparkContext (no active SparkSession, or a "
+            "Spark Connect session that did not tell its application id), so no Spark accumulator sums "
+            "its tasks' counts and its requests name no application; expected a SparkSession started "
+            "before the UDF is built"
+        )
+    app_id = application.app_id
+    return CountersUnavailable(
+        f"no client counters: this UDF was built in a Spark Connect session (application {app_id!r}, "
+        f"name {application.app_name!r}), which has no SparkContext, so no Spark accumulator sums its "
+        "tasks' counts. The model servers count the rows they answer per application instead: read "
+        f'GET /v1/spark/applications or udfserve_app_rows_total{{app_id="{app_id}"}} on each server; '
+        "rows the CPU fallback answered are not counted there (each partition that moves to the CPU "
+        "logs a WARNING in its executor's log), and with_version=True answers each row's model "
+        "version as a column"
+    )

@@ -42,7 +42,7 @@ from udfserve.spark_client.routing import (
     fallback_repository,
     resolve_route,
 )
-from udfserve.spark_client.stats import ClientStats, new_accumulator
+from udfserve.spark_client.stats import ClientStats, counters_unavailable, new_accumulator
 from udfserve.spark_client.task import answer_partition
 from udfserve.spark_client.versions import VERSION_FIELD, wants_version
 from udfserve.spark_client.worker_check import check_python_workers, worker_modules
@@ -144,7 +144,7 @@ class RemotePredictUDF:
     def stats(self) -> ClientStats:
         """Rows answered by servers and by the CPU fallback, retries, back-offs and fallback reasons,
         over every action that evaluated this UDF so far (at least once: see
-        ``udfserve.spark_client.stats``)."""
+        ``udfserve.spark_client.stats``). Under Spark Connect, ``CountersUnavailable``."""
         return read_stats(self.job)
 
     @property
@@ -299,12 +299,10 @@ def build_job(model: str, config: ClientConfig | None, overrides: Mapping[str, A
 
 
 def read_stats(job: PredictJob) -> ClientStats:
-    """The accumulated ``ClientStats`` of a job, in the driver."""
+    """The accumulated ``ClientStats`` of a job, in the driver; ``CountersUnavailable`` without an
+    accumulator (Spark Connect), naming what counts the rows there."""
     if job.counters is None:
-        raise RuntimeError(
-            "no client statistics: the UDF was built without a SparkContext (Spark Connect, or no active "
-            "SparkSession), and Spark accumulators need one"
-        )
+        raise counters_unavailable(job.application)
     return ClientStats().merge(job.counters.value)
 
 
