@@ -6,6 +6,9 @@
     predict_arrow(df, "tabular_mlp")
     predict_files("/data/features/", "tabular_mlp")   # parquet read by pyarrow in the workers
 
+    with node_servers(spark, model_repository="/models") as nodes:   # no node installed on the hosts
+        df.withColumn("p", remote_predict("tabular_mlp", "features", config=nodes.client_config()))
+
 The names are resolved lazily: importing the package pulls in neither PySpark nor gRPC, and
 nothing here ever imports TensorFlow or the server side (only the CPU fallback does, when used).
 """
@@ -17,9 +20,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from udfserve.spark_client.config import ClientConfig
     from udfserve.spark_client.file_reads import predict_files
+    from udfserve.spark_client.node_context import node_servers
     from udfserve.spark_client.udf import arrow_predictor, predict_arrow, remote_predict
 
-__all__ = ["ClientConfig", "arrow_predictor", "predict_arrow", "predict_files", "remote_predict"]
+__all__ = [
+    "ClientConfig",
+    "arrow_predictor",
+    "node_servers",
+    "predict_arrow",
+    "predict_files",
+    "remote_predict",
+]
 
 _HOMES = {
     "ClientConfig": "udfserve.spark_client.config",
@@ -27,6 +38,7 @@ _HOMES = {
     "predict_arrow": "udfserve.spark_client.udf",
     "arrow_predictor": "udfserve.spark_client.udf",
     "predict_files": "udfserve.spark_client.file_reads",
+    "node_servers": "udfserve.spark_client.node_context",
 }
 
 

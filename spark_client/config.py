@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from udfserve.shared_memory import DEFAULT_DIRECTORY as DEFAULT_SHARED_MEMORY_DIRECTORY
+from udfserve.spark_client.node_start import NodeStart
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 """The server's default limit (``ServerConfig.max_message_bytes``); both sides must agree."""
@@ -164,6 +165,12 @@ class ClientConfig(BaseModel):
     tls_client_key_file: str | None = Field(
         default=None, description="PEM private key of tls_client_certificate_file"
     )
+    node_start: NodeStart | None = Field(
+        default=None,
+        description="set by node_servers(...): each task first makes sure its host runs a node, starting "
+        "one, detached, where none runs (without waiting for it: the rows go to the CPU fallback until "
+        "it is ready); a JSON string is read too (the Spark conf spark.udfserve.nodeStart)",
+    )
 
     @field_validator("address")
     @classmethod
@@ -197,6 +204,12 @@ class ClientConfig(BaseModel):
                 )
             return tuple(int(word) for word in words)
         return value
+
+    @field_validator("node_start", mode="before")
+    @classmethod
+    def _node_start(cls, value: object) -> object:
+        """A Spark conf value is the JSON ``node_servers`` wrote there."""
+        return NodeStart.model_validate_json(value) if isinstance(value, str) else value
 
     @field_validator("tls_server_name")
     @classmethod

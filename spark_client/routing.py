@@ -54,6 +54,7 @@ SPARK_CONF_SHARED_MEMORY_GROUP_ACCESS = "spark.udfserve.sharedMemoryGroupAccess"
 SPARK_CONF_TRUSTED_NODE_UIDS = "spark.udfserve.trustedNodeUids"
 SPARK_CONF_PRIORITY_CLASS = "spark.udfserve.priorityClass"
 SPARK_CONF_FALLBACK_REPOSITORY_FROM_NODE = "spark.udfserve.fallbackRepositoryFromNode"
+SPARK_CONF_NODE_START = "spark.udfserve.nodeStart"
 
 _SPARK_CONF_PATHS = {
     SPARK_CONF_DISCOVERY_FILE: "discovery_file",
@@ -72,6 +73,7 @@ _SPARK_CONF_SETTINGS = {
     SPARK_CONF_TRUSTED_NODE_UIDS: "trusted_node_uids",
     SPARK_CONF_PRIORITY_CLASS: "priority_class",
     SPARK_CONF_FALLBACK_REPOSITORY_FROM_NODE: "fallback_repository_from_node",
+    SPARK_CONF_NODE_START: "node_start",
 }
 """Settings with a default of their own: the conf applies unless the UDF's config set them."""
 SPARK_CONF_KEYS = (SPARK_CONF_ADDRESS, SPARK_CONF_AUTH_TOKEN, *_SPARK_CONF_SETTINGS, *_SPARK_CONF_PATHS)

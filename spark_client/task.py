@@ -37,7 +37,12 @@ def answer_partition(
 ) -> Iterator[tuple[Carry, pa.RecordBatch]]:
     """One partition's Spark batches answered in order, each with what it came with: cut into
     requests of the job's size, sent to the task's server (or the CPU fallback), counted into
-    the job's accumulator however the partition ends. Both UDFs run their partitions here."""
+    the job's accumulator however the partition ends. Both UDFs run their partitions here. A UDF
+    of a ``node_servers`` context first makes sure its host runs a node, without waiting for it."""
+    if job.config.node_start is not None:  # a UDF of a node_servers context: this host's node first
+        from udfserve.spark_client.node_ensure import ensure_for_task
+
+        ensure_for_task(job.config.node_start, os.environ)
     rechunker: Rechunker[Carry] = Rechunker(
         job.config.rows_per_request, job.config.max_message_bytes, job.empty_answer()
     )

@@ -158,6 +158,29 @@ class NodeConfig(BaseSettings):
         default="INFO",
         description="log level of the supervisor and of every server: DEBUG, INFO, WARNING or ERROR",
     )
+    leases: bool = Field(
+        default=False,
+        description="run only while a Spark application holds a lease on the node: read the lease files "
+        "in <runtime dir>/leases (written by the jobs that start the node, udfserve.spark_client."
+        "node_servers), ask each lease's holder every --lease-poll-s whether it still holds it, and stop "
+        "as on SIGTERM once none is held",
+    )
+    lease_poll_s: float = Field(
+        default=2.0, gt=0, le=300.0, description="with --leases: how often each lease's holder is asked"
+    )
+    lease_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="with --leases: a lease whose holder has not answered for this long (its driver "
+        "killed, its host unreachable) is dropped; at least twice --lease-poll-s",
+    )
+    starter_lock_fd: int | None = Field(
+        default=None,
+        ge=0,
+        description="a descriptor of <runtime dir>/node-start.lock that the process starting this node "
+        "holds locked; closed once the node holds its own lock, so that no second node starts meanwhile "
+        "(set by the Spark jobs that start nodes; default: none)",
+    )
 
     @field_validator("models", mode="before")
     @classmethod
@@ -232,6 +255,11 @@ class NodeConfig(BaseSettings):
                 f"discovery_stale_after_s ({self.discovery_stale_after_s}) must be at least twice "
                 f"discovery_heartbeat_s ({self.discovery_heartbeat_s}): a heartbeat written a little "
                 "late must not make readers take a live node's file for absent"
+            )
+        if self.lease_timeout_s < 2 * self.lease_poll_s:
+            raise ValueError(
+                f"lease_timeout_s ({self.lease_timeout_s}) must be at least twice lease_poll_s "
+                f"({self.lease_poll_s}): a holder's answer a little late must not drop its lease"
             )
         if self.restart_backoff_max_s < self.restart_backoff_initial_s:
             raise ValueError(

@@ -49,6 +49,7 @@ from udfserve.services.model_server.launcher import (
 from udfserve.services.node.admin import AdminServer, SupervisorMetrics
 from udfserve.services.node.config import NodeConfig
 from udfserve.services.node.devices import DeviceSlot, GpuDetection
+from udfserve.services.node.leases import LeaseWatch, release_starter_lock
 from udfserve.services.node.lock import NodeLock
 from udfserve.services.node.ready_file import ReadyFileWatch, ServedModels
 from udfserve.services.node.runtime_dir import SHARED_MODE, prepare_runtime_dir
@@ -131,6 +132,12 @@ class Supervisor:
         self._admin: AdminServer | None = None
         self._lifeline: tuple[int, int] | None = None
         """The pipe (read end, write end) whose read end every server watches (``lifeline.py``)."""
+        self.leases = (
+            LeaseWatch(config.runtime_dir, config.node, config.lease_poll_s, config.lease_timeout_s)
+            if config.leases
+            else None
+        )
+        """With ``--leases``: the applications holding the node (``leases.py``)."""
 
     async def run(self) -> int:
         """Check the runtime folder (RuntimeDirRefused when another user could write it), take the
@@ -140,10 +147,13 @@ class Supervisor:
         if config.discovery_path.parent != config.runtime_dir:
             prepare_runtime_dir(config.discovery_path.parent, SHARED_MODE, "the discovery file's folder")
         self.lock.acquire()
+        release_starter_lock(config.starter_lock_fd)
         try:
             return await self._run_locked()
         finally:
             self.lock.release()
+            if self.leases is not None:
+                self.leases.close()
 
     async def _run_locked(self) -> int:
         config = self.config
@@ -174,8 +184,14 @@ class Supervisor:
                     task.add_done_callback(self._on_slot_done)
                 heartbeat = asyncio.create_task(self._heartbeat(), name="the discovery heartbeat")
                 heartbeat.add_done_callback(self._on_slot_done)
+                watches = [heartbeat]
+                if self.leases is not None:
+                    watch = asyncio.create_task(self.leases.run(self._on_no_lease), name="the lease watch")
+                    watch.add_done_callback(self._on_slot_done)
+                    watches.append(watch)
                 await self._stopping.wait()
-                heartbeat.cancel()
+                for watch in watches:
+                    watch.cancel()
                 await self._stop_servers(tasks)
         finally:
             self._closed = True
@@ -205,6 +221,8 @@ class Supervisor:
             "gpus_found": self.detection.count,
             "gpu_detection": self.detection.reason or "ok",
         }
+        if self.leases is not None:
+            detail["leases"] = self.leases.describe()
         return all(state == "ready" for state in states.values()), detail
 
     def _on_signal(self, signum: int) -> None:
@@ -212,6 +230,10 @@ class Supervisor:
             logger.info("received %s again; still stopping", signal.Signals(signum).name)
             return
         logger.info("received %s: stopping every server", signal.Signals(signum).name)
+        self._stopping.set()
+
+    def _on_no_lease(self) -> None:
+        logger.info("no application holds a lease on this node any more: stopping every server")
         self._stopping.set()
 
     def _on_slot_done(self, task: asyncio.Task[None]) -> None:
