@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,11 +265,22 @@ def _hosts(reports: list[HostReport]) -> list[HostNode]:
 
 
 def _executor_count(spark: Any) -> int:
-    """The executors registered now (at least 1: a local session's driver runs the tasks); under
-    Spark Connect ``spark.executor.instances`` or, with a local master, 1."""
+    """The executors registered (at least 1: a local session's driver runs the tasks), after
+    waiting for ``spark.executor.instances`` of them, as Spark waits before its first stage, up to
+    ``spark.scheduler.maxRegisteredResourcesWaitingTime``; under Spark Connect
+    ``spark.executor.instances`` or, with a local master, 1."""
     context = _spark_context(spark)
     if context is not None:
-        return max(1, int(context._jsc.sc().getExecutorIds().size()))
+        scala = context._jsc.sc()
+        wanted = _conf(spark, "spark.executor.instances")
+        deadline = time.monotonic() + float(
+            scala.conf().getTimeAsSeconds("spark.scheduler.maxRegisteredResourcesWaitingTime", "30s")
+        )
+        while (
+            wanted.isdigit() and scala.getExecutorIds().size() < int(wanted) and time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+        return max(1, int(scala.getExecutorIds().size()))
     if _conf(spark, "spark.master").startswith("local"):
         return 1
     instances = _conf(spark, "spark.executor.instances")

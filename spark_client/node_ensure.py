@@ -63,6 +63,22 @@ logger = logging.getLogger(__name__)
 SERVER_PACKAGE = "udfserve.services.node"
 LAUNCHER_MODULE = "udfserve.services.node.detached"
 NODE_LOG = "logs/node.log"
+TASK_VARIABLES = frozenset(
+    {
+        "OMP_NUM_THREADS",
+        "PYTHON_DAEMON_KILL_WORKER_ON_FLUSH_FAILURE",
+        "PYTHON_UDF_BATCH_SIZE",
+        "SPARK_PYTHON_RUNTIME",
+        "SPARK_REUSE_WORKER",
+        "SPARK_BUFFER_SIZE",
+        "SPARK_AUTH_SOCKET_TIMEOUT",
+    }
+)
+WORKER_FACTORY_PREFIX = "PYTHON_WORKER_FACTORY_"
+"""What Spark sets for one Python worker and the node must not inherit: its worker factory's
+secret and socket (``PYTHON_WORKER_FACTORY_*``), and ``OMP_NUM_THREADS`` (``spark.task.cpus``, 1
+by default), which would hold a CPU server's framework to one thread where a node installed on
+the host has every core."""
 PRIVATE_MODE = 0o700
 SHARED_MODE = 0o755
 LAUNCH_TIMEOUT_S = 60.0
@@ -240,7 +256,7 @@ def _launch(start: NodeStart, runtime_dir: Path, lock_fd: int, environ: Mapping[
             stdin=subprocess.DEVNULL,
             capture_output=True,
             pass_fds=(lock_fd,),
-            env=dict(environ),
+            env=node_environment(environ),
             timeout=LAUNCH_TIMEOUT_S,
             check=False,
         )
@@ -254,6 +270,16 @@ def _launch(start: NodeStart, runtime_dir: Path, lock_fd: int, environ: Mapping[
             f"{stderr}"
         )
     return int(output)
+
+
+def node_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The node's environment: the executor's (its ``UDFSERVE_*`` settings configure the node as
+    they would one installed there) less what Spark set for this Python worker alone."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name not in TASK_VARIABLES and not name.startswith(WORKER_FACTORY_PREFIX)
+    }
 
 
 def process_alive(pid: int) -> bool:

@@ -16,6 +16,7 @@ from udfserve.services.node.config import NodeConfig
 from udfserve.services.settings_cli import SettingsError, add_settings_arguments, settings_from_args
 from udfserve.spark_client.config import ClientConfig
 from udfserve.spark_client.node_context import NodeServers
+from udfserve.spark_client.node_ensure import node_environment
 from udfserve.spark_client.node_start import NodeStart
 from udfserve.spark_client.routing import SPARK_CONF_NODE_START, apply_spark_conf
 
@@ -154,3 +155,16 @@ def test_the_context_config_ensures_the_node_and_falls_back_on_the_contexts_repo
         "/elsewhere",
         "/x/discovery.json",
     )
+
+
+def test_the_node_keeps_the_executors_settings_but_not_what_spark_set_for_one_python_worker() -> None:
+    environ = {
+        "UDFSERVE_RUNTIME_DIR": "/srv/udfserve",
+        "PATH": "/usr/bin",
+        "OMP_NUM_THREADS": "1",
+        "PYTHON_WORKER_FACTORY_SECRET": "secret",
+        "PYTHON_WORKER_FACTORY_SOCK_DIR": "/tmp/x",
+        "SPARK_REUSE_WORKER": "1",
+    }
+
+    assert node_environment(environ) == {"UDFSERVE_RUNTIME_DIR": "/srv/udfserve", "PATH": "/usr/bin"}
