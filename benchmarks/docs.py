@@ -44,6 +44,8 @@ LATE_SECTIONS = (
     ("soak", "9. An hour of load"),
 )
 """Comparisons of ``run_all`` rendered after the KServe section (6), which runs outside it."""
+FINAL_SECTIONS = (("fairness", "11. Fair shares: many applications on one server"),)
+"""Comparisons rendered after the cluster on paper (section 10)."""
 
 INTRO = """\
 # Benchmarks
@@ -58,7 +60,7 @@ python -m benchmarks.run_all            # everything, about 2 h 20 min (the soak
 python -m benchmarks.run_all --quick    # small and short, to check that the scripts work;
                                         # writes to benchmarks/results/tmp/quick/ only
 python -m benchmarks.transport          # one comparison (also: batching, cold_start,
-                                        # spark_e2e, footprint, backends, scaling,
+                                        # spark_e2e, footprint, backends, scaling, fairness,
                                         # soak --minutes N); then python -m benchmarks.docs
 ```
 
@@ -90,7 +92,7 @@ def load_result(path: Path) -> tuple[ComparisonResult, dict[str, Any]]:
 def render(results_dir: Path, doc_path: Path) -> str:
     image_prefix = os.path.relpath(results_dir, doc_path.parent).replace(os.sep, "/") + "/"
     loaded: dict[str, tuple[ComparisonResult, dict[str, Any]]] = {}
-    for name, _ in (*SECTIONS, *LATE_SECTIONS):
+    for name, _ in (*SECTIONS, *LATE_SECTIONS, *FINAL_SECTIONS):
         path = results_dir / f"{name}.json"
         if path.exists():
             loaded[name] = load_result(path)
@@ -99,6 +101,7 @@ def render(results_dir: Path, doc_path: Path) -> str:
     parts += _target_rows(SECTIONS, loaded)
     parts.append(kserve_target_row(KSERVE_RESULTS_DIR))
     parts += _target_rows(LATE_SECTIONS, loaded)
+    parts += _target_rows(FINAL_SECTIONS, loaded)
     parts.append("")
     for name, heading in SECTIONS:
         parts += _section(name, heading, loaded, image_prefix)
@@ -106,6 +109,8 @@ def render(results_dir: Path, doc_path: Path) -> str:
     for name, heading in LATE_SECTIONS:
         parts += _section(name, heading, loaded, image_prefix)
     parts += cluster_model.section(results_dir)
+    for name, heading in FINAL_SECTIONS:
+        parts += _section(name, heading, loaded, image_prefix)
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -13,18 +13,29 @@ the machine runs lands on both.
 The targets: together, the small application keeps at least 0.45x its rate alone under fair
 shares (half the server is a fair share for one of two); the total rows/s of both stays within 5%
 of first in first out's.
+
+Then the same with two real Spark applications (``--no-spark`` leaves them out): each its own driver process,
+``predict_arrow`` on ``sequence_bilstm`` (a model heavy enough per row that the server, not Spark, bounds the
+rows/s), the busy one with 2 tasks of 16 requests in flight each, the small one with 1 task of 2; once both
+are warm, their timed jobs start together, and the small one's ends before the busy one's, so that it runs
+entirely beside it.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
-from benchmarks.cli import main_for
+from benchmarks.cli import add_common_arguments, configure_logging, results_dir
 from benchmarks.load_client import LoadSpec, finish, start_in_child
-from benchmarks.processes import Workspace
+from benchmarks.processes import LOGS_DIR, Workspace
 from benchmarks.report import ComparisonResult, Table, TargetCheck
+from benchmarks.spark_job import Job, JobResult, run_in_child
 from udfserve.services.model_server.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
@@ -80,7 +91,84 @@ def measure(server: ServerProcess, apps: tuple[str, ...], settings: Settings) ->
     return {app: result.rows / result.wall_s for app, result in results.items()}
 
 
-def run(workspace: Workspace, quick: bool = False, profile: bool = True) -> ComparisonResult:
+@dataclass(frozen=True)
+class SparkSettings:
+    busy_rows: int
+    small_rows: int
+    alone_cells: bool
+    """False (quick): only the two applications together, under fair shares."""
+
+    @classmethod
+    def make(cls, quick: bool) -> SparkSettings:
+        if quick:
+            return cls(busy_rows=6_000, small_rows=500, alone_cells=False)
+        return cls(busy_rows=240_000, small_rows=12_000, alone_cells=True)
+
+
+SPARK_MODEL = "sequence_bilstm"
+SPARK_IN_FLIGHT = {BUSY: 16, SMALL: 2}
+SPARK_TASKS = {BUSY: 2, SMALL: 1}
+
+
+def spark_job(server: ServerProcess, app: str, rows: int, log_dir: Path, gate: Path) -> Job:
+    return Job(
+        contender="predict_arrow",
+        model=SPARK_MODEL,
+        synthetic_rows=rows,
+        partitions=SPARK_TASKS[app],
+        address=server.grpc_target(prefer_unix=True),
+        log_file=str(log_dir / f"fairness-spark-{app.split()[0]}.log"),
+        client_settings={"max_in_flight": SPARK_IN_FLIGHT[app]},
+        warmup_rows=SPARK_WARMUP_ROWS,
+        start_gate=str(gate),
+    )
+
+
+SPARK_WARMUP_ROWS = 200
+"""Rows each application scores untimed before the gate: its Python workers start, its channels open."""
+
+
+def measure_spark(
+    server: ServerProcess, apps: tuple[str, ...], settings: SparkSettings, log_dir: Path
+) -> dict[str, float]:
+    """Rows/s of each application's job; together, both timed jobs start at once (a start gate the
+    applications wait at once warm). Raises when the small job did not end before the busy one."""
+    rows = {BUSY: settings.busy_rows, SMALL: settings.small_rows}
+    results: dict[str, JobResult] = {}
+    finished: dict[str, float] = {}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    gate = log_dir / f"fairness-gate-{time.monotonic_ns()}"
+    with ThreadPoolExecutor(max_workers=2) as pool:
+
+        def run(app: str) -> None:
+            results[app] = run_in_child(spark_job(server, app, rows[app], log_dir, gate))
+            finished[app] = time.monotonic()
+
+        futures = [pool.submit(run, app) for app in apps]
+        deadline = time.monotonic() + 900
+        while len(list(log_dir.glob(f"{gate.name}.*.ready"))) < len(apps):
+            if time.monotonic() > deadline or any(future.done() for future in futures):
+                for future in futures:
+                    if future.done():
+                        future.result()  # its error, if it failed
+                raise RuntimeError("the Spark applications did not all reach the start gate")
+            time.sleep(0.2)  # a look at the files the applications write when warm
+        gate.touch()
+        for future in futures:
+            future.result()
+    for marker in log_dir.glob(f"{gate.name}*"):
+        marker.unlink()
+    if len(apps) > 1 and finished[SMALL] > finished[BUSY]:
+        raise RuntimeError(
+            "the small application's job outlasted the busy one's: not measured beside it; expected "
+            "more busy_rows"
+        )
+    return {app: result.rows / result.runs_s[0] for app, result in results.items()}
+
+
+def run(
+    workspace: Workspace, quick: bool = False, profile: bool = True, spark: bool = True
+) -> ComparisonResult:
     del profile  # nothing to profile here
     settings = Settings.make(quick)
     started = time.perf_counter()
@@ -107,9 +195,31 @@ def run(workspace: Workspace, quick: bool = False, profile: bool = True) -> Comp
                     }
                     for app, rate in rates.items()
                 ]
+    spark_cells: list[dict[str, object]] = []
+    if spark:
+        spark_settings = SparkSettings.make(quick)
+        for server in servers.values():
+            workspace.stop_server(server)
+        servers = {
+            mode: workspace.start_server(
+                repository,
+                f"fairness-spark-{mode}",
+                ["--models", SPARK_MODEL, "--application-scheduling", mode],
+            )
+            for mode in ((FIFO, FAIR) if spark_settings.alone_cells else (FAIR,))
+        }
+        shapes = ((BUSY,), (SMALL,), (BUSY, SMALL)) if spark_settings.alone_cells else ((BUSY, SMALL),)
+        for mode, server in servers.items():
+            for apps in shapes:
+                logger.info("fairness, Spark: %s, %s", mode, " + ".join(apps))
+                rates = measure_spark(server, apps, spark_settings, LOGS_DIR)
+                spark_cells += [
+                    {"mode": mode, "together": len(apps) > 1, "app": app, "rows_s": rate}
+                    for app, rate in rates.items()
+                ]
     for server in servers.values():
         workspace.stop_server(server)
-    return _result(cells, settings, time.perf_counter() - started)
+    return _result(cells, spark_cells, settings, time.perf_counter() - started)
 
 
 def _median(cells: list[dict[str, object]], mode: str, app: str, together: bool) -> float:
@@ -122,7 +232,34 @@ def _median(cells: list[dict[str, object]], mode: str, app: str, together: bool)
     return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
-def _result(cells: list[dict[str, object]], settings: Settings, duration_s: float) -> ComparisonResult:
+def _spark_table(spark_cells: list[dict[str, object]]) -> Table:
+    table = Table(
+        f"Two Spark applications, predict_arrow on {SPARK_MODEL}: rows/s of each job alone and together",
+        ["scheduling", "application", "alone rows/s", "together rows/s", "together ÷ alone"],
+    )
+    for mode in (FIFO, FAIR):
+        for app in STREAMS:
+            alone = [
+                c["rows_s"] for c in spark_cells if (c["mode"], c["app"], c["together"]) == (mode, app, False)
+            ]
+            together = [
+                c["rows_s"] for c in spark_cells if (c["mode"], c["app"], c["together"]) == (mode, app, True)
+            ]
+            if not together:
+                continue
+            row: dict[str, object] = {"scheduling": mode, "application": app, "together rows/s": together[0]}
+            if alone:
+                row |= {"alone rows/s": alone[0], "together ÷ alone": float(together[0]) / float(alone[0])}  # type: ignore[arg-type]
+            table.rows.append(row)
+    return table
+
+
+def _result(
+    cells: list[dict[str, object]],
+    spark_cells: list[dict[str, object]],
+    settings: Settings,
+    duration_s: float,
+) -> ComparisonResult:
     table = Table(
         f"{MODEL}, rows/s of each application alone and together (median of {settings.rounds} rounds)",
         [
@@ -179,15 +316,28 @@ def _result(cells: list[dict[str, object]], settings: Settings, duration_s: floa
         name=NAME,
         title="Fair shares: two applications on one server",
         method=method,
-        tables=[table],
+        tables=[table, _spark_table(spark_cells)] if spark_cells else [table],
         targets=targets,
-        raw={"cells": cells, "settings": settings.__dict__},
+        raw={"cells": cells, "spark_cells": spark_cells, "settings": settings.__dict__},
         duration_s=duration_s,
     )
 
 
-def main() -> int:
-    return main_for(run, __doc__)
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_common_arguments(parser)
+    parser.add_argument("--no-spark", action="store_true", help="leave out the two Spark applications")
+    args = parser.parse_args(argv)
+    configure_logging()
+    with Workspace() as workspace:
+        result = run(workspace, args.quick, spark=not args.no_spark)
+    folder = results_dir(args.quick)
+    result.write(folder)
+    print(result.to_markdown())
+    print(f"\nwritten to {folder}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -22,7 +22,18 @@ from types import FrameType
 if __package__ in (None, ""):  # run as a file: python benchmarks/run_all.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import backends, batching, cold_start, docs, footprint, scaling, soak, spark_e2e, transport
+from benchmarks import (
+    backends,
+    batching,
+    cold_start,
+    docs,
+    fairness,
+    footprint,
+    scaling,
+    soak,
+    spark_e2e,
+    transport,
+)
 from benchmarks.cli import RunFunction, add_common_arguments, configure_logging, results_dir
 from benchmarks.processes import Workspace
 from benchmarks.report import describe_machine
@@ -38,6 +49,7 @@ COMPARISONS: dict[str, RunFunction] = {
     "backends": backends.run,
     "scaling": scaling.run,
     "soak": soak.run,
+    "fairness": fairness.run,
 }
 
 

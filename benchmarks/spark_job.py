@@ -86,6 +86,10 @@ class Job:
     client_settings: dict[str, Any] = field(default_factory=dict)
     """More ``ClientConfig`` fields of the remote contenders (``address`` empty: found through
     the node's discovery file)."""
+    start_gate: str = ""
+    """A file path: once warm (after the untimed run), the application writes ``<start_gate>.<pid>.ready``
+    and waits for ``start_gate`` to exist before its timed runs, so that several applications' jobs
+    start together (``benchmarks.fairness``); "" (default): no wait."""
     long_passes: int = 0
     """0: none; else a long job, over ``data``'s files this many times over (hard links in a folder
     beside ``data``: ``steady_rate.long_folder``), runs between each two of the ``runs`` jobs over
@@ -386,6 +390,8 @@ def run_job(job: Job) -> JobResult:
             started = time.perf_counter()
             predicted.where(f"id < {job.warmup_rows}").write.format("noop").mode("overwrite").save()
             result.warmup_s = time.perf_counter() - started
+        if job.start_gate:
+            _wait_at_the_gate(Path(job.start_gate))
         for run in range(job.runs):
             if run and long_predicted is not None:
                 # The peaks are those of the jobs every contender runs: the in-worker and
@@ -414,6 +420,19 @@ def run_job(job: Job) -> JobResult:
         result.model_loads_in_workers = sum(1 for _ in Path(job.marker_dir).iterdir())
     spark.stop()
     return result
+
+
+GATE_WAIT_S = 900.0
+
+
+def _wait_at_the_gate(gate: Path) -> None:
+    """Say this application is ready, then wait for the parent to open the gate."""
+    gate.with_name(f"{gate.name}.{os.getpid()}.ready").touch()
+    deadline = time.monotonic() + GATE_WAIT_S
+    while not gate.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the start gate {gate} was not opened within {GATE_WAIT_S:.0f} s")
+        time.sleep(0.05)  # a look at a file the parent creates
 
 
 def run_in_child(job: Job, timeout_s: float = 900.0) -> JobResult:

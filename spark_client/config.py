@@ -86,6 +86,19 @@ class ClientConfig(BaseModel):
         description="0 = the version a request naming none gets (the highest its policy serves); a pinned "
         "version the policy does not serve is NOT_FOUND, on the server and on the CPU fallback alike",
     )
+    version_consistency: Literal["job", "request"] = Field(
+        default="job",
+        description="'job': the version serving when the UDF is built computes every row of the job, also "
+        "when a new one is published while it runs (the servers keep it for the job: their "
+        "--version-lease-s); 'request': each request gets the version serving when it arrives. Ignored "
+        "when model_version names a version",
+    )
+    when_pinned_version_gone: Literal["fail", "follow"] = Field(
+        default="fail",
+        description="when a server no longer keeps the job's version (past its bounds on old versions): "
+        "'fail' the task, saying why, or 'follow' on with the version serving, which the counters then "
+        "show (rows_by_version, pinned_version_switches)",
+    )
     rows_per_request: int = Field(
         default=4096,
         gt=0,

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_models: dict[tuple[str, str, int], tuple[Any, int]] = {}
+_models: dict[tuple[str, str, int, bool], tuple[Any, int]] = {}
 _models_lock = threading.Lock()
 
 
@@ -44,15 +44,16 @@ def hide_gpus() -> None:
     pin_device("cpu")
 
 
-def load_cpu_model(repository: Path, model: str, version: int = 0) -> tuple[Any, int]:
+def load_cpu_model(repository: Path, model: str, version: int = 0, pinned: bool = False) -> tuple[Any, int]:
     """The model loaded on the CPU and its ``max_batch_size``, once per worker process.
 
     The version is the one a server of ``repository`` serves (``model_source``): for ``version``
     0 the one a request naming no version gets, by the model's version policy; a pinned version
     only when the policy serves it. It is chosen when the worker first loads the model and kept for
-    the tasks that follow; ``loaded.version`` says which it is.
+    the tasks that follow; ``loaded.version`` says which it is. A version the job ``pinned`` is
+    computed as long as its folder is in the repository, also once the policy serves a newer one.
     """
-    key = (str(repository), model, version)
+    key = (str(repository), model, version, pinned)
     with _models_lock:
         cached = _models.get(key)
         if cached is not None:
@@ -60,7 +61,7 @@ def load_cpu_model(repository: Path, model: str, version: int = 0) -> tuple[Any,
         from udfserve.runtime.errors import ModelLoadError
         from udfserve.runtime.repository import load_model
 
-        source = served_source(repository, model, version)
+        source = served_source(repository, model, version, pinned)
         hide_gpus()
         try:
             loaded = load_model(source)
@@ -71,9 +72,10 @@ def load_cpu_model(repository: Path, model: str, version: int = 0) -> tuple[Any,
         return _models[key]
 
 
-def served_source(repository: Path, model: str, version: int = 0) -> ModelSource:
+def served_source(repository: Path, model: str, version: int = 0, pinned: bool = False) -> ModelSource:
     """The ``ModelSource`` a server of ``repository`` would serve for ``version`` (0: a request
-    naming none). ``ModelNotFound`` for a model or a pinned version a server would not serve;
+    naming none), or, for a version the job ``pinned``, the one its folder holds (a server keeps it
+    leased while the job runs). ``ModelNotFound`` for a model or a version a server would not serve;
     ``ServerUnavailable`` for a model folder that cannot be served at all (the message says why)."""
     from udfserve.runtime.errors import ModelLoadError
     from udfserve.runtime.repository import model_source
@@ -89,7 +91,7 @@ def served_source(repository: Path, model: str, version: int = 0) -> ModelSource
     if not version or version == default.version:
         return default
     try:
-        return model_source(repository, model, version)
+        return model_source(repository, model, version, any_present=pinned)
     except ModelLoadError as exc:
         raise ModelNotFound(
             f"{exc}; a server answers NOT_FOUND for it and the CPU fallback does not compute it either: "
@@ -110,7 +112,7 @@ def cpu_model_spec(repository: Path, model: str, version: int = 0) -> ModelSpec:
 
 
 def predict_on_cpu(
-    repository: Path, model: str, version: int, batch: pa.RecordBatch
+    repository: Path, model: str, version: int, batch: pa.RecordBatch, pinned: bool = False
 ) -> tuple[pa.RecordBatch, int]:
     """Answer one request batch as a server would: checked whole (so an error names the row as
     the server's would), run in chunks of the model's ``max_batch_size``; with the version that
@@ -119,7 +121,7 @@ def predict_on_cpu(
     from udfserve.runtime.tensor_conversion import batch_to_inputs, outputs_to_batch
     from udfserve.spark_client.errors import RequestRejected
 
-    loaded, max_batch_size = load_cpu_model(repository, model, version)
+    loaded, max_batch_size = load_cpu_model(repository, model, version, pinned)
     try:
         inputs = batch_to_inputs(batch, loaded.name, loaded.inputs)
     except InvalidInput as exc:

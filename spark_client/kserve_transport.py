@@ -25,6 +25,7 @@ import functools
 import logging
 import queue
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,7 +149,7 @@ def describe_kserve_model(
         raise ModelMetadataError(f"{where}: {exc}") from None
     return KServeModel(
         name=meta.name or model,
-        version=wanted or (meta.versions[0] if meta.versions else ""),
+        version=wanted or _newest(meta.versions),
         inputs=inputs,
         outputs=outputs,
         max_batch_size=max_batch_size,
@@ -240,3 +241,9 @@ def kserve_stream(
 ) -> PredictStream:
     """A ``PredictStream`` over KServe v2."""
     return PredictStream(KServeWire(channel, model, config, metadata), target, model.name, config)
+
+
+def _newest(versions: Sequence[str]) -> str:
+    """The version a request naming none gets: the highest the metadata lists ("" for none)."""
+    numbers = [int(version) for version in versions if version.isdigit()]
+    return str(max(numbers)) if numbers else (versions[0] if versions else "")

@@ -40,7 +40,7 @@ from udfserve.spark_client.routing import (
     resolve_route,
 )
 from udfserve.spark_client.stats import ClientStats
-from udfserve.spark_client.transport import HeldBatch, PredictStream, StreamFailed
+from udfserve.spark_client.transport import PINNED_VERSION_GONE, HeldBatch, PredictStream, StreamFailed
 from udfserve.spark_client.versions import empty_versioned, with_version_column
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,10 @@ class PredictJob:
     application: SparkJobContext = field(default_factory=SparkJobContext)
     counters: Any = field(default=None, compare=False)
     with_version: bool = False
+    version_pinned: bool = False
+    """``config.model_version`` is the version serving when the UDF was built, pinned for the whole
+    job (``version_consistency="job"``): the CPU fallback computes it even once the model's policy
+    serves a newer one, as long as its folder is in the repository."""
 
     def empty_answer(self) -> pa.RecordBatch:
         """The answer to an empty Spark batch, in the columns of every other answer."""
@@ -149,6 +153,10 @@ class _PartitionRunner:
                 for answered in stream.run(items):
                     yield self._answer(answered)
             except StreamFailed as exc:
+                if exc.kind == PINNED_VERSION_GONE:
+                    self._follow_the_served_version(exc.reason)
+                    items = itertools.chain(exc.held, items)
+                    continue
                 forget_channel(target, self._config)
                 # The server answered and then failed: its other address leads to the same process.
                 self._server_failed(
@@ -171,6 +179,19 @@ class _PartitionRunner:
                 stream.counters.resent,
             )
             return
+
+    def _follow_the_served_version(self, reason: str) -> None:
+        """The job's pinned version is gone from the server and the job asked to follow: from now on
+        this partition asks for the version serving, and the counters say so."""
+        logger.warning(
+            "udfserve: model %r: the job's version %d is gone (%s); following the version the server "
+            "serves for the rest of this partition (when_pinned_version_gone='follow')",
+            self._job.model,
+            self._config.model_version,
+            reason,
+        )
+        self._config = self._config.model_copy(update={"model_version": 0})
+        self._stats.pinned_version_switches += 1
 
     # -- the server path -------------------------------------------------------------------
     def _usable_target(self) -> str | None:
@@ -276,7 +297,9 @@ class _PartitionRunner:
             self._cpu_batches = 0
         from udfserve.spark_client.fallback import predict_on_cpu
 
-        result, version = predict_on_cpu(repository, self._job.model, config.model_version, item.batch)
+        result, version = predict_on_cpu(
+            repository, self._job.model, config.model_version, item.batch, self._job.version_pinned
+        )
         self._failed_since_last_batch.clear()
         self._cpu_batches += 1
         self._stats.add_fallback(item.batch.num_rows, self._failure.kind or "no_server", version)

@@ -53,6 +53,8 @@ SPARK_CONF_SHARED_MEMORY_DIR = "spark.udfserve.sharedMemoryDir"
 SPARK_CONF_SHARED_MEMORY_GROUP_ACCESS = "spark.udfserve.sharedMemoryGroupAccess"
 SPARK_CONF_TRUSTED_NODE_UIDS = "spark.udfserve.trustedNodeUids"
 SPARK_CONF_PRIORITY_CLASS = "spark.udfserve.priorityClass"
+SPARK_CONF_VERSION_CONSISTENCY = "spark.udfserve.versionConsistency"
+SPARK_CONF_WHEN_PINNED_VERSION_GONE = "spark.udfserve.whenPinnedVersionGone"
 SPARK_CONF_FALLBACK_REPOSITORY_FROM_NODE = "spark.udfserve.fallbackRepositoryFromNode"
 SPARK_CONF_NODE_START = "spark.udfserve.nodeStart"
 
@@ -72,6 +74,8 @@ _SPARK_CONF_SETTINGS = {
     SPARK_CONF_SHARED_MEMORY_GROUP_ACCESS: "shared_memory_group_access",
     SPARK_CONF_TRUSTED_NODE_UIDS: "trusted_node_uids",
     SPARK_CONF_PRIORITY_CLASS: "priority_class",
+    SPARK_CONF_VERSION_CONSISTENCY: "version_consistency",
+    SPARK_CONF_WHEN_PINNED_VERSION_GONE: "when_pinned_version_gone",
     SPARK_CONF_FALLBACK_REPOSITORY_FROM_NODE: "fallback_repository_from_node",
     SPARK_CONF_NODE_START: "node_start",
 }

@@ -54,6 +54,9 @@ class ClientStats:
     rows_by_address: dict[str, int] = field(default_factory=dict)
     rows_by_version: dict[int, int] = field(default_factory=dict)
     fallback_rows_by_version: dict[int, int] = field(default_factory=dict)
+    pinned_version_switches: int = 0
+    """Partitions that left the job's pinned version for the one serving, because a server no longer
+    kept it (``when_pinned_version_gone="follow"``); 0 means every row came from the pinned one."""
 
     @property
     def rows(self) -> int:

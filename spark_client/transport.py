@@ -53,6 +53,11 @@ class HeldBatch:
     version: int = 0
 
 
+PINNED_VERSION_GONE = "pinned_version_gone"
+"""The kind of ``StreamFailed`` of a job whose pinned version a server no longer keeps, when the
+job asked to follow the version serving instead (``when_pinned_version_gone="follow"``)."""
+
+
 class StreamFailed(Exception):
     """The server failed mid-stream; ``held`` are the batches not yet yielded, in input order.
 
@@ -307,6 +312,13 @@ class PredictStream:
                 f"{message}",
                 code.name,
             )
+        if (
+            code is grpc.StatusCode.NOT_FOUND
+            and self._config.model_version
+            and self._config.when_pinned_version_gone == "follow"
+        ):
+            # the job's version is gone from this server: the partition follows the one serving
+            raise self._failed(f"{self._target}: {message}", PINNED_VERSION_GONE, slots, head)
         if code in USER_ERROR_CODES:
             refusal = ModelNotFound if code is grpc.StatusCode.NOT_FOUND else RequestRejected
             raise refusal(

@@ -289,12 +289,17 @@ def build_job(model: str, config: ClientConfig | None, overrides: Mapping[str, A
             cause,
         )
         full = full.model_copy(update={"rows_per_request": rows})
+    pinned = full.version_consistency == "job" and not full.model_version and described.spec.version > 0
+    if pinned:
+        # every row of the job from the version serving now (the servers keep it leased for the job)
+        full = full.model_copy(update={"model_version": described.spec.version})
     return PredictJob(
         model=model,
         spec=described.spec,
         config=full,
         application=application_context(spark, full.priority_class),
         counters=_accumulator(spark),
+        version_pinned=pinned,
     )
 
 

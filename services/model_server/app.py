@@ -190,6 +190,7 @@ class RunningServer:
         self._admin: AdminThread | None = None
         self._load_task: asyncio.Task[None] | None = None
         self._poll_task: asyncio.Task[None] | None = None
+        self._lease_task: asyncio.Task[None] | None = None
 
     async def start(self) -> BoundAddresses:
         config = self.config
@@ -313,6 +314,8 @@ class RunningServer:
             await self.health.set("", SERVING)
         if self.config.model_control == "poll":
             self._poll_task = asyncio.create_task(self.control.poll_forever())
+        if self.config.version_lease_s:
+            self._lease_task = asyncio.create_task(self.control.expire_leases_forever())
 
     def _write_ready_file(self) -> None:
         """The ready file with the models serving and their versions, once loading has finished."""
@@ -352,7 +355,7 @@ class RunningServer:
             await self.kserve_native.stop(max(0.0, deadline - time.monotonic()))
         await self.grpc_server.stop(grace=max(0.0, deadline - time.monotonic()))
         await self.models.stop(max(0.0, deadline - time.monotonic()))
-        for task in (self._load_task, self._poll_task):
+        for task in (self._load_task, self._poll_task, self._lease_task):
             if task is not None and not task.done():
                 task.cancel()
         if self._admin is not None:

@@ -65,6 +65,27 @@ class ServerConfig(BaseSettings):
         description="how long a version being replaced or unloaded may take to answer its queued and "
         "running requests before what is left is refused UNAVAILABLE",
     )
+    version_lease_s: float = Field(
+        default=60.0,
+        ge=0.0,
+        le=86400.0,
+        description="a version the policy no longer serves stays loaded for requests that name it "
+        "(a Spark job pins the version it started with) until this long after the last of them, and "
+        "at least this long after it was replaced; 0: unloaded at once, as it used to be",
+    )
+    max_leased_versions: int = Field(
+        default=2,
+        ge=0,
+        le=16,
+        description="older versions of one model kept for leases at once; a version replaced past it "
+        "is unloaded at once, and requests naming it are refused NOT_FOUND saying why",
+    )
+    max_leased_version_bytes: int = Field(
+        default=8 << 30,
+        ge=0,
+        description="bytes of model files (on disk) of the versions kept for leases, over every model; "
+        "a version that would take it past is unloaded at once",
+    )
     device: str = Field(
         default="cpu",
         description='"cpu", "gpu:N" or "sim:N" (a CPU process labelled as device N); pinned to it',

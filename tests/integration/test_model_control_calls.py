@@ -51,10 +51,11 @@ def repository(example_repository: Path, tmp_path_factory: pytest.TempPathFactor
 def server(
     repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    """Explicit model control, serving only tabular_mlp at start, with both KServe front ends."""
-    with running_server(
-        repository, socket_dir, tmp_path_factory, "control", [*EXPLICIT, "--models", "tabular_mlp", *NATIVE]
-    ) as process:
+    """Explicit model control, serving only tabular_mlp at start, with both KServe front ends. Old
+    versions are not leased (``--version-lease-s 0``): the tests here check what the calls load and
+    unload, and share one server (tests/integration/test_version_leases.py checks leases)."""
+    flags = [*EXPLICIT, "--models", "tabular_mlp", "--version-lease-s", "0", *NATIVE]
+    with running_server(repository, socket_dir, tmp_path_factory, "control", flags) as process:
         yield process
 
 

@@ -16,6 +16,7 @@ import json
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -107,16 +108,27 @@ class Gates:
         return frame.mapInArrow(wait_for_the_gate, frame.schema)
 
 
-def run_job(spark: SparkSession, server: ServerProcess, repository: Path, gates: Gates, output: Path) -> Any:
-    """Start the job in a thread: 1,000,000 rows through ``remote_predict(with_version=True)``,
+def run_job(
+    spark: SparkSession,
+    server: ServerProcess,
+    repository: Path,
+    gates: Gates,
+    output: Path,
+    consistency: str = "request",
+    rows: int = ROWS,
+) -> Any:
+    """Start the job in a thread: ``rows`` rows through ``remote_predict(with_version=True)``,
     written to ``output`` (read back for the checks, so the UDF runs once per row). Returns the
-    UDF (its counters) and the thread."""
+    UDF (its counters) and the thread. ``consistency``: ``"request"`` (each request the version
+    serving when it arrives) or ``"job"`` (the version serving now, for every row)."""
     predict = remote_predict(
         MODEL,
         with_version=True,
-        config=ClientConfig(address=server.grpc_target(), model_repository=str(repository)),
+        config=ClientConfig(
+            address=server.grpc_target(), model_repository=str(repository), version_consistency=consistency
+        ),
     )
-    frame = gates.gated(spark.range(ROWS, numPartitions=PARTITIONS))
+    frame = gates.gated(spark.range(rows, numPartitions=PARTITIONS))
     scored = frame.select("id", predict(feature_column((64,))).alias("answer"))
     failure: list[BaseException] = []
 
@@ -150,20 +162,26 @@ def served_versions(server: ServerProcess) -> list[int]:
 
 
 def check_job(
-    spark: SparkSession, output: Path, predict: Any, expected: dict[int, np.ndarray]
+    spark: SparkSession,
+    output: Path,
+    predict: Any,
+    expected: dict[int, np.ndarray],
+    rows_expected: int = ROWS,
+    fallback_allowed: bool = False,
 ) -> dict[int, int]:
-    """Every row once, none by the fallback, each with its version's predictions; the version
-    column equal to the counters. Returns the rows per version."""
+    """Every row once, none by the fallback (unless ``fallback_allowed``), each with its version's
+    predictions; the version column equal to the counters. Returns the rows per version."""
     rows = spark.read.parquet(str(output))
     totals = rows.agg(F.count("*").alias("rows"), F.countDistinct("id").alias("ids")).first()
-    assert (totals["rows"], totals["ids"]) == (ROWS, ROWS)
+    assert (totals["rows"], totals["ids"]) == (rows_expected, rows_expected)
     by_version = {
         row["version"]: row["count"]
         for row in rows.groupBy(F.col("answer.model_version").alias("version")).count().collect()
     }
     stats = predict.stats()
-    assert stats.rows_by_fallback == 0, stats.fallback_reasons
-    assert stats.rows_by_server == ROWS
+    if not fallback_allowed:
+        assert stats.rows_by_fallback == 0, stats.fallback_reasons
+    assert stats.rows_by_server + stats.rows_by_fallback == rows_expected
     assert stats.rows_by_version == by_version
     reference = spark.createDataFrame(
         [
@@ -200,6 +218,7 @@ def finish(thread: threading.Thread, failure: list[BaseException]) -> None:
         raise failure[0]
 
 
+@pytest.mark.timeout(1800)
 def test_a_million_row_job_runs_while_a_version_is_published_and_no_row_fails(
     spark: SparkSession,
     repository: Path,
@@ -225,6 +244,7 @@ def test_a_million_row_job_runs_while_a_version_is_published_and_no_row_fails(
     assert by_version[1] >= 300_000 and by_version[2] >= ROWS // 2, by_version
 
 
+@pytest.mark.timeout(1800)
 def test_a_million_row_job_runs_while_a_version_is_loaded_and_another_unloaded_by_calls(
     spark: SparkSession,
     repository: Path,
@@ -257,3 +277,120 @@ def test_a_million_row_job_runs_while_a_version_is_loaded_and_another_unloaded_b
     # the rows answered between the loads (the first stage holds 375,000 rows, the second load
     # comes after 500,000)
     assert by_version[1] >= 200_000 + 2 * ROWS // 8 and by_version[2] >= 125_000, by_version
+
+
+def index_versions(server: ServerProcess) -> set[int]:
+    """The versions the server holds ready, leased ones included (its repository index)."""
+    import grpc
+
+    from tests.integration.model_control_client import index_states
+
+    with grpc.insecure_channel(server.grpc_target()) as channel:
+        states = index_states(pb_grpc.InferenceStub(channel), MODEL)
+    return {version for version, state in states.items() if state == "READY"}
+
+
+LEASE_S = 20.0
+LEASED_POLL = [*POLL, "--version-lease-s", str(LEASE_S)]
+AFTER_THE_PUBLISH_ROWS = 100_000
+
+
+@pytest.mark.timeout(1800)
+def test_a_job_gets_every_row_from_the_version_it_started_with_while_a_new_one_is_published(
+    spark: SparkSession,
+    repository: Path,
+    tabular_version_2: Path,
+    expected: dict[int, np.ndarray],
+    tmp_path: Path,
+) -> None:
+    """The default, ``version_consistency="job"``: version 1 pinned when the UDF is built, version 2
+    published at 30% of the job; a job built after the publish gets version 2; version 1 unloads
+    once no job names it for the lease time."""
+    server = start_server(repository, tmp_path, LEASED_POLL)
+    try:
+        gates = Gates(tmp_path / "gates", [4])
+        predict, thread, failure = run_job(
+            spark, server, repository, gates, tmp_path / "pinned", consistency="job"
+        )
+        when(lambda: rows_answered(server) >= 300_000, "30% of the job's rows answered")
+        publish_version_2(repository, tabular_version_2)
+        when(lambda: served_versions(server) == [2], "version 2 serving requests naming none")
+        gates.open(1)
+        finish(thread, failure)
+        first_job_ended = time.monotonic()
+        assert index_versions(server) == {1, 2}  # version 1 leased for the job until its end
+        when(lambda: index_versions(server) == {2}, "version 1 unloaded once no job names it")
+        unloaded_after_s = time.monotonic() - first_job_ended
+        after = Gates(tmp_path / "after-gates", [])
+        later, thread, failure = run_job(
+            spark,
+            server,
+            repository,
+            after,
+            tmp_path / "later",
+            consistency="job",
+            rows=AFTER_THE_PUBLISH_ROWS,
+        )
+        finish(thread, failure)
+    finally:
+        server.terminate()
+
+    assert check_job(spark, tmp_path / "pinned", predict, expected) == {1: ROWS}
+    assert predict.stats().pinned_version_switches == 0
+    assert check_job(spark, tmp_path / "later", later, expected, AFTER_THE_PUBLISH_ROWS) == {
+        2: AFTER_THE_PUBLISH_ROWS
+    }
+    logger.info(
+        "version 1 unloaded %.1f s after the job that pinned it ended (--version-lease-s %g)",
+        unloaded_after_s,
+        LEASE_S,
+    )
+
+
+@pytest.mark.timeout(1800)
+def test_a_pinned_job_keeps_its_version_through_a_server_killed_after_a_publish(
+    spark: SparkSession,
+    repository: Path,
+    tabular_version_2: Path,
+    expected: dict[int, np.ndarray],
+    tmp_path: Path,
+) -> None:
+    """Version 2 published at 30%, then the server SIGKILLed and a new one started on its socket,
+    which serves version 2 alone: the job's rows meanwhile go to the CPU fallback, which computes
+    the pinned version 1, and the new server loads version 1 for the job when a request names it.
+    Every row from version 1."""
+    server = start_server(repository, tmp_path, LEASED_POLL)
+    replacement: ServerProcess | None = None
+    try:
+        gates = Gates(tmp_path / "gates", [4])
+        predict, thread, failure = run_job(
+            spark, server, repository, gates, tmp_path / "scored", consistency="job"
+        )
+        when(lambda: rows_answered(server) >= 300_000, "30% of the job's rows answered")
+        publish_version_2(repository, tabular_version_2)
+        when(lambda: served_versions(server) == [2], "version 2 serving requests naming none")
+        server.kill()
+        replacement = start_server(repository, tmp_path, LEASED_POLL)
+        gates.open(1)
+        finish(thread, failure)
+    finally:
+        server.kill()
+        if replacement is not None:
+            replacement.terminate()
+
+    by_version = check_job(spark, tmp_path / "scored", predict, expected, fallback_allowed=True)
+    stats = predict.stats()
+    assert by_version == {1: ROWS}
+    assert set(stats.fallback_rows_by_version) <= {1}
+    logger.info(
+        "rows by the servers %d, by the fallback %d (reasons %s)",
+        stats.rows_by_server,
+        stats.rows_by_fallback,
+        stats.fallback_reasons,
+    )
+
+
+def publish_version_2(repository: Path, tabular_version_2: Path) -> None:
+    staging = repository / MODEL / ".2.incoming"
+    shutil.copytree(tabular_version_2, staging)
+    staging.rename(repository / MODEL / "2")

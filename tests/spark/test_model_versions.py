@@ -209,12 +209,14 @@ def test_a_partition_whose_rows_two_versions_computed_tells_them_apart_row_by_ro
 ) -> None:
     """The server (version 1) is killed once the first answer of the partition is handed back; the
     CPU fallback, reading the repository where version 2 has been published since, computes the
-    rest: one partition, two versions, each row with its own."""
+    rest: one partition, two versions, each row with its own (``version_consistency="request"``: a
+    job pinned to its version gets every row from version 1, tests/spark/test_model_rollout.py)."""
     config = ClientConfig(
         address=version_one_server.grpc_target(),
         model_repository=str(versioned_repository),
         rows_per_request=500,
         max_in_flight=2,
+        version_consistency="request",
     )
     predictor = arrow_predictor("tabular_mlp", with_version=True, config=config)
     pid = version_one_server.pid

@@ -15,6 +15,7 @@ is trusted.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -126,10 +127,14 @@ def scan_repository(
     return RepositoryScan(models=tuple(models), failures=failures)
 
 
-def model_source(root: Path, name: str, version: int = 0, *, trust_savedmodels: bool = True) -> ModelSource:
+def model_source(
+    root: Path, name: str, version: int = 0, *, trust_savedmodels: bool = True, any_present: bool = False
+) -> ModelSource:
     """The source of ``version`` of model ``name`` (0: the one a request naming no version gets),
     read as a server reads it; ``ModelLoadError`` when the model cannot be served or its policy
-    does not serve that version (the CPU fallback computes what a server would, or nothing)."""
+    does not serve that version (the CPU fallback computes what a server would, or nothing).
+    ``any_present``: a version whose folder is there, served by the policy or not (a version a job
+    pinned, which servers keep leased after a newer one replaced it)."""
     scan = scan_repository(root, [name], trust_savedmodels=trust_savedmodels)
     if name in scan.failures:
         raise ModelLoadError(scan.failures[name])
@@ -139,6 +144,15 @@ def model_source(root: Path, name: str, version: int = 0, *, trust_savedmodels: 
     for source in model.sources:
         if source.version == version:
             return source
+    if any_present and version in model.available:
+        version_dir = root / name / str(version)
+        return dataclasses.replace(
+            model.default,
+            version=version,
+            path=version_dir,
+            backend=model.config.backend or _detected_backend(version_dir),
+            fingerprint=_files_fingerprint(root, version_dir),
+        )
     raise ModelLoadError(
         f"model {name!r} version {version} is not served: its version policy serves "
         f"{[source.version for source in model.sources]} of the versions {list(model.available)} "

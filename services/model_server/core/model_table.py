@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,13 @@ class ModelEntry:
     available: tuple[int, ...] = ()
     config_fingerprint: str | None = None
     """The config.yaml digest the versions serving were loaded with (None: never loaded)."""
+    leased: dict[int, ServedModel] = field(default_factory=dict)
+    """Versions the policy no longer serves, kept for the jobs that pinned them: they answer
+    requests that name them, never a request naming no version (``core.leases``)."""
+    lease_until: dict[int, float] = field(default_factory=dict)
+    """Per leased version, the monotonic time its lease lapses; each request naming it renews it."""
+    gone: dict[int, str] = field(default_factory=dict)
+    """Why versions that served were unloaded (the last few): the refusal of a request naming one."""
 
     def reroute(self) -> None:
         self.route = self.serving[max(self.serving)] if self.serving else None
@@ -100,6 +108,10 @@ class ModelTable:
         self.fault = ""
         """Why the process can no longer serve (a batcher broke for good); "" while it can."""
         self.on_fault: Callable[[str], None] = lambda _reason: None
+        self.on_version_wanted: Callable[[str, int], bool] = lambda _name, _version: False
+        """Called when a request names a version of the repository that is not loaded (a job pinned
+        it, and this process started or replaced it since): true if it now loads, leased
+        (``core.model_control``)."""
         """Called once, with ``fault``, when it is set: the server must stop and be replaced."""
         self.loader = VersionLoader(config, metrics, self._batcher_broke)
 
@@ -130,7 +142,12 @@ class ModelTable:
         versions = [
             served
             for entry in self._entries.values()
-            for served in (*entry.serving.values(), *entry.draining, *entry.loading.values())
+            for served in (
+                *entry.serving.values(),
+                *entry.leased.values(),
+                *entry.draining,
+                *entry.loading.values(),
+            )
         ]
         await asyncio.gather(*(self.loader.release(served, grace_period_s) for served in versions))
         self.loader.shutdown()
@@ -200,6 +217,10 @@ class ModelTable:
             served = entry.serving.get(version) if version else entry.route
             if served is not None:
                 return served
+            served = entry.leased.get(version) if version else None
+            if served is not None:
+                entry.lease_until[version] = time.monotonic() + self._config.version_lease_s
+                return served
         return self._refuse(name, version, while_draining)
 
     def _refuse(self, name: str, version: int, while_draining: bool) -> ServedModel:
@@ -230,7 +251,17 @@ class ModelTable:
             raise ModelUnavailable(f"model {name!r} failed to load: {entry.problems()}")
         if version in entry.loading:
             raise ModelUnavailable(f"model {name!r} version {version} is still loading; retry shortly")
+        if version in entry.available and self.on_version_wanted(name, version):
+            raise ModelUnavailable(
+                f"model {name!r} version {version} is loading for the job that names it (its policy serves "
+                f"{', '.join(map(str, sorted(entry.serving)))}); retry shortly"
+            )
         served_text = ", ".join(map(str, sorted(entry.serving)))
+        if version in entry.gone:
+            raise ModelNotFound(
+                f"model {name!r} version {version} is no longer served: {entry.gone[version]}; this server "
+                f"serves version {served_text}"
+            )
         raise ModelNotFound(
             f"model {name!r} version {version} is not served; this server serves version "
             f"{served_text} (versions in the repository: {', '.join(map(str, entry.available))})"
@@ -274,5 +305,5 @@ class ModelTable:
 
 def _queued_rows(entry: ModelEntry) -> int:
     """Rows waiting for a batch over every version of the model (the queue gauge's value)."""
-    versions = (*entry.serving.values(), *entry.draining)
+    versions = (*entry.serving.values(), *entry.leased.values(), *entry.draining)
     return sum(served.batcher.queued_rows for served in versions if served.batcher is not None)
