@@ -43,7 +43,12 @@ def main_for(run: RunFunction, doc: str | None, argv: Sequence[str] | None = Non
     configure_logging()
     with Workspace() as workspace:
         result = run(workspace, args.quick, not args.no_profile)
-    folder = results_dir(args.quick)
+    return write_and_print(result, args.quick)
+
+
+def write_and_print(result: ComparisonResult, quick: bool) -> int:
+    """Write ``result`` where its kind of run goes, print its Markdown and where it went; 0."""
+    folder = results_dir(quick)
     result.write(folder)
     print(result.to_markdown())
     print(f"\nwritten to {folder}")

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.cli import add_common_arguments, configure_logging, results_dir
+from benchmarks.cli import add_common_arguments, configure_logging, write_and_print
 from benchmarks.load_client import LoadSpec, finish, start_in_child
 from benchmarks.processes import LOGS_DIR, Workspace
 from benchmarks.report import ComparisonResult, Table, TargetCheck
@@ -333,11 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     with Workspace() as workspace:
         result = run(workspace, args.quick, spark=not args.no_spark)
-    folder = results_dir(args.quick)
-    result.write(folder)
-    print(result.to_markdown())
-    print(f"\nwritten to {folder}")
-    return 0
+    return write_and_print(result, args.quick)
 
 
 if __name__ == "__main__":

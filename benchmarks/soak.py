@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import plots
-from benchmarks.cli import add_common_arguments, configure_logging, results_dir
+from benchmarks.cli import add_common_arguments, configure_logging, results_dir, write_and_print
 from benchmarks.processes import LOGS_DIR, Workspace, child_env
 from benchmarks.report import ComparisonResult, Table, TargetCheck
 from benchmarks.soak_jobs import JobCheck, Plan
@@ -509,11 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = replace(settings, **{k: v for k, v in chosen.items() if v is not None})
     with Workspace() as workspace:
         result = run_soak(workspace, settings)
-    folder = results_dir(args.quick)
-    result.write(folder)
-    print(result.to_markdown())
-    print(f"\nwritten to {folder}")
-    return 0
+    return write_and_print(result, args.quick)
 
 
 if __name__ == "__main__":

@@ -54,8 +54,13 @@ def describe_uid(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _expected(trusted: frozenset[int]) -> str:
-    return ", ".join(describe_uid(uid) for uid in sorted(trusted))
+def _check_owner(found: os.stat_result, trusted: frozenset[int], what: str, path: Path, why: str) -> None:
+    """Refuse what a user outside ``trusted`` owns; ``why`` says what that user could then do."""
+    if found.st_uid not in trusted:
+        expected = ", ".join(describe_uid(uid) for uid in sorted(trusted))
+        raise UntrustedNodeFile(
+            f"{what} ({path}) belongs to {describe_uid(found.st_uid)}, expected one of {expected}{why}"
+        )
 
 
 def check_folder(
@@ -82,11 +87,7 @@ def _check_one(path: Path, trusted: frozenset[int], what: str, fix: str, own: bo
         raise UntrustedNodeFile(f"cannot check {what} ({path}): {exc}") from None
     if not stat.S_ISDIR(found.st_mode):
         raise UntrustedNodeFile(f"{what} ({path}) is not a folder")
-    if found.st_uid not in trusted:
-        raise UntrustedNodeFile(
-            f"{what} ({path}) belongs to {describe_uid(found.st_uid)}, expected one of "
-            f"{_expected(trusted)}: another user could put files of their own there; {fix}"
-        )
+    _check_owner(found, trusted, what, path, f": another user could put files of their own there; {fix}")
     writable = found.st_mode & GROUP_OR_OTHER_WRITE
     if writable and (own or not found.st_mode & stat.S_ISVTX):
         raise UntrustedNodeFile(
@@ -114,11 +115,7 @@ def read_node_file(path: Path, trusted: frozenset[int], what: str, fix: str) -> 
         found = os.fstat(file.fileno())
         if not stat.S_ISREG(found.st_mode):
             raise UntrustedNodeFile(f"{what} ({path}) is not a regular file")
-        if found.st_uid not in trusted:
-            raise UntrustedNodeFile(
-                f"{what} ({path}) belongs to {describe_uid(found.st_uid)}, expected one of "
-                f"{_expected(trusted)}; {fix}"
-            )
+        _check_owner(found, trusted, what, path, f"; {fix}")
         if found.st_mode & GROUP_OR_OTHER_WRITE:
             raise UntrustedNodeFile(
                 f"{what} ({path}) has mode {stat.S_IMODE(found.st_mode):04o}: writable by others; "
@@ -144,8 +141,4 @@ def check_node_socket(path: Path, trusted: frozenset[int], what: str, fix: str) 
         raise UntrustedNodeFile(f"cannot check {what} ({path}): {exc}") from None
     if not stat.S_ISSOCK(found.st_mode):
         raise UntrustedNodeFile(f"{what} ({path}) is not a unix socket")
-    if found.st_uid not in trusted:
-        raise UntrustedNodeFile(
-            f"{what} ({path}) belongs to {describe_uid(found.st_uid)}, expected one of "
-            f"{_expected(trusted)}: a process of another user listens there; {fix}"
-        )
+    _check_owner(found, trusted, what, path, f": a process of another user listens there; {fix}")

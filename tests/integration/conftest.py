@@ -34,3 +34,12 @@ def server(
         example_repository, socket_dir, tmp_path_factory, f"s{next(_servers)}", port=0, http_port=0
     ) as process:
         yield process
+
+
+@pytest.fixture
+def tabular_repository(example_repository: Path, tmp_path: Path) -> Path:
+    """A repository of the test's own holding ``tabular_mlp`` version 1 alone, where the test may
+    publish versions (``tabular_version_2``)."""
+    root = tmp_path / "repository"
+    shutil.copytree(example_repository / "tabular_mlp", root / "tabular_mlp")
+    return root

@@ -41,10 +41,8 @@ FEATURES = np.random.default_rng(7).normal(size=(ROWS, 64)).astype(np.float32)
 
 
 @pytest.fixture
-def repository(example_repository: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "repository"
-    shutil.copytree(example_repository / MODEL, root / MODEL)
-    return root
+def repository(tabular_repository: Path) -> Path:
+    return tabular_repository
 
 
 @pytest.fixture

@@ -32,10 +32,8 @@ WAIT_S = 120.0
 
 
 @pytest.fixture
-def repository(example_repository: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "repository"
-    shutil.copytree(example_repository / MODEL, root / MODEL)
-    return root
+def repository(tabular_repository: Path) -> Path:
+    return tabular_repository
 
 
 def leasing_server(

@@ -231,9 +231,7 @@ def test_a_million_row_job_runs_while_a_version_is_published_and_no_row_fails(
         gates = Gates(tmp_path / "gates", [4])
         predict, thread, failure = run_job(spark, server, repository, gates, tmp_path / "scored")
         when(lambda: rows_answered(server) >= 300_000, "the third partition's rows flowing")
-        staging = repository / MODEL / ".2.incoming"
-        shutil.copytree(tabular_version_2, staging)
-        staging.rename(repository / MODEL / "2")  # published while the first partitions stream
+        publish_version_2(repository, tabular_version_2)  # published while the first partitions stream
         when(lambda: served_versions(server) == [2], "version 2 serving alone")
         gates.open(1)
         finish(thread, failure)

@@ -173,9 +173,7 @@ class SparkApplications:
         ``scheduled_as`` with ``weight``."""
         if not job.has_application:
             return
-        totals = self._apps.get(job.app_id)
-        if totals is None:
-            totals = self._admit(job, time.time())
+        totals = self._tracked(job, time.time())
         labels = {"app_name": totals.app_name, "app_id": totals.app_id}
         self.queue_wait.labels(**labels).observe(seconds)
         classes = self._classes_seen[job.app_id]
@@ -203,9 +201,7 @@ class SparkApplications:
         if not job.has_application:
             return
         now = time.time()
-        totals = self._apps.get(job.app_id)
-        if totals is None:
-            totals = self._admit(job, now)
+        totals = self._tracked(job, now)
         self._apps.move_to_end(job.app_id)
         totals.last_seen = now
         totals.requests += 1
@@ -220,6 +216,11 @@ class SparkApplications:
             self.rows.labels(**labels).inc(rows)
         else:
             totals.errors += 1
+
+    def _tracked(self, job: JobContext, now: float) -> ApplicationTotals:
+        """The totals of ``job``'s application, tracked from now on if it was not."""
+        totals = self._apps.get(job.app_id)
+        return totals if totals is not None else self._admit(job, now)
 
     def _admit(self, job: JobContext, now: float) -> ApplicationTotals:
         while len(self._apps) >= self.max_tracked_apps:
