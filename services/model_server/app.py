@@ -315,7 +315,7 @@ class RunningServer:
         if self.config.model_control == "poll":
             self._poll_task = asyncio.create_task(self.control.poll_forever())
         if self.config.version_lease_s:
-            self._lease_task = asyncio.create_task(self.control.expire_leases_forever())
+            self._lease_task = asyncio.create_task(self.control.leases.expire_leases_forever())
 
     def _write_ready_file(self) -> None:
         """The ready file with the models serving and their versions, once loading has finished."""

@@ -7,7 +7,6 @@ default. Each model's ``config.yaml`` is the runtime's (``udfserve.runtime.model
 from __future__ import annotations
 
 import ipaddress
-import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,6 +17,7 @@ from udfserve.runtime.device import DEVICE_PATTERN
 from udfserve.runtime.model_config import validate_model_name
 from udfserve.services.model_server.core.cpu_parallel import ROW_ALIGNMENT
 from udfserve.services.model_server.event_loop import EventLoopChoice
+from udfserve.services.model_server.priority_classes import parse_priority_classes
 from udfserve.shared_memory import DEFAULT_DIRECTORY as DEFAULT_SHARED_MEMORY_DIRECTORY
 
 MAX_TRACKED_APPS = 512
@@ -476,32 +476,6 @@ class ServerConfig(BaseSettings):
                 raise ValueError(f"--auth-token-file {self.auth_token_file} is empty")
             return token
         return self.auth_token.get_secret_value() if self.auth_token else None
-
-
-PRIORITY_CLASS_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
-MAX_PRIORITY_WEIGHT = 1000
-
-
-def parse_priority_classes(items: tuple[str, ...]) -> dict[str, int]:
-    """``("interactive=8", "batch=1")`` as ``{"interactive": 8, "batch": 1}``; ``ValueError``
-    naming the item that is not ``name=weight`` with a lower-case name and a weight of 1 to 1000."""
-    weights: dict[str, int] = {}
-    for item in items:
-        name, _, weight = item.partition("=")
-        name, weight = name.strip(), weight.strip()
-        if not PRIORITY_CLASS_NAME.fullmatch(name) or not weight.isdigit():
-            raise ValueError(
-                f"priority class {item!r} is not 'name=weight'; expected a lower-case name of letters, "
-                "digits, '-' or '_' (at most 32) and a whole weight, such as 'interactive=8'"
-            )
-        if not 1 <= int(weight) <= MAX_PRIORITY_WEIGHT:
-            raise ValueError(f"priority class {item!r}: expected a weight from 1 to {MAX_PRIORITY_WEIGHT}")
-        if name in weights:
-            raise ValueError(f"priority class {name!r} is given twice")
-        weights[name] = int(weight)
-    if not weights:
-        raise ValueError("expected at least one priority class, such as 'default=1'")
-    return weights
 
 
 def is_loopback(host: str) -> bool:

@@ -11,14 +11,8 @@ in the log, the model's metadata and health, and ``udfserve_model_load_failures_
 hold both; requests naming no version are then refused RESOURCE_EXHAUSTED until the new one
 serves (clients back off and resend).
 
-A version the policy stops serving is not unloaded at once but leased: it keeps answering the
-requests that name it (a Spark job pins the version it started with, so that every row of the job
-comes from one version) until ``--version-lease-s`` after the last of them, and at least that long
-after it was replaced, so that the tasks of a job that pinned it on another node find it too. At
-most ``--max-leased-versions`` versions of a model, and ``--max-leased-version-bytes`` of model
-files over all, are leased at once: a version replaced past those bounds is unloaded at once, and
-a request naming it is refused NOT_FOUND saying so. With ``unload-first`` nothing is leased (the
-device cannot hold two versions).
+A version the policy stops serving is leased rather than unloaded at once, for the jobs that pinned
+it (``version_leases``).
 
 Changes are applied one at a time (one lock), and a bounded number of calls may wait for it:
 a storm of load and unload calls is refused RESOURCE_EXHAUSTED beyond that, never queued
@@ -32,24 +26,22 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 
-from udfserve.log_text import clip
-from udfserve.runtime.errors import InvalidInput, ModelLoadError
+from udfserve.runtime.errors import InvalidInput
 from udfserve.runtime.model_config import ModelConfig, validate_model_name
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.repository import (
     ModelVersions,
     RepositoryScan,
-    model_source,
     no_servable_model,
     read_model,
     resolve_model_dir,
     scan_repository,
 )
 from udfserve.services.model_server.core.model_table import ModelEntry, ModelTable
+from udfserve.services.model_server.core.repository_index import IndexEntry, repository_index
 from udfserve.services.model_server.core.served_model import ServedModel
+from udfserve.services.model_server.core.version_leases import VersionLeases, source_of
 from udfserve.services.model_server.errors import (
     ModelControlRefused,
     ModelLoadFailed,
@@ -65,17 +57,6 @@ GONE_REMEMBERED = 8
 """Unloaded versions per model whose reason a refusal can still give."""
 
 
-@dataclass(frozen=True)
-class IndexEntry:
-    """One model of the repository, or held by the server, as Triton's repository index lists it."""
-
-    name: str
-    version: str
-    state: str
-    """READY, LOADING, UNLOADING or UNAVAILABLE."""
-    reason: str
-
-
 class ModelControl:
     """Applies the repository's models to the table: at start, on each poll, or on a call."""
 
@@ -89,11 +70,8 @@ class ModelControl:
         self._applied: dict[str, object] = {}
         """Each model's fingerprint last applied, failed or not: a poll retries only a change."""
         self._initial: RepositoryScan | None = None
-        self._leased_bytes: dict[tuple[str, int], int] = {}
-        """The files' bytes of each leased version, by (model, version)."""
-        self._wanted_task: asyncio.Task[None] | None = None
-        """The load of a version a request named (``version_wanted``), one at a time."""
-        models.on_version_wanted = self.version_wanted
+        self.leases = VersionLeases(models, self._lock, self._retire)
+        models.on_version_wanted = self.leases.version_wanted
 
     @property
     def mode(self) -> str:
@@ -238,42 +216,7 @@ class ModelControl:
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         """Every model of the repository and every model the server holds, with its versions'
         states (Triton's ``RepositoryIndex``)."""
-        listed: list[IndexEntry] = []
-        names = set(self._models.names())
-        with contextlib.suppress(OSError):
-            root = self._config.model_repository
-            names |= {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
-        for name in sorted(names):
-            try:
-                validate_model_name(name)
-            except ValueError:
-                continue
-            entry = self._models.entry(name) if name in self._models.names() else None
-            if entry is None:
-                if not ready_only:
-                    listed.append(IndexEntry(name, "", "UNAVAILABLE", "unloaded"))
-                continue
-            for version in sorted(entry.serving):
-                listed.append(IndexEntry(name, str(version), "READY", ""))
-            for version in sorted(entry.leased):
-                listed.append(
-                    IndexEntry(name, str(version), "READY", "leased: serves the requests that name it")
-                )
-            if ready_only:
-                continue
-            for version in sorted(entry.loading):
-                listed.append(IndexEntry(name, str(version), "LOADING", ""))
-            for served in entry.draining:
-                listed.append(IndexEntry(name, str(served.version), "UNLOADING", ""))
-            for version, error in sorted(entry.failed_versions.items()):
-                listed.append(IndexEntry(name, str(version), "UNAVAILABLE", clip(error, 1000)))
-            if not (
-                entry.serving or entry.leased or entry.loading or entry.draining or entry.failed_versions
-            ):
-                listed.append(
-                    IndexEntry(name, "", "UNAVAILABLE", clip(entry.problems() or entry.state(), 1000))
-                )
-        return listed
+        return repository_index(self._models, ready_only)
 
     def _check_control_call(self, name: str) -> None:
         if self.mode != "explicit":
@@ -322,14 +265,14 @@ class ModelControl:
             entry.config_fingerprint is not None and entry.config_fingerprint != found.config_fingerprint
         )
         wanted = {source.version: source for source in found.sources}
-        self._serve_leased_again(entry, wanted, reload or config_changed)
+        self.leases.serve_again(entry, wanted, reload or config_changed)
         to_load = [
             source
             for version, source in wanted.items()
             if reload
             or config_changed
             or version not in entry.serving
-            or _source_of(entry.serving[version]).fingerprint != source.fingerprint
+            or source_of(entry.serving[version]).fingerprint != source.fingerprint
         ]
         entry.failed_versions = {
             v: e
@@ -340,7 +283,7 @@ class ModelControl:
         if to_load and self._config.version_swap == "unload-first" and entry.serving:
             entry.swapping = True
             entry.config_fingerprint = None
-            previous = [_source_of(served) for served in entry.serving.values()]
+            previous = [source_of(served) for served in entry.serving.values()]
             await self._retire(entry, list(entry.serving.values()), "making room for the new version(s)")
         await self._load_versions(entry, to_load)
         if entry.swapping and not entry.serving and previous:
@@ -353,7 +296,7 @@ class ModelControl:
             entry.config_fingerprint = found.config_fingerprint
         unwanted = [served for version, served in entry.serving.items() if version not in wanted]
         if unwanted and any(version in entry.serving for version in wanted):
-            refused = await self._lease(entry, unwanted)
+            refused = await self.leases.lease(entry, unwanted)
             for why in dict.fromkeys(reason for _, reason in refused):
                 await self._retire(entry, [served for served, reason in refused if reason == why], why)
         models.metrics.forget_versions(found.name, {*found.available, *entry.serving})
@@ -414,160 +357,11 @@ class ModelControl:
             *(self._models.loader.release(s, self._config.version_drain_s) for s in versions)
         )
         for served in versions:
-            self._leased_bytes.pop((entry.name, served.version), None)
+            self.leases.forget(entry.name, served.version)
             entry.draining.remove(served)
             serving = served.version in entry.serving  # a new copy of the same version serves
             self._models.metrics.version_unloaded(entry.name, served.version, still_serving=serving)
             logger.info("model %r version %d unloaded", entry.name, served.version)
-
-    # -- leases ------------------------------------------------------------------------------
-    def _serve_leased_again(self, entry: ModelEntry, wanted: dict[int, ModelSource], changed: bool) -> None:
-        """A leased version the policy serves again (a rollback) serves again, unless its files or
-        config changed (it then loads anew, and the leased copy stays for the jobs that pinned it)."""
-        for version in [v for v in entry.leased if v in wanted and v not in entry.serving]:
-            if changed or _source_of(entry.leased[version]).fingerprint != wanted[version].fingerprint:
-                continue
-            entry.serving[version] = entry.leased.pop(version)
-            entry.lease_until.pop(version, None)
-            entry.gone.pop(version, None)
-            logger.info("model %r version %d: served again (it was leased)", entry.name, version)
-        entry.reroute()
-
-    async def _lease(self, entry: ModelEntry, versions: list[ServedModel]) -> list[tuple[ServedModel, str]]:
-        """Keep ``versions`` (no longer wanted) loaded for the jobs that pinned them, the newest first,
-        within the bounds; from then on they answer only requests that name them. Returns the ones
-        not kept, each with why (for the refusal of a request that names it later)."""
-        config = self._config
-        policy = "its version policy no longer serves it"
-        if not config.version_lease_s or config.version_swap == "unload-first":
-            return [(served, policy) for served in versions]
-        refused: list[tuple[ServedModel, str]] = []
-        for served in sorted(versions, key=lambda s: s.version, reverse=True):
-            size = await asyncio.to_thread(_files_bytes, _source_of(served).path)
-            held = sum(self._leased_bytes.values())
-            most, most_bytes = config.max_leased_versions, config.max_leased_version_bytes
-            if len(entry.leased) >= most:
-                why = (
-                    f"{policy}, and {len(entry.leased)} older version(s) of it were kept for running jobs, "
-                    f"the most this server keeps (--max-leased-versions {most})"
-                )
-                refused.append((served, why))
-                continue
-            if held + size > most_bytes:
-                why = (
-                    f"{policy}, and older versions of {held} bytes were kept for running jobs; its "
-                    f"{size} bytes would pass --max-leased-version-bytes {most_bytes}"
-                )
-                refused.append((served, why))
-                continue
-            del entry.serving[served.version]
-            entry.leased[served.version] = served
-            entry.lease_until[served.version] = time.monotonic() + config.version_lease_s
-            self._leased_bytes[(entry.name, served.version)] = size
-            logger.info(
-                "model %r version %d: no longer served to requests naming no version; kept for the jobs "
-                "that name it until %.0f s after the last of them (--version-lease-s)",
-                entry.name,
-                served.version,
-                config.version_lease_s,
-            )
-        entry.reroute()
-        self._models.on_state_change(entry.name)
-        return refused
-
-    async def expire_leases_forever(self) -> None:
-        """Unload each leased version once its lease lapsed: no request named it for
-        ``version_lease_s``."""
-        lease_s = self._config.version_lease_s
-        check_s = min(5.0, max(0.2, lease_s / 4))
-        while True:
-            await asyncio.sleep(check_s)
-            try:
-                await self.expire_leases()
-            except Exception:  # a fault of ours: logged, and the next check tries again
-                logger.exception("expiring the leases of old model versions failed")
-
-    async def expire_leases(self) -> None:
-        now = time.monotonic()
-        why = f"its lease lapsed: no request named it for {self._config.version_lease_s:g} s"
-        async with self._lock:
-            for entry in self._models.entries():
-                lapsed = [s for v, s in entry.leased.items() if entry.lease_until.get(v, 0.0) <= now]
-                if lapsed:
-                    await self._retire(entry, lapsed, why)
-
-    def version_wanted(self, name: str, version: int) -> bool:
-        """A request named ``version`` of ``name``, present in the repository but not loaded here:
-        load it leased, in the background, if the bounds allow (true), as a job that pinned it on
-        another server, or before this process started, needs it; else false (the request is then
-        refused NOT_FOUND, saying why)."""
-        config = self._config
-        entry = self._models.entry(name)
-        if (
-            not config.version_lease_s
-            or config.version_swap == "unload-first"
-            or version in entry.loading
-            or len(entry.leased) >= config.max_leased_versions
-        ):
-            return version in entry.loading
-        if self._wanted_task is not None and not self._wanted_task.done():
-            return False  # one at a time: a burst of old versions named by clients loads nothing more
-        entry.loading[version] = ServedModel(name=name, source=None, metrics=entry.metrics)
-        self._wanted_task = asyncio.get_running_loop().create_task(self._load_leased(entry, version))
-        return True
-
-    async def _load_leased(self, entry: ModelEntry, version: int) -> None:
-        config = self._config
-        try:
-            async with self._lock:
-                try:
-                    source = await asyncio.to_thread(
-                        model_source,
-                        config.model_repository,
-                        entry.name,
-                        version,
-                        trust_savedmodels=config.trust_savedmodels,
-                        any_present=True,
-                    )
-                    size = await asyncio.to_thread(_files_bytes, source.path)
-                except (OSError, ModelLoadError) as exc:
-                    entry.gone[version] = f"it cannot be loaded: {exc}"
-                    return
-                if sum(self._leased_bytes.values()) + size > config.max_leased_version_bytes:
-                    bound = config.max_leased_version_bytes
-                    entry.gone[version] = f"its {size} bytes would pass --max-leased-version-bytes {bound}"
-                    return
-                served = await self._models.loader.load(source, entry.metrics)
-                if served.state != "ready":
-                    entry.gone[version] = f"it failed to load: {served.error}"
-                    return
-                entry.leased[version] = served
-                entry.lease_until[version] = time.monotonic() + config.version_lease_s
-                self._leased_bytes[(entry.name, version)] = size
-                entry.gone.pop(version, None)
-                logger.info(
-                    "model %r version %d: loaded for the jobs that name it, leased (--version-lease-s %.0f)",
-                    entry.name,
-                    version,
-                    config.version_lease_s,
-                )
-        finally:
-            entry.loading.pop(version, None)
-            self._models.on_state_change(entry.name)
-
-    def leased_versions(self) -> dict[str, list[int]]:
-        """Every model's leased versions (for the admin app and the tests)."""
-        return {entry.name: sorted(entry.leased) for entry in self._models.entries() if entry.leased}
-
-
-def _files_bytes(folder: Path) -> int:
-    """The bytes of the files under ``folder``: what a leased version is charged."""
-    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file() and not path.is_symlink())
-
-
-def _source_of(served: ServedModel) -> ModelSource:
-    assert served.source is not None
-    return served.source
 
 
 def _fingerprint(found: ModelVersions) -> object:
