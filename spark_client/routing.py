@@ -307,7 +307,11 @@ def fallback_repository(config: ClientConfig, environ: Mapping[str, str]) -> tup
     try:
         discovery = read_discovery(path, trusted_uids(config.trusted_node_uids))
     except DiscoveryError as exc:
-        raise LookupError(f"{FALLBACK_NEEDS_FILES}; {exc}") from exc
+        raise LookupError(
+            "the CPU fallback needs the model files: fallback_repository_from_node takes the repository "
+            f"the node's discovery file names, but {exc}; or set ClientConfig.model_repository (or "
+            f"{SPARK_CONF_MODEL_REPOSITORY})"
+        ) from exc
     if not discovery.model_repository:
         raise LookupError(
             f"the CPU fallback needs the model files: discovery file {path} names no model_repository; "
