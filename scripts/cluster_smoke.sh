@@ -46,7 +46,7 @@ CHECKS=abcdef
 LAYOUT=daemonset
 KEEP_DATA_ROOT=0
 KEEP_LOGS=0
-usage() { sed -n '2,40p' "$0"; }
+usage() { sed -n '2,36p' "$0" | cut -c3-; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES="$2"; shift 2 ;;
@@ -228,10 +228,12 @@ for name in "${CURRENT[@]}"; do echo "  $(describe_node "$name")"; done
 
 # -- the checks ------------------------------------------------------------------------------------
 JOB_PID=""
+JOB_HOSTS=()
 run_job() {  # run_job CHECK ROWS PARTITIONS EXECUTORS [ARGS...]: the job, in the background
   local check=$1 rows=$2 partitions=$3 executors=$4
   shift 4
   mkdir -p "$WORK/$check"
+  JOB_HOSTS=("${CURRENT[@]}")  # the nodes when the job started
   local extra=()
   [ "$LAYOUT" != job ] || extra=(--servers-from-job --hold-nodes-until "/output/$check.release")
   in_driver python3 /opt/udfserve-cluster/cluster_job.py --name "$check" --rows "$rows" --partitions "$partitions" \
@@ -292,6 +294,19 @@ end_job() {  # end_job CHECK ROWS [--reference REPOSITORY]: the job to its end, 
   fi
   wait_for 3600 "job $check's output" written_or_ended "$check" || true
   for name in "${CURRENT[@]}"; do publish_targets "$name" 2>/dev/null || true; done
+  # The start stage's own account: one node per host, each with its supervisor.
+  local started
+  started=$(sed -n 's/^NODES //p' "$WORK/$check/job.out" | python3 -c '
+import json, sys
+hosts = json.load(sys.stdin)
+print(" ".join(sorted(h["host"] for h in hosts)), "|",
+      ", ".join("%s supervisor %s, servers %s" % (h["host"], h["supervisor_pid"], h["server_pids"]) for h in hosts))' \
+    2>/dev/null || echo "|")
+  if [ "${started%% |*}" = "$(printf '%s\n' "${JOB_HOSTS[@]}" | sort | xargs)" ]; then
+    held "$check: the job's start stage started one node per host: ${started#*| }"
+  else
+    failed "$check: the job's start stage started one node per host (${started:-no NODES line}; hosts ${JOB_HOSTS[*]})"
+  fi
   collect "$check" "$rows" "$@"
   if [ "$check" = a ] && want f; then metrics_check a "$rows"; fi
   in_driver touch "/output/$check.release"
@@ -349,9 +364,11 @@ fi
 
 if want b; then
   victim=${CURRENT[1]}
-  partitions=$(partitions_for "${#CURRENT[@]}")
+  # Long tasks, 4 per executor: the kill comes in the middle of the victim's first one, which goes on
+  # on the CPU fallback and then on the restarted server. The first wave runs; the rest waits for the
+  # kill, so the victim's later tasks come after it.
+  partitions=$(( 4 * ${#CURRENT[@]} ))
   step "b. a server killed mid-job: SIGKILL to $victim's model server, $FAULT_ROWS rows"
-  # The first wave of tasks runs; the rest waits for the kill, so the victim's tasks go on after it.
   run_job b "$FAULT_ROWS" "$partitions" "${#CURRENT[@]}" --hold-from-partition "${#CURRENT[@]}" --gate /output/b.gate
   app=$(wait_app b)
   threshold=$(( FAULT_ROWS / partitions / 2 ))  # half of a task's rows: mid-partition
@@ -414,7 +431,7 @@ if want d; then
   ready=$(date +%s.%N)
   wait_for 300 "an executor of job d on $new" executor_on "$new" || true
   joined=$(date +%s.%N)
-  publish_targets "$new" || true
+  [ "$LAYOUT" = job ] || publish_targets "$new" || true  # a job-started node runs from its first task on
   in_driver touch /output/d.gate
   echo "  $new: started $(seconds_between "$job_started" "$up_started") s into the job; up and ready after" \
     "$(seconds_between "$up_started" "$ready") s; its executor in the job" \
@@ -473,7 +490,7 @@ fi
 
 if want f && [ "$LAYOUT" != job ]; then
   last=""
-  for check in e-after e d c b a; do if want "${check:0:1}" && [ -s "$WORK/$check/job.json" ]; then last=$check; break; fi; done
+  for check in e-after d a; do if want "${check:0:1}" && [ -s "$WORK/$check/job.json" ]; then last=$check; break; fi; done
   if [ -n "$last" ]; then
     step "f. metrics at the end: the nodes now (${CURRENT[*]}), job $last's series"
     metrics_check "$last" "$(json_field "j['rows']" < "$WORK/$last/job.json")"
