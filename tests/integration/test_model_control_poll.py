@@ -35,7 +35,13 @@ from udfserve.protocol.arrow_ipc import decode_batch
 from udfserve.services.model_server.launcher import ServerProcess
 
 MODEL = "tabular_mlp"
-POLL_ARGS = ["--model-control", "poll", "--repository-poll-s", "0.2", "--repository-settle-s", "1"]
+POLL_ARGS = [
+    *("--model-control", "poll", "--repository-poll-s", "0.2", "--repository-settle-s", "1"),
+    *(
+        "--version-lease-s",
+        "1",
+    ),  # a replaced version leased briefly: tests/integration/test_version_leases.py
+]
 ROWS = 64
 FEATURES = np.random.default_rng(7).normal(size=(ROWS, 64)).astype(np.float32)
 

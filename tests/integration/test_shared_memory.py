@@ -120,6 +120,16 @@ def payload_file() -> Iterator[PayloadFile]:
     made.remove()
 
 
+def assert_same_answer(answer: pa.RecordBatch, expected: pa.RecordBatch) -> None:
+    """The same answer up to float rounding: a device call's result for a row may differ in its
+    last bits with the other rows merged into its batch, which depends on when requests arrive."""
+    assert answer.schema == expected.schema and answer.num_rows == expected.num_rows
+    for name in answer.schema.names:
+        np.testing.assert_allclose(
+            np.asarray(answer.column(name).flatten()), np.asarray(expected.column(name).flatten()), atol=1e-6
+        )
+
+
 def unix(server: ServerProcess) -> str:
     return f"unix://{server.unix_socket}"
 
@@ -150,7 +160,9 @@ def test_the_spark_clients_stream_answers_every_batch_in_order_through_shared_me
     stream, shared = run_stream(unix(server), batches, max_in_flight=4)
     _, inline = run_stream(unix(server), batches, max_in_flight=4, shared_memory=False)
     assert [a.num_rows for a in shared] == [700] * 12
-    assert all(a.equals(b) for a, b in zip(shared, inline, strict=True))
+    for answer, expected in zip(shared, inline, strict=True):
+        # the same rows, computed in batches merged otherwise: equal but for the last float bits
+        assert_same_answer(answer, expected)
     assert stream.counters.resent == 0 and stream.counters.answered == 12
     read = metric_value(scrape(server.http_address), "udfserve_shared_memory_requests_total") - read_before
     assert read == 12
@@ -164,7 +176,8 @@ def test_answers_taken_from_shared_memory_stay_intact_while_later_batches_reuse_
     copies = [pa.RecordBatch.from_pylist(a.to_pylist(), schema=a.schema) for a in answers]
     _, again = run_stream(unix(server), list(reversed(batches)), max_in_flight=2)
     assert all(a.equals(c) for a, c in zip(answers, copies, strict=True))
-    assert all(a.equals(b) for a, b in zip(answers, reversed(again), strict=True))
+    for answer, expected in zip(answers, reversed(again), strict=True):
+        assert_same_answer(answer, expected)
 
 
 server_without_shared_memory = module_server("shm-off", ["--shared-memory-dir", "off", "--models", MODEL])
