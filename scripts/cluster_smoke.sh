@@ -364,14 +364,14 @@ fi
 
 if want b; then
   victim=${CURRENT[1]}
-  # Long tasks, 4 per executor: the kill comes in the middle of the victim's first one, which goes on
-  # on the CPU fallback and then on the restarted server. The first wave runs; the rest waits for the
-  # kill, so the victim's later tasks come after it.
-  partitions=$(( 4 * ${#CURRENT[@]} ))
+  # Long tasks, 2 per executor: the kill comes once the victim's server has answered the first
+  # request of the job, in the middle of the victim's first task, which goes on on the CPU fallback and
+  # then on the restarted server. The first wave runs; the rest waits for the kill.
+  partitions=$(( 2 * ${#CURRENT[@]} ))
   step "b. a server killed mid-job: SIGKILL to $victim's model server, $FAULT_ROWS rows"
   run_job b "$FAULT_ROWS" "$partitions" "${#CURRENT[@]}" --hold-from-partition "${#CURRENT[@]}" --gate /output/b.gate
   app=$(wait_app b)
-  threshold=$(( FAULT_ROWS / partitions / 2 ))  # half of a task's rows: mid-partition
+  threshold=4096  # one request of the client's (rows_per_request)
   wait_for 900 "$victim's server to answer $threshold rows of the job" rows_past "$victim" "$app" "$threshold" || true
   figures=$(node_figures "$victim")
   pid=$(json_field "j['servers'][0]['pid']" <<<"$figures")
