@@ -109,18 +109,29 @@ class ComposeNode:
         [target] = [t["targets"][0] for t in self.targets() if t["labels"]["role"] == "supervisor"]
         return "127.0.0.1:" + target.rpartition(":")[2]
 
+    def _discovery_lists_every_server_ready(self) -> bool:
+        try:
+            servers = self.discovery()["servers"]
+        except (OSError, ValueError):
+            return False
+        return bool(servers) and all(s["state"] == "ready" and s["http_address"] for s in servers)
+
     def server_http_addresses(self) -> list[str]:
         return [s["http_address"] for s in self.discovery()["servers"] if s["state"] == "ready"]
 
     def wait_ready(self) -> None:
-        """Wait until the supervisor's /health/ready answers 200, failing early if the node exits."""
+        """Wait until the supervisor's /health/ready answers 200 and its discovery file lists every
+        server ready with its addresses (the file is rewritten just after the health turns),
+        failing early if the node exits."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             code = self.process.poll()
             if code is not None:
                 raise AssertionError(f"{self.service_name} exited with code {code}; log:\n{self.log()}")
-            if self.targets_path.exists() and (
-                http_status(f"http://{self.supervisor_address()}/health/ready") == 200
+            if (
+                self.targets_path.exists()
+                and http_status(f"http://{self.supervisor_address()}/health/ready") == 200
+                and self._discovery_lists_every_server_ready()
             ):
                 return
             if time.monotonic() > deadline:
