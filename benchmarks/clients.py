@@ -31,6 +31,8 @@ class StreamStats:
     requests: int = 0
     rows: int = 0
     request_bytes: int = 0
+    resends: int = 0
+    """Requests sent again after RESOURCE_EXHAUSTED (``resend_exhausted``)."""
     latencies_s: list[float] = field(default_factory=list)
 
 
@@ -51,17 +53,34 @@ async def run_stream(
     decode: bool,
     stats: StreamStats,
     metadata: tuple[tuple[str, str], ...] = (),
+    resend_exhausted: bool = False,
 ) -> None:
     """Drive one Predict stream until ``deadline`` (``time.perf_counter``); answers are checked.
 
     ``make_payload(i)`` returns the Arrow IPC bytes of request ``i`` and its row count; its cost
     counts as client time, as it would in a real client. With ``decode`` every answer is turned
-    back into a record batch (zero-copy) and its row count checked.
+    back into a record batch (zero-copy) and its row count checked. With ``resend_exhausted`` a
+    request answered RESOURCE_EXHAUSTED is sent again after a back-off (10 ms, doubling up to 1 s),
+    as the Spark client does, keeping its slot; any other error fails the stream.
     """
     call = stub.Predict(metadata=metadata)
     slots = asyncio.Semaphore(in_flight)
     sent_at: dict[int, tuple[float, int]] = {}
+    payloads: dict[int, bytes] = {}
+    backoffs: dict[int, float] = {}
+    one_writer = asyncio.Lock()
+    resends: set[asyncio.Task[None]] = set()
     sent = 0
+
+    async def send(batch_id: int, payload: bytes) -> None:
+        async with one_writer:
+            await call.write(pb.PredictRequest(model=model, batch_id=batch_id, arrow_ipc=payload))
+        stats.request_bytes += len(payload)
+
+    async def resend_after(batch_id: int, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        stats.resends += 1
+        await send(batch_id, payloads[batch_id])
 
     async def write() -> None:
         nonlocal sent
@@ -71,9 +90,13 @@ async def run_stream(
                 break
             payload, rows = make_payload(sent)
             sent_at[sent] = (time.perf_counter(), rows)
-            await call.write(pb.PredictRequest(model=model, batch_id=sent, arrow_ipc=payload))
-            stats.request_bytes += len(payload)
+            if resend_exhausted:
+                payloads[sent] = payload
+            await send(sent, payload)
             sent += 1
+        if resend_exhausted:  # every request answered (a resend keeps its slot) before the stream ends
+            for _ in range(in_flight - 1):
+                await slots.acquire()
         await call.done_writing()
 
     writer = asyncio.create_task(write())
@@ -83,6 +106,17 @@ async def run_stream(
         if response is grpc.aio.EOF:
             break
         received = time.perf_counter()
+        if (
+            resend_exhausted
+            and response.HasField("error")
+            and _CODES.get(response.error.code) == "RESOURCE_EXHAUSTED"
+        ):
+            delay_s = min(backoffs.get(response.batch_id, 0.005) * 2, 1.0)
+            backoffs[response.batch_id] = delay_s
+            task = asyncio.create_task(resend_after(response.batch_id, delay_s))
+            resends.add(task)
+            task.add_done_callback(resends.discard)
+            continue
         if response.HasField("error"):
             writer.cancel()
             raise BenchmarkRequestFailed(
@@ -90,6 +124,8 @@ async def run_stream(
                 f"{response.error.message}"
             )
         started, rows = sent_at.pop(response.batch_id)
+        payloads.pop(response.batch_id, None)
+        backoffs.pop(response.batch_id, None)
         if decode:
             outputs: pa.RecordBatch = decode_batch(response.arrow_ipc)
             if outputs.num_rows != rows:
@@ -118,6 +154,7 @@ async def run_streams(
     warmup_requests: int = 2,
     metadata: tuple[tuple[str, str], ...] = (),
     start_at_epoch_s: float = 0.0,
+    resend_exhausted: bool = False,
 ) -> tuple[float, StreamStats]:
     """``streams`` concurrent clients for ``duration_s``; returns (wall_s, stats of all of them).
 
@@ -127,6 +164,7 @@ async def run_streams(
     ``metadata`` goes on every stream (a Spark application's ``udfserve-spark-*`` keys);
     ``start_at_epoch_s`` (wall-clock time), when later than the warm-up's end, is when the timed
     run starts, so that clients of several processes load the server over the same window.
+    ``resend_exhausted``: see ``run_stream``.
     """
     options = [*channel_options(max_message_bytes), ("grpc.use_local_subchannel_pool", 1)]
     channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(streams)]
@@ -150,6 +188,7 @@ async def run_streams(
                     decode=decode,
                     stats=stats,
                     metadata=metadata,
+                    resend_exhausted=resend_exhausted,
                 )
                 for stub in stubs
             )

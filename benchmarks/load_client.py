@@ -50,6 +50,9 @@ class LoadSpec:
     priority_class: str = ""
     start_at_epoch_s: float = 0.0
     """Wall-clock time the timed run starts (after the warm-up): several clients over one window."""
+    resend_exhausted: bool = False
+    """Send a request refused with RESOURCE_EXHAUSTED again after a back-off, as the Spark client
+    does, instead of failing (``preencoded`` and ``encode`` kinds)."""
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         from udfserve.spark_job_keys import METADATA_PREFIX
@@ -68,6 +71,8 @@ class LoadResult:
     p99_ms: float
     cpu_s: float
     minor_faults: int
+    resends: int = 0
+    """Requests sent again after RESOURCE_EXHAUSTED (``LoadSpec.resend_exhausted``)."""
 
 
 def make_batch(rows: int, seed: int = 0) -> pa.RecordBatch:
@@ -170,6 +175,7 @@ def run_load(spec: LoadSpec) -> LoadResult:
             warmup_requests=spec.warmup_requests,
             metadata=spec.metadata(),
             start_at_epoch_s=spec.start_at_epoch_s,
+            resend_exhausted=spec.resend_exhausted,
         )
     )
     after = resource.getrusage(resource.RUSAGE_SELF)
@@ -183,6 +189,7 @@ def run_load(spec: LoadSpec) -> LoadResult:
         # includes the warm-up requests: a small share next to a run of seconds
         cpu_s=(after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
         minor_faults=after.ru_minflt - before.ru_minflt,
+        resends=stats.resends,
     )
 
 
