@@ -31,9 +31,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from benchmarks.cli import add_common_arguments, configure_logging, write_and_print
 from benchmarks.load_client import LoadSpec, finish, start_in_child
-from benchmarks.processes import LOGS_DIR, Workspace
+from benchmarks.processes import LOGS_DIR, Workspace, metric_value, scrape
 from benchmarks.report import ComparisonResult, Table, TargetCheck
 from benchmarks.spark_job import Job, JobResult, run_in_child
 from udfserve.services.model_server.launcher import ServerProcess
@@ -85,12 +87,23 @@ def load(server: ServerProcess, app: str, settings: Settings, start_at_epoch_s: 
     )
 
 
-def measure(server: ServerProcess, apps: tuple[str, ...], settings: Settings) -> dict[str, float]:
-    """Rows/s of each of ``apps``, loading ``server`` over one window."""
+def measure(
+    server: ServerProcess, apps: tuple[str, ...], settings: Settings
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Rows/s of each of ``apps``, loading ``server`` over one window, and the mean time its
+    requests waited in the server's queue (ms; warm-up included)."""
+    before = app_counts(server)
     start_at = time.time() + START_MARGIN_S
     specs = {app: load(server, app, settings, start_at) for app in apps}
     clients = {app: start_in_child(spec) for app, spec in specs.items()}
     results = {app: finish(client, specs[app]) for app, client in clients.items()}
+    after = app_counts(server)
+    waits = {
+        app: after.get(specs[app].app_id, AppCounts())
+        .minus(before.get(specs[app].app_id, AppCounts()))
+        .mean_wait_ms
+        for app in apps
+    }
     for app, result in results.items():
         logger.info(
             "  %s: %.0f rows/s, %d resends after RESOURCE_EXHAUSTED",
@@ -98,7 +111,52 @@ def measure(server: ServerProcess, apps: tuple[str, ...], settings: Settings) ->
             result.rows / result.wall_s,
             result.resends,
         )
-    return {app: result.rows / result.wall_s for app, result in results.items()}
+    return {app: result.rows / result.wall_s for app, result in results.items()}, waits
+
+
+@dataclass(frozen=True)
+class AppCounts:
+    """What the server counted for one application: its rows and its requests' queue waits."""
+
+    rows: float = 0.0
+    wait_sum_s: float = 0.0
+    wait_count: float = 0.0
+
+    def minus(self, before: AppCounts) -> AppCounts:
+        return AppCounts(
+            self.rows - before.rows, self.wait_sum_s - before.wait_sum_s, self.wait_count - before.wait_count
+        )
+
+    @property
+    def mean_wait_ms(self) -> float:
+        return 1e3 * self.wait_sum_s / self.wait_count if self.wait_count else float("nan")
+
+
+def app_counts(server: ServerProcess) -> dict[str, AppCounts]:
+    """The server's per-application series (``udfserve_app_rows_total``,
+    ``udfserve_app_queue_wait_seconds``), by application id."""
+    text = scrape(server)
+    ids = {
+        sample.labels["app_id"]
+        for family in text_string_to_metric_families(text)
+        if family.name == "udfserve_app_rows"
+        for sample in family.samples
+    }
+    return {
+        app_id: AppCounts(
+            metric_value(text, "udfserve_app_rows_total", app_id=app_id),
+            metric_value(text, "udfserve_app_queue_wait_seconds_sum", app_id=app_id),
+            metric_value(text, "udfserve_app_queue_wait_seconds_count", app_id=app_id),
+        )
+        for app_id in ids
+    }
+
+
+def counted_since(server: ServerProcess, before: dict[str, AppCounts]) -> list[AppCounts]:
+    """Each application's counts since ``before``, the ones with rows, most rows first."""
+    after = app_counts(server)
+    deltas = [counts.minus(before.get(app_id, AppCounts())) for app_id, counts in after.items()]
+    return sorted((d for d in deltas if d.rows > 0), key=lambda d: -d.rows)
 
 
 @dataclass(frozen=True)
@@ -140,9 +198,11 @@ SPARK_WARMUP_ROWS = 200
 
 def measure_spark(
     server: ServerProcess, apps: tuple[str, ...], settings: SparkSettings, log_dir: Path
-) -> dict[str, float]:
-    """Rows/s of each application's job; together, both timed jobs start at once (a start gate the
-    applications wait at once warm). Raises when the small job did not end before the busy one."""
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Rows/s of each application's job, and the mean time its requests waited in the server's queue
+    (ms, warm-up included); together, both timed jobs start at once (a start gate the applications
+    wait at once warm). Raises when the small job did not end before the busy one."""
+    before = app_counts(server)
     rows = {BUSY: settings.busy_rows, SMALL: settings.small_rows}
     results: dict[str, JobResult] = {}
     finished: dict[str, float] = {}
@@ -173,7 +233,11 @@ def measure_spark(
             "the small application's job outlasted the busy one's: not measured beside it; expected "
             "more busy_rows"
         )
-    return {app: result.rows / result.runs_s[0] for app, result in results.items()}
+    # the Spark application ids are Spark's own: the busy job is the one of more rows
+    counted = counted_since(server, before)
+    by_rows = sorted(apps, key=lambda app: -rows[app])
+    waits = {app: counts.mean_wait_ms for app, counts in zip(by_rows, counted, strict=False)}
+    return {app: result.rows / result.runs_s[0] for app, result in results.items()}, waits
 
 
 def run(
@@ -194,7 +258,7 @@ def run(
         for mode in (FIFO, FAIR) if round_index % 2 == 0 else (FAIR, FIFO):
             for apps in ((BUSY,), (SMALL,), (BUSY, SMALL)):
                 logger.info("fairness: %s, round %d, %s", mode, round_index, " + ".join(apps))
-                rates = measure(servers[mode], apps, settings)
+                rates, waits = measure(servers[mode], apps, settings)
                 cells += [
                     {
                         "mode": mode,
@@ -202,6 +266,7 @@ def run(
                         "together": len(apps) > 1,
                         "app": app,
                         "rows_s": rate,
+                        "queue_wait_ms": waits[app],
                     }
                     for app, rate in rates.items()
                 ]
@@ -222,9 +287,15 @@ def run(
         for mode, server in servers.items():
             for apps in shapes:
                 logger.info("fairness, Spark: %s, %s", mode, " + ".join(apps))
-                rates = measure_spark(server, apps, spark_settings, LOGS_DIR)
+                rates, waits = measure_spark(server, apps, spark_settings, LOGS_DIR)
                 spark_cells += [
-                    {"mode": mode, "together": len(apps) > 1, "app": app, "rows_s": rate}
+                    {
+                        "mode": mode,
+                        "together": len(apps) > 1,
+                        "app": app,
+                        "rows_s": rate,
+                        "queue_wait_ms": waits.get(app, float("nan")),
+                    }
                     for app, rate in rates.items()
                 ]
     for server in servers.values():
@@ -232,9 +303,11 @@ def run(
     return _result(cells, spark_cells, settings, time.perf_counter() - started)
 
 
-def _median(cells: list[dict[str, object]], mode: str, app: str, together: bool) -> float:
+def _median(
+    cells: list[dict[str, object]], mode: str, app: str, together: bool, field: str = "rows_s"
+) -> float:
     values = sorted(
-        float(c["rows_s"])  # type: ignore[arg-type]
+        float(c[field])  # type: ignore[arg-type]
         for c in cells
         if (c["mode"], c["app"], c["together"]) == (mode, app, together)
     )
@@ -245,21 +318,34 @@ def _median(cells: list[dict[str, object]], mode: str, app: str, together: bool)
 def _spark_table(spark_cells: list[dict[str, object]]) -> Table:
     table = Table(
         f"Two Spark applications, predict_arrow on {SPARK_MODEL}: rows/s of each job alone and together",
-        ["scheduling", "application", "alone rows/s", "together rows/s", "together ÷ alone"],
+        [
+            "scheduling",
+            "application",
+            "alone rows/s",
+            "together rows/s",
+            "together ÷ alone",
+            "queue wait ms, together",
+        ],
     )
     for mode in (FIFO, FAIR):
         for app in STREAMS:
             alone = [
                 c["rows_s"] for c in spark_cells if (c["mode"], c["app"], c["together"]) == (mode, app, False)
             ]
-            together = [
-                c["rows_s"] for c in spark_cells if (c["mode"], c["app"], c["together"]) == (mode, app, True)
-            ]
+            together = [c for c in spark_cells if (c["mode"], c["app"], c["together"]) == (mode, app, True)]
             if not together:
                 continue
-            row: dict[str, object] = {"scheduling": mode, "application": app, "together rows/s": together[0]}
+            row: dict[str, object] = {
+                "scheduling": mode,
+                "application": app,
+                "together rows/s": together[0]["rows_s"],
+                "queue wait ms, together": together[0]["queue_wait_ms"],
+            }
             if alone:
-                row |= {"alone rows/s": alone[0], "together ÷ alone": float(together[0]) / float(alone[0])}  # type: ignore[arg-type]
+                row |= {
+                    "alone rows/s": alone[0],
+                    "together ÷ alone": float(together[0]["rows_s"]) / float(alone[0]),
+                }  # type: ignore[arg-type]
             table.rows.append(row)
     return table
 
@@ -279,6 +365,7 @@ def _result(
             "together rows/s",
             "together ÷ alone",
             "share of total",
+            "queue wait ms, together",
         ],
     )
     totals = {}
@@ -295,6 +382,7 @@ def _result(
                     "together rows/s": together[app],
                     "together ÷ alone": together[app] / alone,
                     "share of total": f"{together[app] / totals[mode]:.0%}",
+                    "queue wait ms, together": _median(cells, mode, app, True, "queue_wait_ms"),
                 }
             )
     small_kept = _median(cells, FAIR, SMALL, True) / _median(cells, FAIR, SMALL, False)
@@ -320,7 +408,10 @@ def _result(
         f"{settings.in_flight} requests of {settings.rows} rows outstanding (a closed loop, as Spark tasks "
         f"are): {STREAMS[BUSY]} streams for the busy application, {STREAMS[SMALL]} for the small one. Each "
         f"cell runs {settings.cell_s:g} s; together, both clients start their timed run at one wall-clock "
-        "time. Rounds alternate the order of the two servers; the table gives each cell's median."
+        "time. Rounds alternate the order of the two servers; the table gives each cell's median. A "
+        "request refused RESOURCE_EXHAUSTED (an application at its bound) is sent again after a back-off, "
+        "as the Spark client does. The queue wait is the server's own "
+        "(`udfserve_app_queue_wait_seconds`, its mean over the cell)."
     )
     return ComparisonResult(
         name=NAME,

@@ -142,16 +142,59 @@ def test_an_application_past_its_share_is_refused_while_another_is_admitted(
 ) -> None:
     queue = new_queue(max_rows=1_000)
     for _ in range(10):
-        put(queue, loop, BIG)  # alone, it may take the whole queue
+        put(queue, loop, BIG)  # alone, it may take max_rows
     put(queue, loop, SMALL)
 
     with pytest.raises(
-        QueueFull, match=r"queue full for application 'app-big': it holds 1000 rows .* share is 500"
+        QueueFull,
+        match=r"queue full for application 'app-big': it holds 1000 rows .* share is 1000 of the 2000 rows",
     ):
         put(queue, loop, BIG)
     put(queue, loop, SMALL)  # still admitted
 
     assert queue.flows["app-small"].rows == 2 * LIMIT
+
+
+def test_two_applications_of_equal_weight_each_keep_as_many_rows_waiting_as_alone(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = new_queue(max_rows=1_000)
+    for _ in range(10):
+        put(queue, loop, BIG)
+        put(queue, loop, SMALL)
+
+    assert (queue.flows["app-big"].rows, queue.flows["app-small"].rows) == (1_000, 1_000)
+    with pytest.raises(QueueFull, match=r"application 'app-small'"):
+        put(queue, loop, SMALL)
+
+
+def test_a_third_waiting_application_shrinks_each_share_to_a_third_of_the_whole_queue(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = new_queue(max_rows=1_000)
+    for _ in range(6):
+        put(queue, loop, BIG)
+    put(queue, loop, SMALL)
+    put(queue, loop, Share(flow="app-third"))
+
+    with pytest.raises(
+        QueueFull, match=r"it holds 600 rows .* share is 666 of the 2000 rows .* 3 applications"
+    ):
+        put(queue, loop, BIG)  # 700 rows: past a third of 2000
+
+
+def test_a_heavier_application_keeps_a_larger_share_of_the_queue(loop: asyncio.AbstractEventLoop) -> None:
+    queue = new_queue(max_rows=1_000)
+    heavy, light = Share(flow="app-heavy", weight=3.0), Share(flow="app-light", weight=1.0)
+    put(queue, loop, heavy)
+    for _ in range(5):
+        put(queue, loop, light)  # 500 rows: a quarter of 2000
+
+    with pytest.raises(QueueFull, match=r"application 'app-light': it holds 500 rows .* share is 500"):
+        put(queue, loop, light)
+    for _ in range(9):
+        put(queue, loop, heavy)  # 1000 rows: max_rows, under three quarters of 2000
+    assert queue.flows["app-heavy"].rows == 1_000
 
 
 def test_the_whole_queue_holds_at_most_twice_its_bound_however_many_applications_come(
@@ -207,3 +250,18 @@ def test_requests_naming_no_application_form_one_more_application_of_the_default
 def test_fifo_scheduling_puts_every_application_in_one_flow() -> None:
     share = shares("fifo").share_of(JobContext(app_id="app-1", priority_class="interactive"))
     assert (share.flow, share.weight) == ("", 1.0)
+
+
+def test_fifo_scheduling_still_observes_each_application_s_queue_wait_without_a_weight() -> None:
+    heard: list[tuple[str, str, int | None, float]] = []
+    fifo = ApplicationShares(
+        "fifo",
+        {"interactive": 8, "default": 2},
+        "default",
+        observe_wait=lambda job, scheduled_as, weight, s: heard.append((job.app_id, scheduled_as, weight, s)),
+    )
+    share = fifo.share_of(JobContext(app_id="app-1", priority_class="interactive"))
+    assert share.on_start is not None
+    share.on_start(0.25)
+
+    assert (share.flow, heard) == ("", [("app-1", "interactive", None, 0.25)])

@@ -168,14 +168,18 @@ class SparkApplications:
         self._classes_seen: dict[str, set[str]] = {}
         self._log_budget = LogBudget(LOG_LINES_PER_S)
 
-    def observe_queue_wait(self, job: JobContext, scheduled_as: str, weight: int, seconds: float) -> None:
+    def observe_queue_wait(
+        self, job: JobContext, scheduled_as: str, weight: int | None, seconds: float
+    ) -> None:
         """One chunk of ``job``'s application waited ``seconds`` for its batch, scheduled in class
-        ``scheduled_as`` with ``weight``."""
+        ``scheduled_as`` with ``weight`` (None: in one queue in arrival order, no weight applied)."""
         if not job.has_application:
             return
         totals = self._tracked(job, time.time())
         labels = {"app_name": totals.app_name, "app_id": totals.app_id}
         self.queue_wait.labels(**labels).observe(seconds)
+        if weight is None:
+            return
         classes = self._classes_seen[job.app_id]
         if scheduled_as not in classes:
             for other in classes:

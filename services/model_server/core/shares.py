@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from udfserve.services.model_server.core.batching.queue import Share
 from udfserve.services.model_server.core.job_context import JobContext
 
-WaitObserver = Callable[[JobContext, str, int, float], None]
+WaitObserver = Callable[[JobContext, str, int | None, float], None]
 """Hears the queue wait of each chunk of an application's requests, with the class and weight it
-was scheduled with (its metrics)."""
+was scheduled with (its metrics; no weight under first in first out, which applies none)."""
 
 
 class ApplicationShares:
@@ -46,18 +46,24 @@ class ApplicationShares:
 
     def share_of(self, job: JobContext) -> Share:
         """The flow and weight of a request of ``job``."""
+        observe = self._observe_wait
         if not self.fair:
-            return Share()
+            # one flow in arrival order; each application's queue wait is still its metric, so that
+            # the two schedulings can be compared by it (no weight: none is applied)
+            if observe is None or not job.has_application:
+                return Share()
+            return Share(on_start=_bound(observe, job, self.class_of(job), None))
         if not job.has_application:
             return self._unnamed
         scheduled_as = self.class_of(job)
         weight = self.class_weights[scheduled_as]
-        observe = self._observe_wait
         on_start = None if observe is None else _bound(observe, job, scheduled_as, weight)
         return Share(flow=job.app_id, weight=float(weight), on_start=on_start)
 
 
-def _bound(observe: WaitObserver, job: JobContext, scheduled_as: str, weight: int) -> Callable[[float], None]:
+def _bound(
+    observe: WaitObserver, job: JobContext, scheduled_as: str, weight: int | None
+) -> Callable[[float], None]:
     def on_start(seconds: float) -> None:
         observe(job, scheduled_as, weight, seconds)
 

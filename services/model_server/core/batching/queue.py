@@ -9,13 +9,14 @@ order of their tags. An application with 64 tasks in flight and one with 2 then 
 ratio of their weights while both have requests waiting, not 32 to 1; an application alone gets
 the whole device; batches still merge the requests of every application.
 
-- The queue is bounded in rows (``max_rows``), and so is each application's part of it: its
-  weight's share of ``max_rows`` among the applications with rows queued (all of it when alone).
-  A request that would take its application past its share is refused whole with ``QueueFull``
-  (back-pressure), while the others are still admitted; the queue as a whole never holds more than
-  twice ``max_rows`` (a newcomer may bring its share while the others drain theirs). An
-  application with nothing queued admits any one request, so a request larger than its share is
-  delayed, never refused forever.
+- The queue as a whole holds at most twice ``max_rows``, and each application's part of it is
+  bounded: its weight's share of that whole among the applications with rows queued, and never
+  more than ``max_rows`` (all of ``max_rows`` when alone, as with one queue; each of two of equal
+  weight may keep as many rows waiting as alone, so that a busy application's closed loop of
+  requests is not refused and resent only because a small one came). A request that would take
+  its application past its share is refused whole with ``QueueFull`` (back-pressure), while the
+  others are still admitted. An application with nothing queued admits any one request, so a
+  request larger than its share is delayed, never refused forever.
 - At most ``max_flows`` applications are scheduled apart; requests of the ones beyond share one
   more flow, so what a client names cannot grow the scheduler.
 - A request larger than the batch limit is cut into chunks of at most that many rows, queued
@@ -182,7 +183,8 @@ class RequestQueue:
         if held > 0:
             weight = flow.weight if flow is not None else share.weight
             active = sum(f.weight for f in self.flows.values() if f.rows)
-            bound = self.max_rows * weight / active if active else self.max_rows
+            whole = HARD_LIMIT_FACTOR * self.max_rows
+            bound = min(self.max_rows, whole * weight / active) if active else self.max_rows
             if held + rows > bound:
                 waiting = sum(1 for f in self.flows.values() if f.rows)
                 if waiting == 1:
@@ -193,7 +195,7 @@ class RequestQueue:
                 whose = f"application {key!r}" if key else "requests naming no application"
                 raise QueueFull(
                     f"model '{self.model_name}': queue full for {whose}: it holds {held} rows queued, this "
-                    f"request has {rows}, its share is {int(bound)} of the {self.max_rows} rows of the queue "
+                    f"request has {rows}, its share is {int(bound)} of the {whole} rows of the queue "
                     f"while {waiting} applications wait; retry later"
                 )
         if self.rows > 0 and self.rows + rows > HARD_LIMIT_FACTOR * self.max_rows:
