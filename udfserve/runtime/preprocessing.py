@@ -14,6 +14,11 @@ included, after being cut to ``max_characters`` characters (tokenizing costs in 
 text: the cut bounds what one row costs, whatever a client sends). A value that is not UTF-8 is
 refused naming its row; nulls never reach the model (the tensor conversion refuses them, naming
 the column and row).
+
+The ``tokenizers`` library raises a panic of its Rust code as ``PanicException``, which is not an
+``Exception``: a tokenizer file it cannot build (a corrupt ``precompiled_charsmap``) fails the load
+naming the file, and a text it cannot encode (a normalizer regex over its backtracking limit)
+fails that batch with ``ModelAborted`` (FAILED_PRECONDITION) naming the model and the tokenizer.
 """
 
 from __future__ import annotations
@@ -25,8 +30,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from udfserve.log_text import error_line
 from udfserve.runtime.backends.base import LoadedModel
-from udfserve.runtime.errors import BackendNotInstalled, InvalidInput, ModelLoadError
+from udfserve.runtime.errors import (
+    BackendNotInstalled,
+    InvalidInput,
+    ModelAborted,
+    ModelLoadError,
+    raise_if_stopping,
+)
 from udfserve.runtime.model_config import TextPreprocess
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.tensor_spec import FREE_DIM, STRING_DTYPE, TensorSpec
@@ -64,7 +76,17 @@ class BatchTokenizer:
         """The model's inputs for ``texts``, an object array of UTF-8 ``bytes`` (or of ``str``);
         ``InvalidInput`` naming the first row that is not UTF-8."""
         decoded = _decoded(model, self.step.input, texts, self.step.characters)
-        encodings: list[Encoding] = self._tokenizer.encode_batch_fast(decoded)
+        try:
+            encodings: list[Encoding] = self._tokenizer.encode_batch_fast(decoded)
+        except Exception:
+            raise
+        except BaseException as panic:  # the Rust side panicked (PanicException): not an Exception
+            raise_if_stopping(panic)
+            raise ModelAborted(
+                f"model {model!r}: its tokenizer {self.step.tokenizer} panicked on this batch: "
+                f"{error_line(panic)}; the tokenizer file cannot encode this text (nor would it on any "
+                "server): fix the tokenizer file, or leave the text out"
+            ) from panic
         width = len(encodings[0].ids) if encodings else (self._width or 1)
         return {
             name: np.array([getattr(encoding, field) for encoding in encodings], dtype=dtype).reshape(
@@ -142,9 +164,13 @@ def open_tokenizer(
         )
     try:
         tokenizer = Tokenizer.from_file(str(path))
-    except Exception as exc:  # the Rust side's own exception type
+    except BaseException as exc:  # the Rust side's own exception type, or its panic (PanicException)
+        raise_if_stopping(exc)
+        problem = (
+            str(exc) if isinstance(exc, Exception) else f"the tokenizers library panicked: {error_line(exc)}"
+        )
         raise ModelLoadError(
-            f"{where}: cannot read the tokenizer {path}: {exc}; expected a Hugging Face tokenizer.json "
+            f"{where}: cannot read the tokenizer {path}: {problem}; expected a Hugging Face tokenizer.json "
             "(a fast tokenizer's save_pretrained, or tokenizers.Tokenizer.save)"
         ) from exc
     pad_id = tokenizer.token_to_id(step.pad_token)

@@ -27,7 +27,7 @@ import yaml
 from pydantic import ValidationError
 
 from udfserve.runtime.backends import LoadedModel, get_backend
-from udfserve.runtime.errors import BackendNotInstalled, ModelLoadError
+from udfserve.runtime.errors import BackendNotInstalled, ModelLoadError, raise_if_stopping
 from udfserve.runtime.model_config import ModelConfig, validate_model_name
 from udfserve.runtime.model_formats import (
     MODEL_FILES_TEXT,
@@ -209,7 +209,9 @@ def _repository_guess(root: Path, entries: Sequence[Path]) -> str:
 def load_model(source: ModelSource) -> LoadedModel:
     """Load one model with the backend its config names or its files call for, behind its
     config's pre-processing step if it has one (``preprocessing``); raises ``ModelLoadError``
-    (``BackendNotInstalled`` when that backend's framework is not installed)."""
+    (``BackendNotInstalled`` when that backend's framework is not installed), also for a panic of
+    a framework's native code (``PanicException``, not an ``Exception``), so that a caller's
+    ``except ModelLoadError`` sees every failure of the model's own."""
     try:
         backend = get_backend(source.backend or detect_backend(source.path))
     except BackendNotInstalled as exc:
@@ -221,7 +223,8 @@ def load_model(source: ModelSource) -> LoadedModel:
         model = with_preprocessing(backend.load(source), source)
     except ModelLoadError:
         raise
-    except Exception as exc:
+    except BaseException as exc:
+        raise_if_stopping(exc)
         raise ModelLoadError(
             f"model {source.name!r} version {source.version} ({source.path}): {type(exc).__name__}: {exc}"
         ) from exc

@@ -309,8 +309,10 @@ class ModelControl:
         for source in sources:
             entry.loading[source.version] = ServedModel(name=entry.name, source=source, metrics=entry.metrics)
             models.on_state_change(entry.name)
-            served = await loader.load(source, entry.metrics)
-            del entry.loading[source.version]
+            try:
+                served = await loader.load(source, entry.metrics)
+            finally:  # never listed loading after its load ended, whatever ended it
+                del entry.loading[source.version]
             if served.state != "ready":
                 entry.failed_versions[source.version] = served.error
                 serving = source.version in entry.serving  # the copy loaded before keeps serving

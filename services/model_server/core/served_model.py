@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from udfserve.runtime.backends.base import LoadedModel
-from udfserve.runtime.errors import ModelLoadError
+from udfserve.runtime.errors import ModelLoadError, raise_if_stopping
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.repository import load_model
 from udfserve.runtime.tensor_spec import TensorSpec
@@ -102,14 +102,17 @@ class VersionLoader:
 
     async def load(self, source: ModelSource, metrics: ModelMetrics) -> ServedModel:
         """The version loaded, warmed up and batching (``ready``), or ``failed`` with why; never
-        raises for a model that cannot load."""
+        raises for a model that cannot load, whatever it raises (a panic of a framework's native
+        code included, which is no ``Exception``): a load that raised past here would leave its
+        model loading for good and stop the loads after it."""
         served = ServedModel(name=source.name, source=source, metrics=metrics)
         started = time.perf_counter()
         try:
             served.model = await asyncio.to_thread(load_model, source)
         except ModelLoadError as exc:
             served.state, served.error = "failed", str(exc)
-        except Exception as exc:  # a bug or a framework fault: reported against this version only
+        except BaseException as exc:  # a bug or a framework fault: reported against this version only
+            raise_if_stopping(exc)
             served.state = "failed"
             served.error = (
                 f"model {source.name!r} version {source.version}: loading {source.path} failed: "

@@ -6,7 +6,9 @@
   per-row shapes differ between those calls cannot be joined and fail that request alone
   (``InvalidInput`` naming the output and the shapes).
 - ``ServingError`` subclasses reach the caller as they are; anything else a backend raises becomes
-  ``BackendFault`` with the exception's type and text.
+  ``BackendFault`` with the exception's type and text. A model that aborted on its input (a panic
+  of its tokenizer or framework: ``ModelAborted``, FAILED_PRECONDITION) is logged, as the fault of
+  the model it is, once per request it fails.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import numpy as np
 
 from udfserve.log_text import error_line
-from udfserve.runtime.errors import BackendFault, InvalidInput, ServingError
+from udfserve.runtime.errors import BackendFault, InvalidInput, ModelAborted, ServingError
 from udfserve.services.model_server.core.batching.observers import Reports
 from udfserve.services.model_server.core.batching.queue import Arrays, Chunk
 from udfserve.services.model_server.core.batching.row_limit import RowLimit
@@ -59,6 +61,9 @@ def check_outputs(model_name: str, outputs: Arrays, rows: int) -> None:
 
 def as_serving_error(model_name: str, error: BaseException) -> ServingError:
     """The error a request gets for a failed call: its own when it is one, else a logged fault."""
+    if isinstance(error, ModelAborted):
+        logger.error("%s", error.message)
+        return error
     if isinstance(error, ServingError):
         return error
     logger.error("model '%s': backend failed", model_name, exc_info=(type(error), error, error.__traceback__))

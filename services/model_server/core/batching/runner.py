@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from udfserve.runtime.errors import BackendFault
+from udfserve.runtime.errors import BackendFault, model_failure, raise_if_stopping
 from udfserve.services.model_server.core.batching.answers import check_outputs, resolve, set_exception
 from udfserve.services.model_server.core.batching.observers import Reports
 from udfserve.services.model_server.core.batching.queue import Arrays, Chunk
@@ -108,8 +108,8 @@ class BatchRunner:
             return  # stopped after the grace period: its requests were answered already
         try:
             result = call.result()
-        except Exception as error:  # _call_backend never raises; the executor might
-            result = CallResult(None, error, 0.0)
+        except BaseException as error:  # _call_backend never raises; the executor might
+            result = CallResult(None, model_failure(error, self.model_name), 0.0)
         try:
             self._reports.batch(batch.rows, len(batch.chunks), result.seconds, result.error is None)
             if result.error is not None:
@@ -117,9 +117,10 @@ class BatchRunner:
                 batch.task = self._loop.create_task(self._run_batch(batch, result))
                 return
             self._answer(batch, result)
-        except Exception:
+        except BaseException as error:
             # A fault of ours on the answer path (an observer, a slice): without this the batch
             # would stay running for good, its clients waiting and its slot never given back.
+            raise_if_stopping(error)
             logger.exception("model '%s': answering a batch failed", self.model_name)
             fault = BackendFault(f"model '{self.model_name}': answering the batch failed; see the server log")
             for chunk in batch.chunks:
@@ -146,7 +147,8 @@ class BatchRunner:
         """The batch in as many calls as it takes; ``first`` is its failed whole-batch call."""
         try:
             await self._recovery.run(batch.chunks, batch.inputs, batch.rows, first)
-        except Exception:
+        except BaseException as failure:  # cancelled by a stop: answered by the stop, and goes on up
+            raise_if_stopping(failure)
             logger.exception("model '%s': running a batch failed", self.model_name)
             error = BackendFault(f"model '{self.model_name}': running the batch failed; see the server log")
             for chunk in batch.chunks:
@@ -167,11 +169,14 @@ class BatchRunner:
         return result
 
     def _call_backend(self, inputs: Arrays, rows: int) -> CallResult:
-        """Runs in the executor; never raises, so the event loop sees one kind of answer."""
+        """Runs in the executor; never raises, so the event loop sees one kind of answer. A panic
+        of the model's native code (``PanicException``, no ``Exception``) fails the call as
+        ``ModelAborted``: let through, it would reach the event loop as an error of the callback
+        and leave the batch running for good, its clients unanswered and its slot taken."""
         started_s = time.perf_counter()
         try:
             outputs = dict(self._predict(inputs))
             check_outputs(self.model_name, outputs, rows)
-        except Exception as error:
-            return CallResult(None, error, time.perf_counter() - started_s)
+        except BaseException as error:
+            return CallResult(None, model_failure(error, self.model_name), time.perf_counter() - started_s)
         return CallResult(outputs, None, time.perf_counter() - started_s)
