@@ -362,23 +362,39 @@ if want f && want a && [ "$LAYOUT" != job ]; then  # with --servers-from-job, f 
   metrics_check a "$ROWS"
 fi
 
+restarted_ready() {  # restarted_ready NODE PID: the node's servers are ready, none of them PID
+  [ "$(node_figures "$1" | json_field "bool(j['servers']) and all(s['state'] == 'ready' and s['pid'] != $2 for s in j['servers'])")" = True ]
+}
 if want b; then
   victim=${CURRENT[1]}
-  # Long tasks, 2 per executor: the kill comes once the victim's server has answered the first
-  # request of the job, in the middle of the victim's first task, which goes on on the CPU fallback and
-  # then on the restarted server. The first wave runs; the rest waits for the kill.
+  # Long tasks, 2 per executor; the first wave runs, the rest waits for the kill. The victim's first
+  # task stops twice, whatever the machine's speed: once its server has answered 2 requests (4,096
+  # rows each, the client's rows_per_request), while the server is SIGKILLed; and once 5 more
+  # requests are scored (past the 4 the client keeps in flight: at least one of them after the kill,
+  # answered by the CPU fallback), until the supervisor's restarted server is ready and the circuit
+  # the client opened at the failure has closed again (circuit_reset_s, 10 s): the rest of the task
+  # goes to the restarted server.
   partitions=$(( 2 * ${#CURRENT[@]} ))
+  first=$(( 2 * 4096 ))
+  second=$(( first + 5 * 4096 ))
   step "b. a server killed mid-job: SIGKILL to $victim's model server, $FAULT_ROWS rows"
-  run_job b "$FAULT_ROWS" "$partitions" "${#CURRENT[@]}" --hold-from-partition "${#CURRENT[@]}" --gate /output/b.gate
+  run_job b "$FAULT_ROWS" "$partitions" "${#CURRENT[@]}" --hold-from-partition "${#CURRENT[@]}" --gate /output/b.gate \
+    --pause-host "$victim" --pause-after-rows "$first,$second" --pause-gates /output/b.killed,/output/b.restarted \
+    --pause-min-s 12
   app=$(wait_app b)
-  threshold=4096  # one request of the client's (rows_per_request)
-  wait_for 900 "$victim's server to answer $threshold rows of the job" rows_past "$victim" "$app" "$threshold" || true
+  wait_for 900 "$victim's first task to stop after $first rows" in_driver test -e /output/b.killed.waiting || true
   figures=$(node_figures "$victim")
   pid=$(json_field "j['servers'][0]['pid']" <<<"$figures")
   at=$(json_field "j['servers'][0].get('app_rows', {}).get('$app', 0)" <<<"$figures")
   in_node "$victim" sh -c "kill -9 $pid"
-  in_driver touch /output/b.gate
-  echo "  killed server pid $pid on $victim (SIGKILL), which had answered $at rows of the job; the held tasks released"
+  in_driver touch /output/b.killed /output/b.gate
+  echo "  killed server pid $pid on $victim (SIGKILL), which had answered $at rows of the job, while its task" \
+    "stood after $first rows; the task and the held tasks released"
+  wait_for 300 "$victim's restarted server" restarted_ready "$victim" "$pid" || true
+  wait_for 300 "$victim's task to stop after $second rows" in_driver test -e /output/b.restarted.waiting || true
+  in_driver touch /output/b.restarted
+  echo "  $victim's supervisor restarted its server (pid $(node_figures "$victim" | json_field "j['servers'][0]['pid']"));" \
+    "the task stood after $second rows until then, and goes on"
   write_fault b victim="$victim" killed_pid="$pid" rows_at_kill="$at"
   end_job b "$FAULT_ROWS"
   judge server-killed "$WORK/b"

@@ -16,6 +16,14 @@ A gate holds the tasks of the partitions from ``--hold-from-partition`` on until
 (``--gate``): the script opens it once what it waits for happened (a node joined the job, every
 node serves the new version), so that the rest of the job runs after it, whatever the machine's
 speed.
+
+Pauses stop a task of one host in its middle: ``--pause-host`` names the host, ``--pause-after-rows``
+the rows the task has scored at each pause and ``--pause-gates`` the file that ends each (as many of
+each). At a pause the task writes ``<gate>.waiting`` (where it stopped, as JSON) and waits for the
+gate; the script does what it waits for, then makes the gate (check b: the server killed while the
+victim's first task is stopped, the restarted server ready before the rest of it runs). A pause
+also lasts until ``--pause-min-s`` has passed since the one before, so that a circuit the client
+opened at the first failure after it has closed again (its ``circuit_reset_s``).
 """
 
 from __future__ import annotations
@@ -53,6 +61,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--hold-from-partition", type=int, default=-1)
     parser.add_argument("--gate", default="", help="file whose existence releases the held partitions")
     parser.add_argument("--gate-timeout-s", type=float, default=900.0)
+    parser.add_argument("--pause-host", default="", help="the host whose tasks stop at the pauses")
+    parser.add_argument(
+        "--pause-after-rows", default="", help="comma-separated: rows a task has scored at each pause"
+    )
+    parser.add_argument("--pause-gates", default="", help="comma-separated: the file that ends each pause")
+    parser.add_argument(
+        "--pause-min-s",
+        type=float,
+        default=0.0,
+        help="a pause after the first lasts at least this long after the one before ended",
+    )
     parser.add_argument("--servers-from-job", action="store_true", help="the job starts the nodes' servers")
     parser.add_argument(
         "--hold-nodes-until",
@@ -118,12 +137,48 @@ def features(spark: Any, rows: int, partitions: int, width: int) -> Any:
     return spark.range(0, rows, numPartitions=partitions).withColumn("features", column)
 
 
+@dataclasses.dataclass(frozen=True)
+class Pauses:
+    """Where the first-wave tasks of one host stop (``--pause-*``)."""
+
+    host: str = ""
+    after_rows: tuple[int, ...] = ()
+    gates: tuple[str, ...] = ()
+    min_s: float = 0.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Pauses:
+        rows = tuple(int(r) for r in args.pause_after_rows.split(",") if r)
+        gates = tuple(g for g in args.pause_gates.split(",") if g)
+        if len(rows) != len(gates) or (rows and not args.pause_host):
+            raise SystemExit("--pause-after-rows and --pause-gates take as many values, with --pause-host")
+        return cls(args.pause_host, rows, gates, args.pause_min_s)
+
+
+def wait_for_gate(gate: str, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} waited {timeout_s:.0f} s for {gate}, which was not made")
+        time.sleep(0.2)
+
+
 def tagged(
-    predictor: Any, with_version: bool, gate: str, hold_from: int, gate_timeout_s: float
+    predictor: Any, with_version: bool, gate: str, hold_from: int, gate_timeout_s: float, pauses: Pauses
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The mapInArrow function: the partition scored by ``predictor``, each row with its output, its
     version (when asked), and where its task ran."""
     output = predictor.output_columns[0]
+
+    def pause(index: int, partition: int, scored: int, since: float) -> float:
+        """Stop at pause ``index``: say where, wait for its gate (and the least time); its end."""
+        gate = pauses.gates[index]
+        with open(gate + ".waiting", "w") as handle:
+            json.dump({"partition": partition, "rows_scored": scored, "at": time.time()}, handle)
+        wait_for_gate(gate, gate_timeout_s, f"partition {partition}, paused after {scored} rows,")
+        if index > 0:
+            time.sleep(max(0.0, since + pauses.min_s - time.monotonic()))
+        return time.monotonic()
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import socket
@@ -134,16 +189,15 @@ def tagged(
         context = TaskContext.get()
         partition, attempt = context.partitionId(), context.attemptNumber()
         if gate and 0 <= hold_from <= partition:
-            deadline = time.monotonic() + gate_timeout_s
-            while not os.path.exists(gate):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"partition {partition} waited {gate_timeout_s:.0f} s for {gate}, which was not made"
-                    )
-                time.sleep(0.2)
+            wait_for_gate(gate, gate_timeout_s, f"partition {partition}")
         host = socket.gethostname()
+        # The first wave's tasks on the pause host (the held partitions run after the pauses).
+        first_wave = host == pauses.host and attempt == 0 and partition < hold_from
+        stops = list(pauses.after_rows) if first_wave else []
+        scored, index, since = 0, 0, time.monotonic()
         for batch in predictor(batches):
             rows = batch.num_rows
+            scored += rows
             columns = [batch.column("id"), batch.column(output)]
             names = ["id", output]
             if with_version:
@@ -155,6 +209,9 @@ def tagged(
                 pa.array([attempt] * rows, pa.int32()),
             ]
             yield pa.RecordBatch.from_arrays(columns, names=[*names, "host", "partition", "attempt"])
+            while index < len(stops) and scored >= stops[index]:
+                since = pause(index, partition, scored, since)
+                index += 1
 
     return run
 
@@ -249,7 +306,12 @@ def main(argv: list[str]) -> int:
                 ]
             )
             run = tagged(
-                predictor, args.with_version, args.gate, args.hold_from_partition, args.gate_timeout_s
+                predictor,
+                args.with_version,
+                args.gate,
+                args.hold_from_partition,
+                args.gate_timeout_s,
+                Pauses.from_args(args),
             )
             spark.sparkContext.setJobGroup(args.name, f"cluster check {args.name}: {args.rows} rows")
             started = time.monotonic()
