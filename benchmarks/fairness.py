@@ -18,15 +18,18 @@ Then the same with two real Spark applications (``--no-spark`` leaves them out):
 ``predict_arrow`` on ``sequence_bilstm`` (a model heavy enough per row that the server, not Spark, bounds the
 rows/s), the busy one with 2 tasks of 16 requests in flight each, the small one with 1 task of 2; once both
 are warm, their timed jobs start together, and the small one's ends before the busy one's, so that it runs
-entirely beside it.
+entirely beside it. The servers run on one CPU and the applications on the others (``cpus_apart``), as a
+GPU node's device is apart from its executors' CPUs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,7 +173,7 @@ class SparkSettings:
     def make(cls, quick: bool) -> SparkSettings:
         if quick:
             return cls(busy_rows=6_000, small_rows=500, alone_cells=False)
-        return cls(busy_rows=240_000, small_rows=12_000, alone_cells=True)
+        return cls(busy_rows=400_000, small_rows=60_000, alone_cells=True)
 
 
 SPARK_MODEL = "sequence_bilstm"
@@ -190,6 +193,28 @@ def spark_job(server: ServerProcess, app: str, rows: int, log_dir: Path, gate: P
         warmup_rows=SPARK_WARMUP_ROWS,
         start_gate=str(gate),
     )
+
+
+def cpus_apart() -> tuple[set[int], set[int]]:
+    """The CPUs of the Spark part's servers and of its applications: the last CPU for the servers,
+    the others for Spark (all of them for both on one CPU). A GPU node's device is apart from its
+    executors' CPUs; sharing the CPUs instead, the applications' own work, not the server's queue,
+    bounds their rows, and the order of admission has nothing to reorder."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return set(cpus), set(cpus)
+    return {cpus[-1]}, set(cpus[:-1])
+
+
+@contextlib.contextmanager
+def affinity(cpus: set[int]) -> Iterator[None]:
+    """This thread on ``cpus`` meanwhile: the processes and threads it starts inherit them."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 SPARK_WARMUP_ROWS = 200
@@ -275,19 +300,23 @@ def run(
         spark_settings = SparkSettings.make(quick)
         for server in servers.values():
             workspace.stop_server(server)
-        servers = {
-            mode: workspace.start_server(
-                repository,
-                f"fairness-spark-{mode}",
-                ["--models", SPARK_MODEL, "--application-scheduling", mode],
-            )
-            for mode in ((FIFO, FAIR) if spark_settings.alone_cells else (FAIR,))
-        }
+        server_cpus, spark_cpus = cpus_apart()
+        with affinity(server_cpus):  # the servers' threads inherit it
+            servers = {
+                mode: workspace.start_server(
+                    repository,
+                    f"fairness-spark-{mode}",
+                    ["--models", SPARK_MODEL, "--application-scheduling", mode],
+                )
+                for mode in ((FIFO, FAIR) if spark_settings.alone_cells else (FAIR,))
+            }
         shapes = ((BUSY,), (SMALL,), (BUSY, SMALL)) if spark_settings.alone_cells else ((BUSY, SMALL),)
-        for mode, server in servers.items():
-            for apps in shapes:
+        # shape by shape, both schedulings back to back: what else the machine runs lands on both
+        for apps in shapes:
+            for mode, server in servers.items():
                 logger.info("fairness, Spark: %s, %s", mode, " + ".join(apps))
-                rates, waits = measure_spark(server, apps, spark_settings, LOGS_DIR)
+                with affinity(spark_cpus):  # the applications' drivers, JVMs and Python workers
+                    rates, waits = measure_spark(server, apps, spark_settings, LOGS_DIR)
                 spark_cells += [
                     {
                         "mode": mode,
@@ -342,10 +371,8 @@ def _spark_table(spark_cells: list[dict[str, object]]) -> Table:
                 "queue wait ms, together": together[0]["queue_wait_ms"],
             }
             if alone:
-                row |= {
-                    "alone rows/s": alone[0],
-                    "together ÷ alone": float(together[0]["rows_s"]) / float(alone[0]),
-                }  # type: ignore[arg-type]
+                together_rows_s = float(together[0]["rows_s"])  # type: ignore[arg-type]
+                row |= {"alone rows/s": alone[0], "together ÷ alone": together_rows_s / float(alone[0])}  # type: ignore[arg-type]
             table.rows.append(row)
     return table
 
