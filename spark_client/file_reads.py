@@ -11,8 +11,10 @@ pyarrow, which hands the parquet pages to the request as Arrow without building 
 Every row of the files comes back once: the splits cover each file's row groups exactly once,
 a task answers its split in order (``answer_partition``), and a task that fails is re-run whole
 by Spark, whose sinks keep only a successful attempt's rows. A file that changed between the
-plan and its task (other columns, another column type, other row groups) fails its task with the
-file named, rather than being read under the wrong plan.
+plan and its task (other columns, another column type; for a file split across tasks, another
+size or other row groups) fails its task with the file named, rather than being read under the
+wrong plan: tasks reading parts of one file must read the same version of it. A file whose pages
+cannot be read fails its task with the file named too.
 
 The module imports no pandas: the tasks' workers stay as light as ``predict_arrow``'s.
 """
@@ -22,16 +24,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.file_listing import filesystem_of, list_files
 from udfserve.spark_client.output_names import check_output_names
 from udfserve.spark_client.udf import ArrowPredictor, _active_session, arrow_predictor
 
@@ -40,11 +41,50 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SPLIT_FIELDS = ("path", "row_groups", "planned_row_groups")
+SPLIT_FIELDS = ("path", "row_groups", "planned_bytes", "planned_group_rows", "planned_group_bytes")
+
+
+@dataclass(frozen=True)
+class FileShape:
+    """A file's size and its row groups' rows and bytes, from its footer: what the plan of a file
+    split across tasks relies on. Parquet footers carry no checksum, so these sizes stand in for
+    one: a rewrite (other rows, other values, other compression) changes them in practice, and
+    tasks that each read some of the row groups must all read the version that was planned."""
+
+    file_bytes: int
+    group_rows: tuple[int, ...]
+    group_bytes: tuple[int, ...]
+    """Each row group's uncompressed bytes, as the footer gives them."""
+
+    @classmethod
+    def of(cls, parquet: pq.ParquetFile, file_bytes: int) -> FileShape:
+        """The shape of an open file (``file_bytes``: its size on the file system)."""
+        groups = [parquet.metadata.row_group(i) for i in range(parquet.metadata.num_row_groups)]
+        return cls(file_bytes, tuple(g.num_rows for g in groups), tuple(g.total_byte_size for g in groups))
+
+    def changes(self, now: FileShape) -> list[str]:
+        """How ``now`` differs from this planned shape, in words (empty: the same)."""
+        found = []
+        if now.file_bytes != self.file_bytes:
+            found.append(f"{now.file_bytes:,} bytes, not {self.file_bytes:,}")
+        if len(now.group_rows) != len(self.group_rows):
+            found.append(f"{len(now.group_rows)} row groups, not {len(self.group_rows)}")
+            return found
+        groups = zip(self.group_rows, self.group_bytes, now.group_rows, now.group_bytes, strict=True)
+        differing = [
+            f"row group {i} {rows:,} rows of {size:,} bytes, not {was_rows:,} of {was_size:,}"
+            for i, (was_rows, was_size, rows, size) in enumerate(groups)
+            if (rows, size) != (was_rows, was_size)
+        ]
+        found += differing[:3] + (
+            [f"{len(differing) - 3} more row group(s) changed"] if len(differing) > 3 else []
+        )
+        return found
 
 
 class FileReadError(RuntimeError):
-    """A file that cannot be read as planned: missing, not parquet, or changed since the plan."""
+    """A file that cannot be read as planned: missing, not parquet, corrupt, or changed since the
+    plan."""
 
 
 @dataclass(frozen=True)
@@ -55,58 +95,15 @@ class FileSplit:
     """An absolute local path or a URI pyarrow's file systems open (``hdfs://``, ``s3://``, ...)."""
     row_groups: tuple[int, ...] = ()
     """Empty: the whole file."""
-    planned_row_groups: int = 0
-    """The file's row groups when the plan was made (0: the whole file, not checked)."""
-
-
-def filesystem_of(path: str) -> tuple[pafs.FileSystem, str]:
-    """The file system holding ``path`` and the path within it: URIs by their scheme, anything
-    else as a local path (made absolute, since the tasks do not share the driver's directory)."""
-    if "://" in path:
-        return pafs.FileSystem.from_uri(path)
-    return pafs.LocalFileSystem(), os.path.abspath(path)
-
-
-def _hidden(name: str) -> bool:
-    """Spark's rule for the files of a folder: names starting with ``_`` or ``.`` are not data
-    (``_SUCCESS``, ``.part-0.parquet.crc``)."""
-    return name.startswith(("_", "."))
-
-
-def list_files(paths: str | Sequence[str]) -> list[str]:
-    """Every data file under ``paths`` (files, or folders searched recursively), each once, sorted
-    within each folder; hidden files and folders skipped as Spark skips them."""
-    found: list[str] = []
-    for given in [paths] if isinstance(paths, str) else list(paths):
-        if "://" in given:
-            given = given.rstrip("/")  # a URI's path comes back without its trailing slash
-        filesystem, path = filesystem_of(given)
-        prefix = given[: len(given) - len(path)] if "://" in given and given.endswith(path) else ""
-        info = filesystem.get_file_info(path)
-        if info.type == pafs.FileType.NotFound:
-            raise FileNotFoundError(f"{given!r} does not exist; expected a parquet file or a folder of them")
-        if info.type == pafs.FileType.File:
-            found.append(prefix + path)
-            continue
-        selector = pafs.FileSelector(path, recursive=True)
-        entries = sorted(filesystem.get_file_info(selector), key=lambda entry: entry.path)
-        for entry in entries:
-            relative = os.path.relpath(entry.path, path).split(os.sep)
-            if entry.type == pafs.FileType.File and not any(_hidden(part) for part in relative):
-                found.append(prefix + entry.path)
-    unique = list(dict.fromkeys(found))
-    if not unique:
-        raise FileNotFoundError(
-            f"no data files under {paths!r}; expected parquet files "
-            "(names starting with '_' or '.' are skipped)"
-        )
-    return unique
+    planned: FileShape | None = None
+    """The file's shape when the plan was made, for a file split across tasks (None: the whole
+    file in one task, which reads one version whatever it is; not checked)."""
 
 
 @contextlib.contextmanager
-def open_parquet(path: str) -> Iterator[pq.ParquetFile]:
-    """``path`` opened as parquet (its footer read), closed after the block; the error names the
-    file when it cannot be opened or is not parquet."""
+def open_parquet(path: str) -> Iterator[tuple[pq.ParquetFile, int]]:
+    """``path`` opened as parquet (its footer read) with its size in bytes, closed after the
+    block; the error names the file when it cannot be opened or is not parquet."""
     filesystem, inner = filesystem_of(path)
     try:
         handle = filesystem.open_input_file(inner)
@@ -121,12 +118,12 @@ def open_parquet(path: str) -> Iterator[pq.ParquetFile]:
             raise FileReadError(
                 f"{path!r} cannot be read as parquet ({error}); expected a parquet file"
             ) from error
-        yield parquet
+        yield parquet, handle.size()
 
 
 def read_schema(path: str) -> pa.Schema:
     """A file's Arrow schema, from its footer."""
-    with open_parquet(path) as parquet:
+    with open_parquet(path) as (parquet, _):
         return parquet.schema_arrow
 
 
@@ -139,15 +136,16 @@ def plan_splits(files: Sequence[str], min_splits: int) -> list[FileSplit]:
     per_file = -(-min_splits // len(files))
     splits = []
     for path in files:
-        with open_parquet(path) as parquet:
-            groups = parquet.num_row_groups
+        with open_parquet(path) as (parquet, file_bytes):
+            shape = FileShape.of(parquet, file_bytes)
+        groups = len(shape.group_rows)
         parts = max(1, min(per_file, groups))
         if parts == 1:
             splits.append(FileSplit(path))
             continue
         bounds = [round(i * groups / parts) for i in range(parts + 1)]
         splits += [
-            FileSplit(path, tuple(range(start, end)), groups) for start, end in itertools.pairwise(bounds)
+            FileSplit(path, tuple(range(start, end)), shape) for start, end in itertools.pairwise(bounds)
         ]
     return splits
 
@@ -173,15 +171,33 @@ class FileScorer:
                     yield answered.select(list(self.returned))
 
     def _read(self, split: FileSplit) -> Iterator[pa.RecordBatch]:
-        with open_parquet(split.path) as parquet:
-            self._check(split, parquet)
-            yield from parquet.iter_batches(
+        """The split's rows; a page pyarrow cannot read fails with the file named (pyarrow's own
+        error, such as ``Unexpected end of stream``, names none), and only pyarrow's errors are
+        caught: the consumer's do not pass through here."""
+        with open_parquet(split.path) as (parquet, file_bytes):
+            self._check(split, parquet, file_bytes)
+            batches = parquet.iter_batches(
                 batch_size=self.read_batch_rows,
                 row_groups=list(split.row_groups) or None,
                 columns=list(self.read_columns),
             )
+            rows = 0
+            while True:
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                except (OSError, pa.ArrowException) as error:
+                    part = f"row groups {list(split.row_groups)}" if split.row_groups else "the whole file"
+                    raise FileReadError(
+                        f"{split.path!r} cannot be read after {rows:,} row(s) of {part} ({error}); "
+                        "expected parquet pages that decode: the file is corrupt, cut short or "
+                        "being rewritten"
+                    ) from error
+                rows += batch.num_rows
+                yield batch
 
-    def _check(self, split: FileSplit, parquet: pq.ParquetFile) -> None:
+    def _check(self, split: FileSplit, parquet: pq.ParquetFile, file_bytes: int) -> None:
         schema = parquet.schema_arrow
         problems = []
         for field in self.expected:
@@ -194,17 +210,20 @@ class FileScorer:
                 f"{split.path!r}: {'; '.join(problems)}; expected the columns of the job's first file: "
                 + ", ".join(f"{f.name} {f.type}" for f in self.expected)
             )
-        if split.planned_row_groups and parquet.num_row_groups != split.planned_row_groups:
+        changes = split.planned.changes(FileShape.of(parquet, file_bytes)) if split.planned else []
+        if changes:
             raise FileReadError(
-                f"{split.path!r} has {parquet.num_row_groups} row groups, expected "
-                f"{split.planned_row_groups} as when the job was planned: the file changed during the job"
+                f"{split.path!r} changed after the job was planned (now {'; '.join(changes)}); "
+                "expected the planned version, since its row groups are split across tasks that "
+                "must all read the same one (rewrite files before a job, or write new ones beside them)"
             )
 
 
 def _splits_of(batch: pa.RecordBatch) -> Iterator[FileSplit]:
     columns = [batch.column(name).to_pylist() for name in SPLIT_FIELDS]
-    for path, groups, planned in zip(*columns, strict=True):
-        yield FileSplit(path, tuple(groups or ()), planned or 0)
+    for path, groups, size, rows, sizes in zip(*columns, strict=True):
+        planned = FileShape(size, tuple(rows), tuple(sizes)) if size else None
+        yield FileSplit(path, tuple(groups or ()), planned)
 
 
 def predict_files(
@@ -224,8 +243,9 @@ def predict_files(
     the Python workers instead of Spark's reader (fewer CPU-seconds per row: the module's docstring).
 
     ``paths``: a file, a folder (searched recursively; names starting with ``_`` or ``.`` skipped,
-    as Spark does; partition folders give no columns), or a list of them; local paths or URIs of
-    the file systems pyarrow opens. Every file has the first file's columns and types.
+    as Spark does; partition folders give no columns; links to folders inside it not followed,
+    with a warning: ``file_listing``), or a list of them; local paths or URIs of the file systems
+    pyarrow opens. Every file has the first file's columns and types.
     ``input_columns`` / ``output_columns`` / ``with_version``: as ``predict_arrow``.
     ``keep_columns``: the files' columns to return before the outputs (default: every column that
     is not an input, so the input tensors do not travel back to the JVM).
@@ -297,16 +317,23 @@ def _cores(spark: Any) -> int:
 def _splits_frame(spark: Any, splits: Sequence[FileSplit]) -> DataFrame:
     """One row and one partition per split (``parallelize`` with a slice per element keeps them
     apart exactly; a Spark Connect session, without it, repartitions)."""
-    from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
+    from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, StructType
 
+    longs = ArrayType(LongType(), containsNull=False)
     schema = StructType(
         [
             StructField("path", StringType(), nullable=False),
             StructField("row_groups", ArrayType(IntegerType(), containsNull=False), nullable=False),
-            StructField("planned_row_groups", IntegerType(), nullable=False),
+            StructField("planned_bytes", LongType(), nullable=False),
+            StructField("planned_group_rows", longs, nullable=False),
+            StructField("planned_group_bytes", longs, nullable=False),
         ]
     )
-    rows = [(s.path, list(s.row_groups), s.planned_row_groups) for s in splits]
+    empty = FileShape(0, (), ())
+    rows = [
+        (s.path, list(s.row_groups), p.file_bytes, list(p.group_rows), list(p.group_bytes))
+        for s, p in ((s, s.planned or empty) for s in splits)
+    ]
     try:
         context = spark.sparkContext
     except Exception:  # Spark Connect

@@ -101,7 +101,15 @@ def test_predict_files_function_reads_and_answers_in_a_fresh_worker_without_impo
         predictor, ("id", "features"), ("id", "scores"), rows_of_features(0).schema, read_batch_rows=32
     )
     splits = pa.RecordBatch.from_pylist(
-        [{"path": str(tmp_path / "part-0.parquet"), "row_groups": [], "planned_row_groups": 0}]
+        [
+            {
+                "path": str(tmp_path / "part-0.parquet"),
+                "row_groups": [],
+                "planned_bytes": 0,
+                "planned_group_rows": [],
+                "planned_group_bytes": [],
+            }
+        ]
     )
 
     worker = run_in_a_fresh_worker(scorer, splits, column=None)

@@ -3,6 +3,7 @@ row of the files back once with the model's own outputs, and files that break th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +35,23 @@ def write_rows(path: Path, model: str, ids: np.ndarray, row_group_rows: int = 1_
     table = pa.table({"id": ids, column: values.cast(list_type), "tag": pa.array([f"row-{i}" for i in ids])})
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, row_group_size=row_group_rows)
+
+
+def corrupt_first_page(path: Path, column: str) -> None:
+    """Overwrites bytes inside the first data page of ``column`` (its header and the footer left
+    intact, so the file opens and is planned), as a bad disk block would; pyarrow then fails
+    decoding it with ``Unexpected end of stream``, which names no file."""
+    chunk = pq.ParquetFile(path).metadata.row_group(0)
+    offset = next(
+        chunk.column(i).data_page_offset
+        for i in range(chunk.num_columns)
+        if chunk.column(i).path_in_schema.startswith(column)
+    )
+    data = bytearray(path.read_bytes())
+    data[offset + 100 : offset + 300] = b"\xff" * 200
+    path.write_bytes(bytes(data))
+    with pytest.raises(OSError, match="Unexpected end of stream"):
+        pq.read_table(path)
 
 
 def config(server: ServerProcess) -> ClientConfig:
@@ -126,6 +144,59 @@ def test_a_file_that_is_not_parquet_fails_the_job_naming_it(
     (tmp_path / "part-1.csv").write_text("id,features\n")
     frame = predict_files(str(tmp_path), "tabular_mlp", config=config(server))
     with pytest.raises(Exception, match=r"part-1.csv' cannot be read as parquet"):
+        frame.collect()
+
+
+def test_a_link_back_to_its_own_folder_reads_each_row_once_as_sparks_reader_does(
+    spark: SparkSession, server: ServerProcess, tmp_path: Path
+) -> None:
+    write_rows(tmp_path / "data/part-0.parquet", "tabular_mlp", np.arange(1_000))
+    os.symlink(".", tmp_path / "data/again")
+    frame = predict_files(str(tmp_path / "data"), "tabular_mlp", keep_columns=["id"], config=config(server))
+    counted = frame.selectExpr("count(*) AS n", "count(DISTINCT id) AS d").first()
+    assert (counted["n"], counted["d"]) == (1_000, 1_000)
+    assert spark.read.parquet(str(tmp_path / "data")).count() == 1_000
+
+
+def test_a_link_to_a_folder_outside_the_path_adds_none_of_its_rows_as_sparks_reader_does(
+    spark: SparkSession, server: ServerProcess, tmp_path: Path
+) -> None:
+    write_rows(tmp_path / "data/part-0.parquet", "tabular_mlp", np.arange(1_000))
+    write_rows(tmp_path / "elsewhere/part-0.parquet", "tabular_mlp", np.arange(1_000, 1_500))
+    os.symlink(tmp_path / "elsewhere", tmp_path / "data/linked")
+    frame = predict_files(str(tmp_path / "data"), "tabular_mlp", keep_columns=["id"], config=config(server))
+    counted = frame.selectExpr("count(*) AS n", "max(id) AS hi").first()
+    assert (counted["n"], counted["hi"]) == (1_000, 999)
+    assert spark.read.parquet(str(tmp_path / "data")).count() == 1_000
+
+
+def test_a_file_split_across_tasks_and_rewritten_with_as_many_row_groups_fails_naming_what_changed(
+    spark: SparkSession, server: ServerProcess, tmp_path: Path
+) -> None:
+    """Planned as 4 row groups of 1,000 rows in 2 tasks, then rewritten as 4 of 500 before the
+    tasks run: the same count of row groups, which the tasks must not take for the planned file."""
+    path = tmp_path / "only.parquet"
+    write_rows(path, "tabular_mlp", np.arange(4_000), row_group_rows=1_000)
+    frame = predict_files(str(path), "tabular_mlp", keep_columns=["id"], config=config(server))
+    write_rows(path, "tabular_mlp", np.arange(2_000), row_group_rows=500)
+    with pytest.raises(
+        Exception,
+        match=r"only.parquet' changed after the job was planned \(now [\d,]+ bytes, not [\d,]+; "
+        r"row group 0 500 rows of [\d,]+ bytes, not 1,000 of [\d,]+",
+    ):
+        frame.collect()
+
+
+def test_a_corrupt_page_in_a_later_file_fails_the_job_naming_the_file(
+    spark: SparkSession, server: ServerProcess, tmp_path: Path
+) -> None:
+    write_rows(tmp_path / "part-0.parquet", "tabular_mlp", np.arange(100))
+    write_rows(tmp_path / "part-1.parquet", "tabular_mlp", np.arange(100, 200))
+    corrupt_first_page(tmp_path / "part-1.parquet", "features")
+    frame = predict_files(str(tmp_path), "tabular_mlp", config=config(server))
+    with pytest.raises(
+        Exception, match=r"part-1.parquet' cannot be read after 0 row\(s\) of the whole file \(.+\); expected"
+    ):
         frame.collect()
 
 
