@@ -21,6 +21,8 @@ def test_the_quick_fairness_comparison_measures_both_applications_under_both_sch
     measured = {(cell["mode"], cell["app"], cell["together"]) for cell in cells}
     assert measured == {(mode, app, together) for mode in MODES for app in APPS for together in (False, True)}
     assert all(cell["rows_s"] > 0 for cell in cells)
+    # the server's per-application queue wait, under either scheduling (NaN, not >= 0, when unmeasured)
+    assert all(cell["queue_wait_ms"] >= 0 for cell in cells)
     assert len(result["targets"]) == 2 and all(target["met"] is not None for target in result["targets"])
     spark = result["raw"]["spark_cells"]
     assert {(cell["app"], cell["together"]) for cell in spark} == {(app, True) for app in APPS}
