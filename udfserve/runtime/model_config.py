@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from udfserve.runtime.tensor_spec import TensorSpec
+from udfserve.runtime.tensor_spec import TensorSpec, WholeNumber
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DEFAULT_QUEUE_BATCHES = 64
@@ -46,7 +46,7 @@ class BatchingConfig(BaseModel):
         "less than this delay ago: then the next batch waits, at most this long after that batch "
         "finished, for as many requests as it held (their clients coming back)",
     )
-    max_queue_rows: int | None = Field(
+    max_queue_rows: WholeNumber | None = Field(
         default=None, gt=0, description="rows waiting before RESOURCE_EXHAUSTED; default 64 x max_batch_size"
     )
 
@@ -58,8 +58,8 @@ class VersionPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    latest: int | None = Field(default=None, ge=1, le=64, description="serve the N highest versions")
-    specific: tuple[int, ...] | None = Field(
+    latest: WholeNumber | None = Field(default=None, ge=1, le=64, description="serve the N highest versions")
+    specific: tuple[WholeNumber, ...] | None = Field(
         default=None, min_length=1, max_length=64, description="serve exactly these versions"
     )
     all: bool = Field(default=False, description="serve every version folder (at most 64)")
@@ -129,13 +129,13 @@ class TextPreprocess(BaseModel):
         description="the tokenizer file, a file name in each version folder (no folders)",
     )
     input: str = Field(default="text", min_length=1, max_length=128, description="the public string input")
-    max_length: int = Field(
+    max_length: WholeNumber = Field(
         default=128,
         ge=1,
         le=MAX_TOKENS,
         description="tokens per text, special tokens included; longer texts are truncated",
     )
-    max_characters: int | None = Field(
+    max_characters: WholeNumber | None = Field(
         default=None,
         ge=1,
         le=1 << 24,
@@ -190,13 +190,13 @@ class ModelConfig(BaseModel):
         "names (model.keras or a SavedModel: tensorflow, model.onnx: onnxruntime, model.pt2 or "
         "model.pt: pytorch)",
     )
-    version: int | None = Field(
+    version: WholeNumber | None = Field(
         default=None, ge=1, description="serve only this version (short for version_policy: {specific: [N]})"
     )
     version_policy: VersionPolicy | None = Field(
         default=None, description="which versions to serve; default the newest (latest: 1)"
     )
-    max_batch_size: int = Field(default=1024, ge=1, le=1 << 20)
+    max_batch_size: WholeNumber = Field(default=1024, ge=1, le=1 << 20)
     dynamic_batching: BatchingConfig = Field(default_factory=BatchingConfig)
     inputs: tuple[TensorSpec, ...] | None = Field(
         default=None,

@@ -6,8 +6,15 @@ this way; the tensor conversion checks requests against it.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+
+WholeNumber = Annotated[int, Strict()]
+"""An integer of a model's config as written. YAML reads ``true`` as a boolean and ``1.0e+3`` as a
+float, and pydantic would take them for 1 and 1,000: a typo would then size a batch or a queue.
+Only an integer is accepted, and the error names the field and the value."""
 
 FREE_DIM = -1
 """A dimension of a per-row shape whose length each batch gives (one length for all its rows)."""
@@ -43,6 +50,16 @@ class TensorSpec(BaseModel):
         "embedding table of N rows: [0, N-1]); a request holding another is refused before it is "
         "batched. Read from the model where an input feeds a Keras Embedding directly",
     )
+
+    @field_validator("shape", "range", mode="before")
+    @classmethod
+    def _whole_numbers(cls, value: object) -> object:
+        """As ``WholeNumber``, but a backend's numpy integers from a model's signature pass."""
+        if isinstance(value, list | tuple):
+            for item in value:
+                if isinstance(item, bool | float):
+                    raise ValueError(f"expected integers, got {item!r} in {list(value)}")
+        return value
 
     @field_validator("dtype")
     @classmethod
