@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.cli import add_common_arguments, configure_logging, write_and_print
 from benchmarks.load_client import LoadSpec, finish, start_in_child
-from benchmarks.processes import LOGS_DIR, Workspace, metric_value, scrape
+from benchmarks.processes import LOGS_DIR, Workspace, scrape
 from benchmarks.report import ComparisonResult, Table, TargetCheck
 from benchmarks.spark_job import Job, JobResult, run_in_child
 from udfserve.services.model_server.launcher import ServerProcess
@@ -137,22 +137,20 @@ class AppCounts:
 
 def app_counts(server: ServerProcess) -> dict[str, AppCounts]:
     """The server's per-application series (``udfserve_app_rows_total``,
-    ``udfserve_app_queue_wait_seconds``), by application id."""
-    text = scrape(server)
-    ids = {
-        sample.labels["app_id"]
-        for family in text_string_to_metric_families(text)
-        if family.name == "udfserve_app_rows"
-        for sample in family.samples
+    ``udfserve_app_queue_wait_seconds``), by application id, from one scrape read once."""
+    fields = {
+        "udfserve_app_rows_total": "rows",
+        "udfserve_app_queue_wait_seconds_sum": "wait_sum_s",
+        "udfserve_app_queue_wait_seconds_count": "wait_count",
     }
-    return {
-        app_id: AppCounts(
-            metric_value(text, "udfserve_app_rows_total", app_id=app_id),
-            metric_value(text, "udfserve_app_queue_wait_seconds_sum", app_id=app_id),
-            metric_value(text, "udfserve_app_queue_wait_seconds_count", app_id=app_id),
-        )
-        for app_id in ids
-    }
+    found: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(scrape(server)):
+        for sample in family.samples:
+            field = fields.get(sample.name)
+            if field is not None:
+                counts = found.setdefault(sample.labels["app_id"], {})
+                counts[field] = counts.get(field, 0.0) + sample.value
+    return {app_id: AppCounts(**counts) for app_id, counts in found.items()}
 
 
 def counted_since(server: ServerProcess, before: dict[str, AppCounts]) -> list[AppCounts]:
