@@ -20,7 +20,7 @@ logger = logging.getLogger("udfserve")
 
 def run_serve(args: argparse.Namespace) -> int:
     config = settings_from_args(ServerConfig, args)
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     # The device is fixed before anything can import TensorFlow: the backends import it lazily.
     from udfserve.runtime.device import pin_device
 

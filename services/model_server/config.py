@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from udfserve.runtime.device import DEVICE_PATTERN
 from udfserve.runtime.model_config import validate_model_name
+from udfserve.services.log_format import LogFormat
 from udfserve.services.model_server.core.cpu_parallel import ROW_ALIGNMENT
 from udfserve.services.model_server.event_loop import EventLoopChoice
 from udfserve.services.model_server.priority_classes import parse_priority_classes
@@ -279,6 +280,12 @@ class ServerConfig(BaseSettings):
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="log level of the server: DEBUG, INFO, WARNING or ERROR"
+    )
+    log_format: LogFormat = Field(
+        default="text",
+        description="how the server writes its log on stderr: text (lines for people) or json (one JSON "
+        "object a line: time, level, logger, message, and the request, model, Spark application and "
+        "trace ids where known)",
     )
     lifeline_fd: int | None = Field(
         default=None,

@@ -27,7 +27,7 @@ EXIT_LOCK_HELD = 3
 def run_node(args: argparse.Namespace) -> int:
     """Run the node supervisor until SIGTERM; the exit code (0 after a clean stop)."""
     config = settings_from_args(NodeConfig, args)
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     detection = detect_gpus()
     try:
         devices = plan_devices(config.devices, detection)

@@ -29,6 +29,7 @@ from udfserve.discovery import (
     default_runtime_dir,
 )
 from udfserve.runtime.model_config import validate_model_name
+from udfserve.services.log_format import LogFormat
 from udfserve.services.model_server.config import is_loopback
 from udfserve.services.node.devices import DeviceError, DeviceSlot, check_devices_syntax
 from udfserve.services.node.runtime_dir import PRIVATE_MODE, SHARED_MODE
@@ -157,6 +158,12 @@ class NodeConfig(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO",
         description="log level of the supervisor and of every server: DEBUG, INFO, WARNING or ERROR",
+    )
+    log_format: LogFormat = Field(
+        default="text",
+        description="how the supervisor and every server write their logs: text (lines for people) or "
+        "json (one JSON object a line: time, level, logger, message, and the request, model, Spark "
+        "application and trace ids where known)",
     )
     leases: bool = Field(
         default=False,

@@ -1,14 +1,14 @@
 """The ``udfserve serve`` flags the node sets for each server (``NodeConfig.server_flags``), and
 ``--server-args`` checked against them.
 
-The node sets some flags of every server itself: from its own settings of the same name and
-meaning (``--grace-period-s``, ``--log-level``, ``--model-control`` and the other model-lifecycle
-settings), or per server (its device, socket, ports, ready file). ``--server-args`` come after
-them on the server's command line, where the last value given wins: a flag given there again
-would run every server otherwise than the node believes (its SIGKILL deadline shorter than a
-server's own grace period, every server on one ``--device``, a ``--model-control`` the node's
-own setting does not say). So such ``--server-args`` are refused when the node starts, naming
-the node's flag to use instead.
+The node sets some flags of every server itself: from its own settings of the same name and meaning
+(``--grace-period-s``, ``--log-level``, ``--log-format``, ``--model-control`` and the other
+model-lifecycle settings), or per server (its device, socket, ports, ready file). ``--server-args``
+come after them on the server's command line, where the last value given wins: a flag given there
+again would run every server otherwise than the node believes (its SIGKILL deadline shorter than a
+server's own grace period, every server on one ``--device``, a ``--model-control`` the node's own
+setting does not say). So such ``--server-args`` are refused when the node starts, naming the
+node's flag to use instead.
 
 Before it starts anything, the node also reads each server's whole command line as ``udfserve
 serve`` will (``check_server_command``): a configuration the server refuses (TLS on a
@@ -29,6 +29,7 @@ from udfserve.services.settings_cli import add_settings_arguments, env_name, fla
 SHARED_SETTINGS = (
     "grace_period_s",
     "log_level",
+    "log_format",
     "model_control",
     "repository_poll_s",
     "repository_settle_s",

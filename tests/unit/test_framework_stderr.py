@@ -6,7 +6,10 @@ look at its devices.
 
 from __future__ import annotations
 
+import logging
+
 from udfserve.runtime.framework_stderr import ChatterFilter, min_log_level
+from udfserve.services.json_lines import JsonLines
 
 PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 ONEDNN = (
@@ -60,6 +63,15 @@ def test_log_level_one_keeps_errors_and_leaves_out_information() -> None:
 
 def test_a_line_of_this_process_after_a_dropped_message_is_kept() -> None:
     assert kept([CPU_FEATURES, OWN_LOG, CPU_FEATURES_CONTINUED]) == [OWN_LOG, CPU_FEATURES_CONTINUED]
+
+
+def test_a_json_line_of_this_process_after_a_dropped_message_is_kept() -> None:
+    record = logging.LogRecord(
+        "udfserve", logging.INFO, __file__, 1, "listening on %s", ("/tmp/a.sock",), None
+    )
+    own = JsonLines().format(record)
+
+    assert kept([CPU_FEATURES, own, CPU_FEATURES_CONTINUED]) == [own, CPU_FEATURES_CONTINUED]
 
 
 def test_lines_that_are_not_the_frameworks_pass_unchanged() -> None:

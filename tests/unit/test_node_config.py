@@ -152,6 +152,21 @@ def test_model_control_is_the_same_variable_for_the_node_and_its_servers(
     assert (server.model_control, server.version_drain_s) == ("explicit", 12.0)
 
 
+def test_the_nodes_log_format_is_every_servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UDFSERVE_LOG_FORMAT", "json")
+
+    node = parse(["--model-repository", str(tmp_path)])
+    monkeypatch.delenv("UDFSERVE_LOG_FORMAT")  # the server must get it from the node's flags
+    server = server_config_of(node, DeviceSlot("cpu"))
+
+    assert (node.log_format, server.log_format) == ("json", "json")
+
+
+def test_a_log_format_other_than_text_or_json_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=r"--log-format / UDFSERVE_LOG_FORMAT: .*'text' or 'json'"):
+        parse(["--model-repository", str(tmp_path), "--log-format", "logfmt"])
+
+
 @pytest.mark.parametrize("name", SHARED_SETTINGS)
 def test_a_setting_the_node_passes_on_has_the_servers_type_default_and_bounds(name: str) -> None:
     node_field, server_field = NodeConfig.model_fields[name], ServerConfig.model_fields[name]

@@ -37,8 +37,9 @@ thread, ``file.cc:line]``."""
 
 ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 
-OWN_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
-"""A line of this process's own log format: never the continuation of a framework message."""
+OWN_LOG_LINE = re.compile(r'^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|\{"time": ")')
+"""A line of this process's own log, in either format (text, or a JSON object whose first field
+is its time): never the continuation of a framework message."""
 
 _SEVERITY_LEVELS = {"I": 0, "W": 1, "E": 2, "F": 3}
 

@@ -31,9 +31,11 @@ from typing import Generic, TypeVar
 import grpc
 import numpy as np
 
+from udfserve.log_text import clip
 from udfserve.runtime.tensor_conversion import answer_bytes_at_least, check_answer_size
 from udfserve.runtime.tensor_spec import TensorSpec, zeros
 from udfserve.runtime.value_ranges import check_ranges
+from udfserve.services import log_context
 from udfserve.services.model_server.core.in_flight import InFlightRequests
 from udfserve.services.model_server.core.job_context import JobContext
 from udfserve.services.model_server.core.model_table import ModelTable, ServedModel
@@ -188,19 +190,33 @@ class InferenceRequest(Generic[M, A]):
         model_metrics.in_flight.dec()
         if outputs.cancelled():
             raise asyncio.CancelledError
+        bound = log_context.bind(self)
         try:
-            answer = self.front_end.answer(self, outputs.result())
-        except Exception as exc:
-            return self.refuse(exc)
-        self._observe("OK", self.rows)
+            try:
+                answer = self.front_end.answer(self, outputs.result())
+            except Exception as exc:
+                return self.refuse(exc)
+            self._observe("OK", self.rows)
+        finally:
+            log_context.unbind(bound)
         return answer
 
     def refuse(self, exc: Exception) -> A:
         """The answer refusing the request for ``exc``, in the front end's words, observed with
         its status. Never raises."""
-        code, answer = self.front_end.refusal(self, exc)
-        self._observe(code.name, 0)
+        bound = log_context.bind(self)
+        try:
+            code, answer = self.front_end.refusal(self, exc)
+            self._observe(code.name, 0)
+        finally:
+            log_context.unbind(bound)
         return answer
+
+    def log_ids(self) -> dict[str, str]:
+        """The ids a log line about this request carries (``log_context``): computed only when
+        a line is written while the request is answered or refused; client text clipped."""
+        job = self.job
+        return {"request_id": clip(self.request_id), "model": clip(self.model_name), "app_id": job.app_id}
 
     def check_answer_size(self, size_bytes: int) -> None:
         """Refuse (``InvalidInput``) an answer of ``size_bytes`` over the message limit."""

@@ -25,6 +25,7 @@ from udfserve.runtime.errors import ModelLoadError, raise_if_stopping
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.repository import load_model
 from udfserve.runtime.tensor_spec import TensorSpec
+from udfserve.services import log_context
 from udfserve.services.model_server.config import ServerConfig
 from udfserve.services.model_server.core.batching import DynamicBatcher
 from udfserve.services.model_server.core.cpu_parallel import CallsInFlight, CoreParallelPredict
@@ -105,6 +106,10 @@ class VersionLoader:
         raises for a model that cannot load, whatever it raises (a panic of a framework's native
         code included, which is no ``Exception``): a load that raised past here would leave its
         model loading for good and stop the loads after it."""
+        with log_context.about(model=source.name):  # its lines, those of its threads included
+            return await self._load(source, metrics)
+
+    async def _load(self, source: ModelSource, metrics: ModelMetrics) -> ServedModel:
         served = ServedModel(name=source.name, source=source, metrics=metrics)
         started = time.perf_counter()
         try:
