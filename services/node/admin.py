@@ -1,12 +1,15 @@
-"""The supervisor's own small HTTP surface: ``/metrics``, ``/health/live``, ``/health/ready``.
+"""The supervisor's own small HTTP surface: ``/metrics`` (gzip-compressed for a scraper that
+accepts it), ``/health/live``, ``/health/ready``.
 
 A standard-library HTTP server on a thread: the supervisor imports neither TensorFlow nor a
 web framework, so it starts in a fraction of a second and stays small. It exports only what
-the supervisor knows (restarts, which servers are ready); each server exports its own figures.
+the supervisor knows (restarts, which servers are ready, when it last wrote the discovery file);
+each server exports its own figures.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import threading
@@ -14,6 +17,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import gzip_accepted
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +25,7 @@ logger = logging.getLogger(__name__)
 class SupervisorMetrics:
     """Metrics of the supervisor process, in a registry of their own."""
 
-    def __init__(self, devices: list[str]) -> None:
+    def __init__(self, devices: list[str], discovery_stale_after_s: float | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.restarts = Counter(
             "udfserve_server_restarts",
@@ -35,6 +39,21 @@ class SupervisorMetrics:
             ["device"],
             registry=self.registry,
         )
+        self.discovery_written = Gauge(
+            "udfserve_discovery_last_write_timestamp_seconds",
+            "Unix time the supervisor last wrote the discovery file (its updated_at): it is rewritten "
+            "every --discovery-heartbeat-s, so an age past udfserve_discovery_stale_after_seconds means "
+            "its event loop is stuck, and the Spark clients take the file for absent.",
+            registry=self.registry,
+        )
+        self.discovery_stale_after = Gauge(
+            "udfserve_discovery_stale_after_seconds",
+            "Age past which the Spark clients take the discovery file for absent "
+            "(--discovery-stale-after-s).",
+            registry=self.registry,
+        )
+        if discovery_stale_after_s is not None:
+            self.discovery_stale_after.set(discovery_stale_after_s)
         for device in devices:
             # Present from the start, so a rate() over restarts has a zero to begin from.
             self.restarts.labels(device=device)
@@ -84,7 +103,10 @@ def _handler_class(registry: CollectorRegistry, health: Health) -> type[BaseHTTP
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/metrics":
-                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                body, headers = generate_latest(registry), {"Vary": "Accept-Encoding"}
+                if gzip_accepted(self.headers.get("Accept-Encoding", "")):
+                    body, headers["Content-Encoding"] = gzip.compress(body, mtime=0), "gzip"
+                self._reply(200, body, CONTENT_TYPE_LATEST, headers)
             elif self.path == "/health/live":
                 self._reply_json(200, {"status": "alive"})
             elif self.path == "/health/ready":
@@ -96,9 +118,13 @@ def _handler_class(registry: CollectorRegistry, health: Health) -> type[BaseHTTP
         def _reply_json(self, status: int, body: dict[str, object]) -> None:
             self._reply(status, json.dumps(body).encode(), "application/json")
 
-        def _reply(self, status: int, body: bytes, content_type: str) -> None:
+        def _reply(
+            self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
+        ) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

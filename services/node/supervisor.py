@@ -124,7 +124,9 @@ class Supervisor:
         self.config = config
         self.detection = detection
         self.slots = [ServerSlot(device, i, config) for i, device in enumerate(devices)]
-        self.metrics = SupervisorMetrics([s.device.device for s in self.slots])
+        self.metrics = SupervisorMetrics(
+            [s.device.device for s in self.slots], config.discovery_stale_after_s
+        )
         self.lock = NodeLock(config.lock_path)
         self._stopping = asyncio.Event()
         self._closed = False
@@ -395,18 +397,17 @@ class Supervisor:
         """Rewrite the discovery file, stamped with the time now; the entries written."""
         config = self.config
         entries = [slot.entry() for slot in self.slots]
-        write_discovery(
-            config.discovery_path,
-            NodeDiscovery(
-                node=config.node,
-                supervisor_pid=os.getpid(),
-                model_repository=str(config.model_repository),
-                metrics_targets_file=str(config.targets_path),
-                heartbeat_s=config.discovery_heartbeat_s,
-                stale_after_s=config.discovery_stale_after_s,
-                servers=entries,
-            ),
+        discovery = NodeDiscovery(
+            node=config.node,
+            supervisor_pid=os.getpid(),
+            model_repository=str(config.model_repository),
+            metrics_targets_file=str(config.targets_path),
+            heartbeat_s=config.discovery_heartbeat_s,
+            stale_after_s=config.discovery_stale_after_s,
+            servers=entries,
         )
+        write_discovery(config.discovery_path, discovery)
+        self.metrics.discovery_written.set(discovery.updated_at)
         return entries
 
 

@@ -160,5 +160,5 @@ def test_gpu_panels_use_declared_gpu_gauges() -> None:
     gpu = {
         n for _, e, _ in dashboard_queries() for n in promql_metric_names(e) if n.startswith("udfserve_gpu_")
     }
-    assert {"udfserve_gpu_utilization_percent", "udfserve_gpu_memory_used_bytes"} <= gpu
+    assert {"udfserve_gpu_utilization_ratio", "udfserve_gpu_memory_used_bytes"} <= gpu
     assert gpu <= set(declared_gpu_series())

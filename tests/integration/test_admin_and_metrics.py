@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
+import urllib.request
+from email.message import Message
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from server_harness import batch_of, http_json, metric_value, request, scrape, stream_predict
 
 from udfserve.protocol import inference_pb2 as pb
@@ -72,6 +76,36 @@ def test_a_refused_request_counts_for_the_model_it_names_and_only_other_names_as
 
     assert moved("tabular_mlp") == 1
     assert moved("<unknown>") == 1
+
+
+def get_metrics(http_address: str, accept_encoding: str | None) -> tuple[Message, bytes]:
+    """The answer's headers (names in any case) and body."""
+    headers = {"Accept-Encoding": accept_encoding} if accept_encoding else {}
+    request = urllib.request.Request(f"http://{http_address}/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.headers, response.read()
+
+
+def test_a_scraper_that_accepts_gzip_gets_the_page_compressed(server: ServerProcess) -> None:
+    headers, body = get_metrics(server.http_address or "", "gzip, identity;q=0.5")  # as Prometheus asks
+
+    assert headers["Content-Encoding"] == "gzip" and headers["Vary"] == "Accept-Encoding"
+    families = {family.name for family in text_string_to_metric_families(gzip.decompress(body).decode())}
+    assert {"udfserve_requests", "udfserve_queue_wait_seconds", "udfserve_server_info"} <= families
+
+
+def test_the_compressed_page_is_a_fraction_of_the_plain_one(server: ServerProcess) -> None:
+    _, compressed = get_metrics(server.http_address or "", "gzip")
+    _, plain = get_metrics(server.http_address or "", None)
+
+    assert len(compressed) * 4 < len(plain), (len(compressed), len(plain))
+
+
+def test_a_scraper_that_does_not_accept_gzip_gets_plain_text(server: ServerProcess) -> None:
+    headers, body = get_metrics(server.http_address or "", None)
+
+    assert "Content-Encoding" not in headers
+    assert "udfserve_server_info" in {family.name for family in text_string_to_metric_families(body.decode())}
 
 
 def test_liveness_answers_with_the_device(server: ServerProcess) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
 import socket
 import subprocess
+import urllib.request
 from pathlib import Path
 
 from node_harness import (
@@ -82,9 +84,33 @@ def test_every_server_is_scraped_through_the_prometheus_targets_file(two_device_
         assert sample(text, "udfserve_gpu_devices") == 0
         # no NVML here: the per-device GPU gauges are absent, not zero
         assert not samples(text, "udfserve_gpu_memory_used_bytes")
-        assert not samples(text, "udfserve_gpu_utilization_percent")
+        assert not samples(text, "udfserve_gpu_utilization_ratio")
     [supervisor] = [t for t in targets if t["labels"]["role"] == "supervisor"]
     assert "udfserve_server_restarts_total" in scrape(supervisor["targets"][0])
+
+
+def test_the_supervisor_compresses_its_metrics_for_a_scraper_that_accepts_gzip(
+    two_device_node: NodeProcess,
+) -> None:
+    request = urllib.request.Request(
+        f"http://{two_device_node.supervisor_http_address()}/metrics", headers={"Accept-Encoding": "gzip"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        encoding, body = response.headers["Content-Encoding"], response.read()
+
+    assert encoding == "gzip"
+    assert sample(gzip.decompress(body).decode(), "udfserve_server_ready", device="sim:0") is not None
+
+
+def test_the_supervisor_exports_when_it_last_wrote_the_discovery_file(two_device_node: NodeProcess) -> None:
+    metrics = scrape(two_device_node.supervisor_http_address())
+    discovery = two_device_node.wait_all_ready(2)  # read after the scrape: written as late or later
+
+    written = sample(metrics, "udfserve_discovery_last_write_timestamp_seconds")
+    assert written is not None and written <= discovery.updated_at
+    assert discovery.stale_after_s is not None
+    assert discovery.updated_at - written <= discovery.stale_after_s
+    assert sample(metrics, "udfserve_discovery_stale_after_seconds") == discovery.stale_after_s
 
 
 def test_a_second_supervisor_on_the_same_runtime_dir_refuses_to_start(

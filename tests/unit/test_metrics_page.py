@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import itertools
 
 from udfserve.services.model_server.frontends.metrics_page import MetricsPage
@@ -42,3 +43,32 @@ def test_a_scraper_that_hangs_up_does_not_cancel_the_render_others_wait_for() ->
         return await staying
 
     assert asyncio.run(scenario()) == b"1"
+
+
+def test_a_scrape_asking_for_gzip_gets_the_render_it_shares_compressed() -> None:
+    page, _ = counting_render()
+
+    async def scenario() -> list[bytes]:
+        return await asyncio.gather(page.page(), page.page(gzipped=True))
+
+    plain, compressed = asyncio.run(scenario())
+    assert plain == b"1" and gzip.decompress(compressed) == b"1"
+
+
+def test_scrapes_sharing_a_render_share_one_compression_of_it() -> None:
+    page, _ = counting_render()
+
+    async def scenario() -> list[bytes]:
+        return await asyncio.gather(*(page.page(gzipped=True) for _ in range(3)))
+
+    first, second, third = asyncio.run(scenario())
+    assert first is second is third
+
+
+def test_a_later_render_is_compressed_anew() -> None:
+    page, _ = counting_render()
+
+    async def scenario() -> list[bytes]:
+        return [await page.page(gzipped=True), await page.page(gzipped=True)]
+
+    assert [gzip.decompress(body) for body in asyncio.run(scenario())] == [b"1", b"2"]

@@ -43,4 +43,4 @@ def test_without_nvml_only_the_device_count_is_exported(device: str, uuid: str |
     samples = [line for line in text.splitlines() if not line.startswith("#")]
     assert samples == ["udfserve_gpu_devices 0.0"]
     assert "udfserve_gpu_memory_used_bytes" not in text
-    assert "udfserve_gpu_utilization_percent" not in text
+    assert "udfserve_gpu_utilization_ratio" not in text

@@ -21,6 +21,7 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, HTTPException, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import gzip_accepted
 from pydantic import BaseModel
 from starlette.requests import Request
 
@@ -33,6 +34,10 @@ from udfserve.services.model_server.frontends.admin_server import ServingLoop, S
 from udfserve.services.model_server.frontends.metrics_page import MetricsPage
 from udfserve.services.model_server.observability.metrics import ServerMetrics
 from udfserve.services.model_server.security import http_token_dependency
+
+VARY = {"Vary": "Accept-Encoding"}
+"""A cache between scraper and server keeps the plain and the compressed page apart."""
+GZIPPED = {"Content-Encoding": "gzip", **VARY}
 
 
 class Liveness(BaseModel):
@@ -183,9 +188,14 @@ def admin_routes(
         )
 
     @app.get("/metrics", response_class=Response, dependencies=guarded)
-    async def prometheus_metrics() -> Response:
-        """Prometheus text, rendered after the scrape arrived; scrapes close together share a render."""
-        return Response(content=await page.page(), media_type=CONTENT_TYPE_LATEST)
+    async def prometheus_metrics(request: Request) -> Response:
+        """Prometheus text, rendered after the scrape arrived; scrapes close together share a render.
+        Compressed with gzip for a scraper that accepts it (``Accept-Encoding``)."""
+        if gzip_accepted(request.headers.get("accept-encoding", "")):
+            return Response(
+                content=await page.page(gzipped=True), media_type=CONTENT_TYPE_LATEST, headers=GZIPPED
+            )
+        return Response(content=await page.page(), media_type=CONTENT_TYPE_LATEST, headers=VARY)
 
     return app
 

@@ -14,16 +14,25 @@ A scrape is never answered with a page rendered before it arrived: a test or an 
 reads a counter, sends requests and reads it again sees every request, which a page cached for
 a fixed time would not guarantee. What pacing costs is latency: a scrape waits at most one pace
 interval (``min_interval_s``, or 50 times the last render: a few ms for a small page).
+
+A scraper that accepts gzip (Prometheus sends ``Accept-Encoding: gzip``) gets the page compressed,
+about a tenth of its size. A render is compressed at most once, when a scrape first asks for it
+compressed, and the compression's CPU time counts in the pace as the render's does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import time
 from collections.abc import Callable
 
 RENDER_SHARE = 0.02
 """Most of a core's time that rendering ``/metrics`` may take, whatever the scrape rate."""
+
+GZIP_LEVEL = 6
+"""zlib's default: within a few percent of the smallest output of a metrics page, at a third of
+the time of level 9."""
 
 
 class MetricsPage:
@@ -36,13 +45,25 @@ class MetricsPage:
         self._min_interval_s = min_interval_s
         self._due = 0.0
         self._next: asyncio.Future[bytes] | None = None
+        self._compressed: tuple[bytes, bytes] | None = None
+        """The last render compressed: (the render, its gzip)."""
 
-    async def page(self) -> bytes:
-        """A page rendered after this call began."""
+    async def page(self, gzipped: bool = False) -> bytes:
+        """A page rendered after this call began; gzip-compressed when ``gzipped``."""
         if self._next is None:
             self._next = asyncio.ensure_future(self._render_when_due())
         # shielded: a scraper that hangs up does not cancel the render the others wait for
-        return await asyncio.shield(self._next)
+        body = await asyncio.shield(self._next)
+        return self._gzip(body) if gzipped else body
+
+    def _gzip(self, body: bytes) -> bytes:
+        """``body`` compressed, once per render; its CPU time delays the next render as a render's."""
+        if self._compressed is None or self._compressed[0] is not body:
+            cpu_started = time.thread_time()
+            self._compressed = (body, gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0))
+            took = time.thread_time() - cpu_started
+            self._due += took * (1.0 / RENDER_SHARE - 1.0)
+        return self._compressed[1]
 
     async def _render_when_due(self) -> bytes:
         delay = self._due - time.monotonic()

@@ -163,8 +163,8 @@ class GpuCollector(Collector):
         return _PinnedDevice(handle=handle, index=index, uuid=uuid)
 
 
-def _utilization_percent(nvml: Any, handle: Any) -> float:
-    return float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+def _utilization_ratio(nvml: Any, handle: Any) -> float:
+    return nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0  # NVML reports a percentage
 
 
 def _memory_used_bytes(nvml: Any, handle: Any) -> float:
@@ -185,9 +185,9 @@ def _temperature_celsius(nvml: Any, handle: Any) -> float:
 
 _READINGS: tuple[tuple[str, str, Callable[[Any, Any], float]], ...] = (
     (
-        "udfserve_gpu_utilization_percent",
-        "Percent of the last sample period during which a kernel ran on the device.",
-        _utilization_percent,
+        "udfserve_gpu_utilization_ratio",
+        "Share of the last sample period (0 to 1) during which a kernel ran on the device.",
+        _utilization_ratio,
     ),
     ("udfserve_gpu_memory_used_bytes", "Device memory allocated, all processes.", _memory_used_bytes),
     ("udfserve_gpu_memory_total_bytes", "Device memory installed.", _memory_total_bytes),
