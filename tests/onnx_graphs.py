@@ -130,6 +130,56 @@ def allocating_graph() -> ModelProto:
     return model_of(graph)
 
 
+def looping_graph() -> ModelProto:
+    """``steps`` int64 (batch, 1) in, ``y`` = steps + max(steps) as float32 out, counted by a ``Loop``
+    of max(steps) iterations: a large ``steps`` is a call that runs for as long as its input says
+    (10**12 iterations: hours)."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["going_in"], ["going_out"]),
+            helper.make_node("Add", ["count_in", "one"], ["count_out"]),
+        ],
+        "step",
+        [
+            helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
+            helper.make_tensor_value_info("going_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("count_in", TensorProto.FLOAT, ["batch", 1]),
+        ],
+        [
+            helper.make_tensor_value_info("going_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("count_out", TensorProto.FLOAT, ["batch", 1]),
+        ],
+        initializer=[numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one")],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMax", ["steps"], ["trips"], keepdims=0),
+            helper.make_node("Cast", ["steps"], ["start"], to=TensorProto.FLOAT),
+            helper.make_node("Loop", ["trips", "going", "start"], ["y"], body=body),
+        ],
+        "looping",
+        [helper.make_tensor_value_info("steps", TensorProto.INT64, ["batch", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+        initializer=[numpy_helper.from_array(np.array(True), "going")],
+    )
+    return model_of(graph)
+
+
+def weighty_graph(table_rows: int, seed: int = 0) -> ModelProto:
+    """``index`` int64 (batch,) in, ``row`` float32 (batch, 4) out: rows of a random table of
+    ``table_rows`` x 4 floats held in the graph (16 bytes a row), which no optimisation can fold
+    away: a model whose weights are as large as asked."""
+    table = np.random.default_rng(seed).standard_normal((table_rows, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "index"], ["row"])],
+        "weighty",
+        [helper.make_tensor_value_info("index", TensorProto.INT64, ["batch"])],
+        [helper.make_tensor_value_info("row", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[numpy_helper.from_array(table, "table")],
+    )
+    return model_of(graph)
+
+
 def write_model(root: Path, name: str, model: ModelProto | bytes, *, config: str | None = None) -> Path:
     """``root/name/1/model.onnx`` (and ``root/name/config.yaml`` when given); returns the file."""
     version_dir = root / name / "1"

@@ -2,7 +2,8 @@
 
 ``RunningServer.start`` binds every listener and returns the bound addresses (tests bind TCP
 port 0 or a socket in a temporary folder); ``serve`` runs a started server until SIGTERM or SIGINT,
-then stops accepting, answers every accepted request within the grace period and returns 0.
+then stops accepting, answers every accepted request within the grace period and returns 0;
+whatever still runs then, the process ends within ``--exit-timeout-s`` more (``exit_deadline``).
 It drains the same way, and returns 0, when the process that started it dies (``--lifeline-fd``,
 ``lifeline.py``), and returns ``EXIT_UNRECOVERABLE`` after draining when a fault leaves it unable
 to serve (a model's batcher broke for good): health turns NOT_SERVING at once, and a supervisor
@@ -30,6 +31,7 @@ import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
+from udfserve.runtime.call_bound import WATCH
 from udfserve.services.model_server.config import ServerConfig, is_loopback
 from udfserve.services.model_server.core.in_flight import InFlightRequests
 from udfserve.services.model_server.core.memory_trim import MemoryTrimmer
@@ -38,6 +40,7 @@ from udfserve.services.model_server.core.model_table import ModelTable
 from udfserve.services.model_server.core.request_lifecycle import RequestLifecycle
 from udfserve.services.model_server.core.shares import ApplicationShares
 from udfserve.services.model_server.event_loop import running_loop_kind
+from udfserve.services.model_server.exit_deadline import EXIT_FORCED, ExitDeadline
 from udfserve.services.model_server.frontends.admin_server import AdminThread, ServingLoop
 from udfserve.services.model_server.frontends.arrow.grpc_api import InferenceServicer
 from udfserve.services.model_server.frontends.http_api import AdminLimits, create_admin_app
@@ -355,6 +358,9 @@ class RunningServer:
             await self.kserve_native.stop(max(0.0, deadline - time.monotonic()))
         await self.grpc_server.stop(grace=max(0.0, deadline - time.monotonic()))
         await self.models.stop(max(0.0, deadline - time.monotonic()))
+        stopped = WATCH.stop_all()  # answered already: what still runs would only hold the exit
+        if stopped:
+            logger.warning("stopped %d model call(s) still running after the grace period", stopped)
         for task in (self._load_task, self._poll_task, self._lease_task):
             if task is not None and not task.done():
                 task.cancel()
@@ -388,10 +394,15 @@ async def serve(config: ServerConfig) -> int:
     prometheus_client.disable_created_metrics()
     server = RunningServer(config)
     stop = asyncio.Event()
+    deadline = ExitDeadline()
+
+    def stopping(code: int = EXIT_FORCED) -> None:
+        stop.set()
+        deadline.arm(config.grace_period_s + config.exit_timeout_s, code)
 
     def on_signal(signum: int) -> None:
         logger.info("received %s", signal.Signals(signum).name)
-        stop.set()
+        stopping()
 
     def on_fault(reason: str) -> None:
         logger.error(
@@ -399,11 +410,11 @@ async def serve(config: ServerConfig) -> int:
             reason,
             EXIT_UNRECOVERABLE,
         )
-        stop.set()
+        stopping(EXIT_UNRECOVERABLE)
 
     def on_parent_gone() -> None:
         logger.warning("the process that started this server is gone (--lifeline-fd closed); draining")
-        stop.set()
+        stopping()
 
     server.models.on_fault = on_fault
     with stop_on_signals(on_signal):

@@ -186,6 +186,23 @@ class ServerConfig(BaseSettings):
     grace_period_s: float = Field(
         default=10.0, ge=0.0, description="time to finish in-flight work on SIGTERM"
     )
+    exit_timeout_s: float = Field(
+        default=5.0,
+        ge=0.0,
+        le=600.0,
+        description="after SIGTERM the process exits within --grace-period-s plus this, whatever its "
+        "threads are doing (a model call that cannot be stopped included), as Triton's "
+        "--exit-timeout-secs",
+    )
+    model_call_timeout_s: float = Field(
+        default=120.0,
+        ge=0.0,
+        le=86400.0,
+        description="bound on one backend call: a call past it is stopped where the backend can stop one "
+        "(ONNX Runtime) and its batch fails DEADLINE_EXCEEDED; one that cannot be stopped (TensorFlow, "
+        "PyTorch) fails what the model holds UNAVAILABLE and the server exits for a fresh process; "
+        "0: no bound",
+    )
     inference_threads: int = Field(default=1, ge=1, le=64, description="concurrent backend calls per model")
     cpu_parallel_min_rows: int = Field(
         default=0,

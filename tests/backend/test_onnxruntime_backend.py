@@ -213,6 +213,7 @@ def test_warm_up_calls_the_graph_at_load_and_can_be_turned_off(tmp_path: Path) -
     cold = load(tmp_path, "cold")
 
     assert "warm-up call of 1 row(s) of zeros failed" in message and "model.onnx" in message
+    assert "`warmup: false` in its config.yaml loads it without the warm-up" in message
     np.testing.assert_array_equal(cold.predict({"x": np.array([5, 6], dtype=np.int64)})["y"], [10, 20])
 
 

@@ -19,6 +19,7 @@ import grpc
 import numpy as np
 import pytest
 from idle_stream import IdleStream
+from process_memory import MIB, PeakMemory
 from server_harness import batch_of, metric_value, module_server, request, scrape, stream_predict
 from tritonclient.grpc import service_pb2 as kpb
 from tritonclient.grpc import service_pb2_grpc as kpb_grpc
@@ -28,7 +29,6 @@ from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 logger = logging.getLogger(__name__)
 
-MIB = 1 << 20
 RSS_GROWTH_BOUND_BYTES = 64 * MIB
 ATTACK_TIMEOUT_S = 300.0
 """Safety limit of one attack; each ends at its event (the stream paused, or every request sent)."""
@@ -40,25 +40,6 @@ MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 SERVER_LIVE = "/inference.GRPCInferenceService/ServerLive"
 
 server = module_server("bounded", ["--models", "tabular_mlp"], port=None, http_port=0)
-
-
-class PeakMemory:
-    """The growth of a process's peak resident memory over a block: the peak is reset at start
-    (``/proc/<pid>/clear_refs``), so the peak read at the end is the block's own."""
-
-    def __init__(self, pid: int) -> None:
-        self._pid = pid
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-        self.start_bytes = self._status_bytes("VmRSS")
-
-    def growth_bytes(self) -> int:
-        return self._status_bytes("VmHWM") - self.start_bytes
-
-    def _status_bytes(self, field: str) -> int:
-        for line in Path(f"/proc/{self._pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-        raise AssertionError(f"/proc/{self._pid}/status has no {field}")
 
 
 class Requests:

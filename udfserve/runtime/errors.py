@@ -74,6 +74,14 @@ class ModelAborted(BackendFault):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class ModelCallTimeout(BackendFault):
+    """The model's call ran past the server's bound on one call (``model_call_timeout_s``) and was
+    stopped (``call_bound``). DEADLINE_EXCEEDED: the model is not broken and the same input may
+    finish on a server with a longer bound; the message names the model, the rows and the bound."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 class ModelLoadError(Exception):
     """A model could not be loaded; the message names the model and the file."""
 

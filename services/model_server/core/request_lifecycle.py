@@ -41,6 +41,7 @@ from udfserve.services.model_server.core.job_context import JobContext
 from udfserve.services.model_server.core.model_table import ModelTable, ServedModel
 from udfserve.services.model_server.core.pending import Pending
 from udfserve.services.model_server.core.shares import ApplicationShares
+from udfserve.services.model_server.errors import ModelUnavailable
 from udfserve.services.model_server.observability.metrics import ModelMetrics, ServerMetrics
 
 M = TypeVar("M")
@@ -170,9 +171,14 @@ class InferenceRequest(Generic[M, A]):
                 answer = self.front_end.answer(self, {spec.name: zeros(spec, 0) for spec in self.outputs})
                 self._observe("OK", 0)
                 return answer
-            assert served.batcher is not None and served.model is not None
-            check_ranges(served.name, served.model.inputs, inputs)  # before merging: see value_ranges
-            future = served.batcher.enqueue(inputs, self._lifecycle.shares.share_of(self.job))
+            batcher, model = served.batcher, served.model
+            if batcher is None or model is None:  # released while this request was read
+                raise ModelUnavailable(
+                    f"model '{served.name}' version {served.version} was unloaded before this request "
+                    "was queued; retry on a version that serves"
+                )
+            check_ranges(served.name, model.inputs, inputs)  # before merging: see value_ranges
+            future = batcher.enqueue(inputs, self._lifecycle.shares.share_of(self.job))
         except Exception as exc:
             return self.refuse(exc)
         model_metrics = self.model_metrics

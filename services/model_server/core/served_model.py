@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -74,6 +75,13 @@ class ServedModel:
     @property
     def version(self) -> int:
         return self.source.version if self.source is not None else 0
+
+
+def _queued_rows(served: weakref.ref[ServedModel]) -> int:
+    """Rows queued for a version, read through a weak reference: its predict must not keep it."""
+    version = served()
+    batcher = version.batcher if version is not None else None
+    return batcher.queued_rows if batcher is not None else 0
 
 
 def cpu_parts(config: ServerConfig) -> int:
@@ -155,7 +163,7 @@ class VersionLoader:
                 min_rows_per_part=self._config.cpu_parallel_min_rows,
                 executor=self._parts_executor,
                 calls=self._calls_in_flight,
-                queued_rows=lambda: served.batcher.queued_rows if served.batcher is not None else 0,
+                queued_rows=functools.partial(_queued_rows, weakref.ref(served)),
             )
         batcher = DynamicBatcher(
             source.name,
@@ -168,6 +176,7 @@ class VersionLoader:
             max_concurrent_batches=self._config.inference_threads,
             max_flows=self._config.max_tracked_apps,
             on_broken=functools.partial(self._on_broken, source.name),
+            call_bound_s=self._config.model_call_timeout_s,
         )
         batcher.start()
         served.batcher = batcher
@@ -175,11 +184,17 @@ class VersionLoader:
     async def release(self, served: ServedModel, drain_s: float) -> None:
         """Answer what the version queued and runs (within ``drain_s``), then let it go. The
         caller stopped routing requests to it first, so nothing new reaches its batcher."""
-        if served.batcher is not None:
-            await served.batcher.stop(drain_s)
-        if served.executor is not None:
-            served.executor.shutdown(wait=False, cancel_futures=True)
-        served.model = None  # the backend's memory goes with the last reference
+        batcher, executor = served.batcher, served.executor
+        if batcher is not None:
+            await batcher.stop(drain_s)
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        # The backend's memory goes with the last reference to the model, now: the batcher's
+        # parts refer to each other (and its predict to the model), so a batcher left reachable,
+        # or left to the garbage collector, kept a released version's memory for good.
+        served.batcher = served.executor = served.model = None
+        if batcher is not None:
+            batcher.release_model()
         if served.state != "failed":
             served.state = "unloaded"
 

@@ -5,7 +5,7 @@ dimension must be a free batch dimension; config.yaml is optional and, when it d
 outputs, they must agree with the graph's. The session is opened once at load with the options
 of ``onnxruntime_session`` (threads that leave a core to the event loop, no spinning, graph
 optimisation ALL; the CUDA provider on a GPU-pinned process) and warmed up with a one-row call
-and a ``max_batch_size`` call, so the first request pays no allocation of the arena.
+and a ``max_batch_size`` call (``warmup``), so the first request pays no allocation of the arena.
 
 An ONNX graph is data: it runs ONNX Runtime's own operators and cannot run Python, and no
 custom-op library is ever registered. A file that does not parse, a graph with an operator the
@@ -18,10 +18,15 @@ call copies neither way (running through ``OrtValue``s or I/O binding copies not
 and costs more Python per call: docs/backends.md). Strings are the exception: the server carries
 them as UTF-8 ``bytes``, ONNX Runtime's Python API as ``str``, so they are decoded in and encoded
 out. A declared numeric dtype other than the graph's is cast at the call.
+
+Every call runs with its own ``RunOptions``: the server's bound on one call stops it through them
+(``terminate``, ``udfserve.runtime.call_bound``), and ONNX Runtime gives its CPU arena back after
+each call (``onnxruntime_session.run_options``), so one large call does not keep its memory.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,10 +41,13 @@ from udfserve.runtime.backends.onnxruntime_session import (
     check_device,
     providers,
     read_settings,
+    run_options,
     session_options,
 )
 from udfserve.runtime.backends.onnxruntime_specs import graph_specs
 from udfserve.runtime.backends.spec_agreement import SpecMismatch, agreed_specs
+from udfserve.runtime.backends.warmup import warm_up
+from udfserve.runtime.call_bound import on_overrun
 from udfserve.runtime.errors import InvalidInput, ModelLoadError
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.tensor_spec import STRING_DTYPE, TensorSpec, zeros
@@ -82,6 +90,7 @@ class OnnxRuntimeModel:
         inputs: tuple[TensorSpec, ...],
         outputs: tuple[TensorSpec, ...],
         graph_dtypes: Mapping[str, str],
+        settings: OnnxRuntimeSettings,
     ) -> None:
         self.name = name
         self.version = version
@@ -92,6 +101,7 @@ class OnnxRuntimeModel:
         self._session = session
         self._graph_dtypes = dict(graph_dtypes)
         self._output_names = [spec.name for spec in outputs]
+        self._settings = settings
 
     def predict(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = [spec.name for spec in self.inputs if spec.name not in inputs]
@@ -101,8 +111,10 @@ class OnnxRuntimeModel:
                 f"received {sorted(inputs)}"
             )
         feeds = {spec.name: self._feed(spec, inputs[spec.name]) for spec in self.inputs}
+        options = run_options(self._settings)
+        on_overrun(functools.partial(_terminate, options))  # the server's bound on one call
         try:
-            results = self._session.run(self._output_names, feeds)
+            results = self._session.run(self._output_names, feeds, options)
         except CALL_ERRORS as exc:
             rows = len(inputs[self.inputs[0].name]) if self.inputs else 0
             raise call_error(self.name, rows, exc) from exc
@@ -162,16 +174,22 @@ class OnnxRuntimeBackend:
             inputs=inputs,
             outputs=outputs,
             graph_dtypes={spec.name: spec.dtype for spec in (*graph_inputs, *graph_outputs)},
+            settings=settings,
         )
         if source.config.warmup:
-            for rows in sorted({1, source.config.max_batch_size}):
-                try:
-                    model.predict({spec.name: zeros(spec, rows) for spec in inputs})
-                except Exception as exc:
-                    raise ModelLoadError(
-                        f"{where} ({artifact}): the warm-up call of {rows} row(s) of zeros failed: {exc}"
-                    ) from exc
+            warm_up(
+                model,
+                lambda rows: {spec.name: zeros(spec, rows) for spec in inputs},
+                source.config.max_batch_size,
+                f"{where} ({artifact.name})",
+            )
         return model
+
+
+def _terminate(options: ort.RunOptions) -> None:
+    """Stop the call running with ``options``: ONNX Runtime checks the flag between kernels (and
+    a ``Loop``'s iterations) and fails the call."""
+    options.terminate = True
 
 
 def _find_artifact(version_dir: Path, where: str) -> Path:

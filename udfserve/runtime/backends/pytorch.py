@@ -18,6 +18,7 @@ errors become the runtime's (``pytorch_errors``).
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import operator
@@ -47,6 +48,7 @@ from udfserve.runtime.backends.pytorch_specs import (
     script_specs,
     torch_dtype,
 )
+from udfserve.runtime.backends.warmup import warm_up
 from udfserve.runtime.errors import BackendFault, InvalidInput, ModelLoadError, ServingError
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.tensor_spec import TensorSpec, numpy_dtype, zeros
@@ -161,8 +163,12 @@ class PyTorchBackend:
             else:
                 model = self._load_script(source, artifact)
             if source.config.warmup:
-                for rows in sorted({1, source.config.max_batch_size}):
-                    model.predict(_warmup_inputs(model.inputs, model.example_row_shapes, rows))
+                warm_up(
+                    model,
+                    functools.partial(_warmup_inputs, model.inputs, model.example_row_shapes),
+                    source.config.max_batch_size,
+                    f"{where} ({artifact.name})",
+                )
         except ArchiveRefused as exc:  # its message goes on from the file's name
             raise ModelLoadError(f"{where}: {artifact} {exc}") from exc
         except SpecMismatch as exc:

@@ -13,6 +13,7 @@ invalid-argument (values the graph refuses) is ``InvalidInput``, told without Te
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +30,7 @@ from udfserve.runtime.backends.keras_ranges import embedding_ranges, with_ranges
 from udfserve.runtime.backends.spec_agreement import SpecMismatch, agreed_specs
 from udfserve.runtime.backends.tensorflow_calls import graph_caller, to_numpy, to_tensor
 from udfserve.runtime.backends.tensorflow_errors import call_error
+from udfserve.runtime.backends.warmup import warm_up
 from udfserve.runtime.errors import InvalidInput, ModelLoadError
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.tensor_spec import SUPPORTED_DTYPES, TensorSpec, zeros
@@ -178,10 +180,16 @@ class TensorFlowBackend:
                 keepalive=signature.keepalive,
             )
             if source.config.warmup:
-                for rows in sorted({1, source.config.max_batch_size}):
-                    model.predict(_zeros(inputs, rows))
+                warm_up(
+                    model,
+                    functools.partial(_zeros, inputs),
+                    source.config.max_batch_size,
+                    f"{where} ({artifact.name})",
+                )
         except SpecMismatch as exc:
             raise ModelLoadError(f"{where} ({artifact}): {exc}") from exc
+        except ModelLoadError:
+            raise
         except Exception as exc:
             raise ModelLoadError(f"{where}: cannot load {artifact}: {type(exc).__name__}: {exc}") from exc
         return model

@@ -14,7 +14,9 @@ the refusals of a stopping or failed batcher, and the drain that ``stop`` waits 
   started for a call, no memory for a merged batch), the batcher is broken for good: every
   queued and running request is answered ``ModelUnavailable`` at once, so is every later one,
   and ``on_broken`` is told why, once; the server then stops serving and exits, for its
-  supervisor to start a fresh process (``app.serve``).
+  supervisor to start a fresh process (``app.serve``). A model call that ran past its bound
+  (``call_bound_s``) and that its backend could not stop breaks the batcher the same way: its
+  thread is lost to the model until the process ends (``udfserve.runtime.call_bound``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class DynamicBatcher:
         max_flows: int = 64,
         on_broken: Callable[[str], None] | None = None,
     ) -> None:
+        call_bound_s: float = 0.0,
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, received {max_batch_size}")
         if max_concurrent_batches < 1:
@@ -75,7 +78,15 @@ class DynamicBatcher:
         )
         self._running: set[Batch] = set()
         self._runner = BatchRunner(
-            model_name, predict, executor, self._limit, self._reports, self._running, self._on_batch_finished
+            model_name,
+            predict,
+            executor,
+            self._limit,
+            self._reports,
+            self._running,
+            self._on_batch_finished,
+            call_bound_s=call_bound_s,
+            on_stuck=self._break,
         )
         self._dispatcher = Dispatcher(
             config,
@@ -214,7 +225,7 @@ class DynamicBatcher:
 
         The running batches are forgotten too (a call that finishes later finds its batch
         answered), so a drain waits for nothing the batcher holds."""
-        if self._broken:
+        if self._broken or self._closed:
             return
         self._broken = reason
         self._dispatcher.cancel_timer()
@@ -235,6 +246,11 @@ class DynamicBatcher:
         drained = self._drained
         if drained is not None and not drained.done() and not self._queue and not self._running:
             drained.set_result(None)
+    def release_model(self) -> None:
+        """After ``stop``: let go of the model's predict, so that nothing this batcher's parts
+        still hold (they refer to each other) keeps the model's memory."""
+        self._runner.release_model()
+
 
     def _fail(self, chunks: list[Chunk], error: ServingError) -> None:
         for chunk in chunks:

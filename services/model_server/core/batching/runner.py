@@ -19,12 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from udfserve.runtime.errors import BackendFault, model_failure, raise_if_stopping
+from udfserve.runtime.call_bound import WATCH
+from udfserve.runtime.errors import BackendFault, ModelCallTimeout, model_failure, raise_if_stopping
 from udfserve.services.model_server.core.batching.answers import check_outputs, resolve, set_exception
 from udfserve.services.model_server.core.batching.observers import Reports
 from udfserve.services.model_server.core.batching.queue import Arrays, Chunk
 from udfserve.services.model_server.core.batching.recovery import CallResult, Recovery
 from udfserve.services.model_server.core.batching.row_limit import RowLimit
+from udfserve.services.model_server.errors import ModelUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,10 @@ class Batch:
     task: asyncio.Task[None] | None = None
 
 
+def _released(inputs: Arrays) -> Mapping[str, np.ndarray]:
+    raise ModelUnavailable("the model was released; retry on a version that serves")
+
+
 class BatchRunner:
     """Runs the batches the dispatcher starts; ``running`` holds them until they are answered,
     when ``on_finished`` is called (the batcher dispatches again)."""
@@ -54,8 +60,13 @@ class BatchRunner:
         reports: Reports,
         running: set[Batch],
         on_finished: Callable[[Batch], None],
+        *,
+        call_bound_s: float = 0.0,
+        on_stuck: Callable[[str], None] | None = None,
     ) -> None:
         self.model_name = model_name
+        self._call_bound_s = call_bound_s
+        self._on_stuck = on_stuck
         self._predict = predict
         self._executor = executor
         self._limit = limit
@@ -174,9 +185,36 @@ class BatchRunner:
         ``ModelAborted``: let through, it would reach the event loop as an error of the callback
         and leave the batch running for good, its clients unanswered and its slot taken."""
         started_s = time.perf_counter()
+        with WATCH.bounded(self._call_bound_s, self._stuck) as call:
+            try:
+                outputs = dict(self._predict(inputs))
+            except BaseException as error:
+                seconds = time.perf_counter() - started_s
+                if call.overran:  # stopped at its bound: whatever the framework raised for it
+                    raise_if_stopping(error)
+                    return CallResult(None, self._timed_out(rows), seconds)
+                return CallResult(None, model_failure(error, self.model_name), seconds)
         try:
-            outputs = dict(self._predict(inputs))
             check_outputs(self.model_name, outputs, rows)
         except BaseException as error:
             return CallResult(None, model_failure(error, self.model_name), time.perf_counter() - started_s)
         return CallResult(outputs, None, time.perf_counter() - started_s)
+
+    def release_model(self) -> None:
+        """Drop the predict (and with it the model): the batcher is stopped, no call comes."""
+        self._predict = _released
+
+    def _timed_out(self, rows: int) -> ModelCallTimeout:
+        return ModelCallTimeout(
+            f"model '{self.model_name}': the call of {rows} row(s) ran past the server's bound of "
+            f"{self._call_bound_s:g} s on one model call and was stopped; expected a call within the bound "
+            "(smaller batches, input the model handles in time, or a longer --model-call-timeout-s)"
+        )
+
+    def _stuck(self, reason: str) -> None:
+        """From the watchdog's thread: a call past its bound that its backend could not stop."""
+        loop, on_stuck = self._loop, self._on_stuck
+        if loop is None or on_stuck is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the process is going
+            loop.call_soon_threadsafe(on_stuck, reason)
