@@ -9,6 +9,7 @@ each is small enough to be read against the format it parses.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import shlex
@@ -36,6 +37,7 @@ DOTENV_FILE = ROOT / ".env"
 DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 DASHBOARD_FILE = DEPLOY / "grafana" / "dashboards" / "udfserve.json"
+GPU_METRICS_SOURCE = ROOT / "services" / "model_server" / "observability" / "gpu_metrics.py"
 
 NODE_SERVICES = ("udfserve-node", "udfserve-node-cpu")
 
@@ -330,3 +332,21 @@ def exposition_series(text: str) -> dict[str, set[str]]:
         names = {pair.split("=", 1)[0] for pair in labels.rstrip("}").split(",") if "=" in pair}
         series.setdefault(name, set()).update(names)
     return series
+
+
+def declared_gpu_series() -> dict[str, set[str]]:
+    """Metric names ("udfserve_gpu_...") in gpu_metrics.py, each with the labels DEVICE_LABELS declares."""
+    tree = ast.parse(GPU_METRICS_SOURCE.read_text())
+    names = {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.startswith("udfserve_gpu_")
+    }
+    [labels] = [
+        ast.literal_eval(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "DEVICE_LABELS" for t in node.targets)
+    ]
+    return {name: set() if name == "udfserve_gpu_devices" else set(labels) for name in names}

@@ -12,7 +12,6 @@ instead (read from its source, so nothing here invents them).
 
 from __future__ import annotations
 
-import ast
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +23,7 @@ import pytest
 from compose_harness import ComposeNode
 from deploy_files import (
     DASHBOARD_FILE,
-    ROOT,
+    declared_gpu_series,
     exposition_series,
     legend_label_names,
     promql_label_names,
@@ -36,7 +35,6 @@ from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import encode_batch
 
 PROMETHEUS_LABELS = {"instance", "job"}
-GPU_METRICS_SOURCE = ROOT / "services" / "model_server" / "observability" / "gpu_metrics.py"
 
 
 def dashboard_queries() -> list[tuple[str, str, str]]:
@@ -50,24 +48,6 @@ def dashboard_queries() -> list[tuple[str, str, str]]:
     for variable in dashboard["templating"]["list"]:
         queries.append((f"variable {variable['name']!r}", variable["query"]["query"], ""))
     return queries
-
-
-def declared_gpu_series() -> dict[str, set[str]]:
-    """Metric names ("udfserve_gpu_...") in gpu_metrics.py, each with the labels DEVICE_LABELS declares."""
-    tree = ast.parse(GPU_METRICS_SOURCE.read_text())
-    names = {
-        node.value
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant)
-        and isinstance(node.value, str)
-        and node.value.startswith("udfserve_gpu_")
-    }
-    [labels] = [
-        ast.literal_eval(node.value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "DEVICE_LABELS" for t in node.targets)
-    ]
-    return {name: set() if name == "udfserve_gpu_devices" else set(labels) for name in names}
 
 
 SPARK_JOB_METADATA = (

@@ -33,9 +33,15 @@ API_VERSIONS = {
     "Pod": "v1",
     "DaemonSet": "apps/v1",
     "PodMonitor": "monitoring.coreos.com/v1",
+    "PrometheusRule": "monitoring.coreos.com/v1",
     "Kustomization": "kustomize.config.k8s.io/v1beta1",
 }
-REQUIRED_SPEC = {"DaemonSet": ("selector", "template"), "Pod": ("containers",), "PodMonitor": ("selector",)}
+REQUIRED_SPEC = {
+    "DaemonSet": ("selector", "template"),
+    "Pod": ("containers",),
+    "PodMonitor": ("selector",),
+    "PrometheusRule": ("groups",),
+}
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 PORT_NAME = re.compile(r"^(?=.*[a-z])[a-z0-9]([a-z0-9-]*[a-z0-9])?$")  # IANA_SVC_NAME, 15 characters at most
 DOCUMENTS = list(kubernetes_documents())
@@ -98,6 +104,7 @@ def test_kustomization_lists_existing_files_and_leaves_out_the_optional_ones() -
     for resource in resources:
         assert (KUBERNETES / resource).is_file(), f"kustomization.yaml lists {resource}, which does not exist"
     assert "podmonitor.yaml" not in resources, "a PodMonitor needs the Prometheus Operator's CRDs"
+    assert "prometheusrule.yaml" not in resources, "a PrometheusRule needs the Prometheus Operator's CRDs"
     assert "spark-executor-pod-template.yaml" not in resources, "spark-submit reads the template"
 
 
@@ -240,7 +247,7 @@ CORE_DOCUMENTS = [(p, d) for p, d in DOCUMENTS if d["apiVersion"] in {"v1", "app
 def test_core_objects_validate_against_the_kubernetes_schemas(path: Path, document: dict[str, Any]) -> None:
     """Strict validation (unknown fields refused) against the API schemas kubernetes-validate ships.
 
-    PodMonitor (a custom resource) and Kustomization have no schema there.
+    PodMonitor and PrometheusRule (custom resources) and Kustomization have no schema there.
     """
     validator = pytest.importorskip(
         "kubernetes_validate", reason="the kubernetes-validate package is not installed"
