@@ -1,5 +1,6 @@
 """The ``udfserve`` command: ``serve`` one model server, ``node`` to supervise a node's servers,
-``models generate`` to write the example model repository, ``demo`` to run the end-to-end job.
+``models generate`` to write the example model repository, ``demo`` to run the end-to-end job,
+``doctor`` to check a node and an executor's environment.
 """
 
 from __future__ import annotations
@@ -162,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_settings_arguments(node, NodeConfig)
     node.set_defaults(handler=run_node)
+
+    from udfserve.services.doctor.command import add_doctor_parser
+
+    add_doctor_parser(commands)
 
     demo = commands.add_parser(
         "demo",

@@ -77,6 +77,13 @@ def check_python_workers(spark: Any, modules: Sequence[str]) -> None:
         raise WorkerEnvironmentError(_message(executable, failure))
 
 
+def interpreter_problem(executable: str, python_path: str, modules: Sequence[str]) -> str:
+    """Why ``executable``, started with ``python_path`` as its ``PYTHONPATH``, could not run a Python
+    worker that imports ``modules`` ("" when it can): the probe of ``check_python_workers``, for a
+    host checked without a SparkContext (``udfserve doctor``)."""
+    return _probe(executable, python_path, tuple(modules), os.getcwd())
+
+
 def _spark_context(spark: Any) -> Any:
     if spark is None:
         return None
