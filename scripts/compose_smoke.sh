@@ -242,8 +242,10 @@ server_pid() {
 rows_now() {
   compose exec -T udfserve-node-cpu python3 -c '
 import urllib.request
+from prometheus_client.parser import text_string_to_metric_families
 text = urllib.request.urlopen("http://127.0.0.1:7501/metrics", timeout=5).read().decode()
-print(int(sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith("udfserve_rows_total{"))))' 2>/dev/null || echo 0
+samples = (s for f in text_string_to_metric_families(text) for s in f.samples)
+print(int(sum(s.value for s in samples if s.name == "udfserve_rows_total")))' 2>/dev/null || echo 0
 }
 scoring_past() { [ "$(rows_now)" -gt "$1" ] 2>/dev/null; }  # the server has scored more than $1 rows
 node_ready() { [ "$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:7490/health/ready)" = 200 ]; }

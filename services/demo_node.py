@@ -23,6 +23,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from udfserve.discovery import DiscoveryError, NodeDiscovery, read_discovery
 
 logger = logging.getLogger(__name__)
@@ -137,15 +139,20 @@ def scrape_total(discovery: NodeDiscovery, metric: str, model: str | None) -> fl
     total = 0.0
     for address in metrics_addresses(discovery):
         with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        for line in text.splitlines():
-            if model is None:
-                matches = line.startswith(metric + " ")
-            else:
-                matches = line.startswith(metric + "{") and f'model="{model}"' in line
-            if matches:
-                total += float(line.rsplit(" ", 1)[1])
+            total += sample_total(response.read().decode(), metric, model)
     return total
+
+
+def sample_total(exposition: str, metric: str, model: str | None) -> float:
+    """Sum of the samples named ``metric`` (``udfserve_rows_total``, ``..._seconds_sum``) in one
+    Prometheus text exposition, read by prometheus_client's parser: those of ``model``, or those
+    without a model label when ``model`` is None."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == metric and sample.labels.get("model") == model
+    )
 
 
 def node_addresses(discovery: NodeDiscovery) -> list[str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -33,19 +32,18 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-SERIES = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)")
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    """The samples of metric ``name`` in a Prometheus text exposition, with their labels."""
-    found = []
-    for line in text.splitlines():
-        match = SERIES.match(line)
-        if match and match["name"] == name:
-            labels = dict(LABEL.findall(match["labels"] or ""))
-            found.append((labels, float(match["value"])))
-    return found
+    """The samples named ``name`` (a counter's ``_total`` included) in a Prometheus text exposition,
+    with their labels, as prometheus_client's parser reads them (escapes in label values undone)."""
+    return [
+        (dict(sample.labels), sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
 
 
 def get(url: str, timeout: float = 10.0) -> str:
