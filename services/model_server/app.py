@@ -140,7 +140,7 @@ class RunningServer:
             self.metrics.applications.observe_queue_wait,
         )
         self.requests = RequestLifecycle(
-            self.models, self.metrics, self.in_flight, config.max_message_bytes, shares
+            self.models, self.metrics, self.in_flight, config.max_message_bytes, shares, config.room_wait_s
         )
         stream_bounds = StreamBounds(config.max_stream_held_requests, config.max_stream_held_bytes)
         self.servicer = InferenceServicer(

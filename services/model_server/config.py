@@ -258,6 +258,14 @@ class ServerConfig(BaseSettings):
     default_priority_class: str = Field(
         default="default", description="the class of applications that name none (one of --priority-classes)"
     )
+    room_wait_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        le=600.0,
+        description="how long a request of a Predict stream that finds its application's share of a "
+        "model's queue full waits for room (its stream read no further meanwhile) before it is refused "
+        "RESOURCE_EXHAUSTED; 0: refused at once, and the client backs off and sends it again",
+    )
     max_tracked_apps: int = Field(
         default=64,
         ge=1,

@@ -59,8 +59,13 @@ def small_queue_server(
         "dynamic_batching": {"max_queue_delay_s": 0.002, "max_queue_rows": MAX_QUEUE_ROWS},
     }
     (repository / MODEL / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    # --room-wait-s 0: the streams' requests past the queue are refused, not held, so that the
+    # test overloads the refusal path (the held path: test_room_waits.py)
     process = launch_server(
-        repository, socket=socket_dir / "overload.sock", log_path=repository.parent / "overload-server.log"
+        repository,
+        socket=socket_dir / "overload.sock",
+        log_path=repository.parent / "overload-server.log",
+        extra_args=["--room-wait-s", "0"],
     )
     yield process
     assert process.terminate() == 0

@@ -19,7 +19,8 @@ ROWS_PER_REQUEST = 8
 
 @pytest.fixture(scope="module")
 def small_queue_server(example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """sequence_bilstm with room for two requests in its queue."""
+    """sequence_bilstm with room for two requests in its queue, refusing at once what does not fit
+    (``--room-wait-s 0``: a stream's request does not wait for room)."""
     repository = tmp_path_factory.mktemp("small-queue-repo")
     shutil.copytree(example_repository / "sequence_bilstm", repository / "sequence_bilstm")
     config = {
@@ -27,7 +28,12 @@ def small_queue_server(example_repository: Path, socket_dir: Path, tmp_path_fact
         "dynamic_batching": {"max_queue_delay_s": 0.001, "max_queue_rows": 2 * ROWS_PER_REQUEST},
     }
     (repository / "sequence_bilstm" / "config.yaml").write_text(yaml.safe_dump(config))
-    process = launch_server(repository, socket=socket_dir / "q.sock", log_path=repository.parent / "q.log")
+    process = launch_server(
+        repository,
+        socket=socket_dir / "q.sock",
+        log_path=repository.parent / "q.log",
+        extra_args=["--room-wait-s", "0"],
+    )
     yield process
     process.terminate()
 

@@ -35,24 +35,42 @@ dynamic_batching:
 """
 
 
-@pytest.fixture(scope="module")
-def throttled_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A server whose queue is full while a call runs: a genuinely slow model (``slow_model.py``)
-    behind a queue of one 1,000-row request, so that of a window of several such requests one
-    runs, one waits, and the others are refused until the call ends (a third of a second)."""
+def slow_server(folder: Path, extra_args: list[str]) -> ServerProcess:
+    """A server of a genuinely slow model (``slow_model.py``) behind a queue of one 1,000-row request."""
     import subprocess
 
-    root = tmp_path_factory.mktemp("throttled")
     slow_model = Path(__file__).with_name("slow_model.py")
     subprocess.run(
-        [sys.executable, str(slow_model), str(root / "repository"), str(THROTTLED_ITERATIONS)],
+        [sys.executable, str(slow_model), str(folder / "repository"), str(THROTTLED_ITERATIONS)],
         check=True,
         capture_output=True,
         timeout=300,
     )
-    (root / "repository" / "slow_sum" / "config.yaml").write_text(THROTTLED_CONFIG)
-    process = launch_server(
-        root / "repository", socket=root / "grpc.sock", port=None, http_port=0, log_path=root / "server.log"
+    (folder / "repository" / "slow_sum" / "config.yaml").write_text(THROTTLED_CONFIG)
+    return launch_server(
+        folder / "repository",
+        socket=folder / "grpc.sock",
+        port=None,
+        http_port=0,
+        log_path=folder / "server.log",
+        extra_args=extra_args,
     )
+
+
+@pytest.fixture(scope="module")
+def throttled_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server whose queue is full while a call runs, refusing what does not fit
+    (``--room-wait-s 0``): of a window of several 1,000-row requests one runs, one waits, and the
+    others are refused until the call ends (a third of a second)."""
+    process = slow_server(tmp_path_factory.mktemp("throttled"), ["--room-wait-s", "0"])
+    yield process
+    process.terminate()
+
+
+@pytest.fixture(scope="module")
+def holding_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The same slow model and queue, served as by default: a stream's request that does not fit
+    waits in the server for room (``--room-wait-s``), and its stream is read no further meanwhile."""
+    process = slow_server(tmp_path_factory.mktemp("holding"), [])
     yield process
     process.terminate()

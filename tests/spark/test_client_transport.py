@@ -1,9 +1,11 @@
 """The Predict stream against a real server whose queue is kept full: back-off, not failure.
 
 No Spark here: the partition runner is driven directly with Arrow batches, so the test can
-count the resends. The server (``throttled_server`` in conftest.py) runs a genuinely slow model
-behind a queue of one 1,000-row request: of the six requests in flight, one runs, one waits,
-and the others are answered RESOURCE_EXHAUSTED until the call ends.
+count the resends. The servers (conftest.py) run a genuinely slow model behind a queue of one
+1,000-row request. ``throttled_server`` refuses what does not fit (``--room-wait-s 0``): of the
+six requests in flight, one runs, one waits, and the others are answered RESOURCE_EXHAUSTED
+until the call ends. ``holding_server`` serves as by default: the request that does not fit
+waits in the server until the queue has room, and the stream is read no further meanwhile.
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ def refused_requests(server: ServerProcess) -> float:
     )
 
 
+def room_waits(server: ServerProcess) -> float:
+    """Requests the server held until its model's queue had room, so far."""
+    text = urllib.request.urlopen(f"http://{server.http_address}/metrics", timeout=10).read().decode()
+    prefix = f'udfserve_queue_room_wait_seconds_count{{model="{MODEL}"}} '
+    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+
+
 def test_a_full_queue_is_waited_out_and_every_batch_answered_in_order(
     throttled_server: ServerProcess,
 ) -> None:
@@ -84,3 +93,23 @@ def test_a_queue_full_for_longer_than_the_retry_time_is_a_server_failure(
                 job, iter(requests(np.arange(6_000), 1_000)), {}, TaskPlacement(), breakers=CircuitBreakers()
             )
         )
+
+
+def test_a_server_that_holds_requests_until_its_queue_has_room_answers_every_batch_at_its_first_send(
+    holding_server: ServerProcess,
+) -> None:
+    ids = np.arange(6_000)
+    refused_before, held_before = refused_requests(holding_server), room_waits(holding_server)
+    job = job_for(holding_server)
+    stats = ClientStats()
+    answers = list(
+        predict_partition(
+            job, iter(requests(ids, 1_000)), {}, TaskPlacement(), stats=stats, breakers=CircuitBreakers()
+        )
+    )
+    assert refused_requests(holding_server) == refused_before
+    assert room_waits(holding_server) > held_before
+    assert (stats.retries, stats.backoff_waits, stats.backoff_s) == (0, 0, 0.0)
+    assert (stats.rows_by_server, stats.server_failures) == (6_000, {})
+    predicted = np.concatenate([a.column(0).to_numpy() for a in answers])
+    np.testing.assert_allclose(predicted, 2.0 * feature_values(ids, (4,)).sum(axis=1), atol=1e-5)

@@ -15,7 +15,11 @@ class Pending(NamedTuple, Generic[R]):
 
     ``finish`` is called exactly once, also when the future was cancelled because the stream
     closed first (its answer is then dropped; it may raise ``CancelledError``), so that it can
-    release what the request held."""
+    release what the request held.
+
+    ``hold``, when given, is done once the request left the wait for room in its model's queue
+    (``batching.admission``): a stream reads its next request only then."""
 
     future: asyncio.Future[Any]
     finish: Callable[[asyncio.Future[Any]], R]
+    hold: asyncio.Future[None] | None = None

@@ -65,6 +65,7 @@ class RequestLifecycle:
         in_flight: InFlightRequests,
         max_message_bytes: int,
         shares: ApplicationShares | None = None,
+        room_wait_s: float = 0.0,
     ) -> None:
         self.models = models
         self.metrics = metrics
@@ -72,6 +73,9 @@ class RequestLifecycle:
         self.max_response_bytes = max_message_bytes - ENVELOPE_BYTES
         self.shares = shares or ApplicationShares("fifo", {"default": 1}, "default")
         """Which flow of a model's queue each request waits in (``core.shares``)."""
+        self.room_wait_s = room_wait_s
+        """How long a request of a front end that reads one request at a time (a stream) waits for
+        room in its model's queue before it is refused (``batching.admission``); 0: refused at once."""
 
 
 class FrontEnd(ABC, Generic[M, A]):
@@ -148,7 +152,11 @@ class InferenceRequest(Generic[M, A]):
         return served
 
     def enqueue(
-        self, inputs: dict[str, np.ndarray], rows: int, room_bytes: int | None = None
+        self,
+        inputs: dict[str, np.ndarray],
+        rows: int,
+        room_bytes: int | None = None,
+        wait_for_room: bool = False,
     ) -> A | Pending[A]:
         """Queue the checked inputs of ``rows`` rows on the model's batcher: ``Pending`` on the
         batcher's future, whose ``finish`` (this request's) makes the answer. A request of no
@@ -158,7 +166,11 @@ class InferenceRequest(Generic[M, A]):
         An answer that cannot fit the message limit whatever the model computes is refused here,
         before any backend call; ``room_bytes`` is the size of a region the answer may be written
         to instead (shared memory), which lifts that check when the answer may fit there. What
-        only the model knows (strings, free dimensions) is checked in the front end's answer."""
+        only the model knows (strings, free dimensions) is checked in the front end's answer.
+
+        ``wait_for_room``: the front end reads nothing more until this request is queued (a stream
+        does, through ``Pending.hold``), so the request may wait for room in a full queue, up to
+        the server's ``room_wait_s``, instead of being refused at once."""
         served = self.served
         try:
             self.rows = rows
@@ -178,14 +190,16 @@ class InferenceRequest(Generic[M, A]):
                     "was queued; retry on a version that serves"
                 )
             check_ranges(served.name, model.inputs, inputs)  # before merging: see value_ranges
-            future = batcher.enqueue(inputs, self._lifecycle.shares.share_of(self.job))
+            share = self._lifecycle.shares.share_of(self.job)
+            wait_s = self._lifecycle.room_wait_s if wait_for_room else 0.0
+            future, hold = batcher.enqueue_or_wait(inputs, share, wait_s)
         except Exception as exc:
             return self.refuse(exc)
         model_metrics = self.model_metrics
         assert model_metrics is not None  # admit set the model's
         self._lifecycle.in_flight.begin()
         model_metrics.in_flight.inc()
-        return Pending(future, self.finish)
+        return Pending(future, self.finish, hold)
 
     def finish(self, outputs: asyncio.Future[dict[str, np.ndarray]]) -> A:
         """The answer once the batcher answered the request; raises ``CancelledError`` when its

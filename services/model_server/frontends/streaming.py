@@ -15,7 +15,10 @@ until its answer has been written to the transport, whether it waits for the bat
 answered at once (a refusal, an empty batch) or waits for the client to take its answer. At the
 bound the stream is not read any more: a client that never reads its answers stops being read
 itself (HTTP/2 flow control then holds its requests on its side), instead of the server keeping
-an answer for every request it sends. A request counts with the bytes gRPC read for it: the
+an answer for every request it sends. The stream is not read either while its last request
+waits for room in its model's queue (``Pending.hold``, ``batching.admission``): that request is
+queued once the queue has room, and the client's next ones stay on its side meanwhile instead of
+being read only to be refused. A request counts with the bytes gRPC read for it: the
 inference streams are served with their requests as those bytes (``RawStreamRequests``) and
 parse them in their reader (``parse_request``), since measuring a parsed protobuf message
 encodes it again.
@@ -231,12 +234,17 @@ class _Answers(Generic[T, R]):
                 self.held_bytes += charge
                 outcome = start(request)
                 del request  # a request answered at once is not kept while the stream waits
+                hold = None
                 if not isinstance(outcome, Pending):
                     self._deliver(outcome, charge)
                 else:
                     self._pending.add(outcome.future)
                     outcome.future.add_done_callback(functools.partial(self._on_done, outcome.finish, charge))
+                    hold = outcome.hold
                 del outcome
+                if hold is not None and not hold.done():
+                    await hold  # the request waits for room in its model's queue: read nothing more
+                del hold
                 if self._full():
                     await self._wait_for_room()
             self._read_all = True

@@ -46,6 +46,7 @@ class ModelMetrics:
         self.rows = metrics.rows.labels(model=model)
         self.in_flight = metrics.in_flight.labels(model=model)
         self.queue_wait = metrics.queue_wait.labels(model=model)
+        self.room_wait = metrics.room_wait.labels(model=model)
         self.batch_rows = metrics.batch_rows.labels(model=model)
         self.batch_requests = metrics.batch_requests.labels(model=model)
         self.inference_duration = metrics.inference_duration.labels(model=model)
@@ -76,7 +77,7 @@ class ModelMetrics:
 
 class ServerMetrics:
     """The metrics of one server; also the batchers' observer (``BatchObserver``, and the optional
-    ``AnswerObserver`` and ``MemoryObserver``)."""
+    ``AnswerObserver``, ``MemoryObserver`` and ``RoomObserver``)."""
 
     def __init__(
         self,
@@ -112,6 +113,14 @@ class ServerMetrics:
         self.queue_wait = Histogram(
             "udfserve_queue_wait_seconds",
             "Time a request waited in the batcher before its batch started.",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.room_wait = Histogram(
+            "udfserve_queue_room_wait_seconds",
+            "Time a streamed request waited for room in its model's queue (its application's share "
+            "full) before it was queued, or refused after --room-wait-s.",
             ["model"],
             buckets=LATENCY_BUCKETS_S,
             registry=registry,
@@ -345,6 +354,10 @@ class ServerMetrics:
 
     def on_batch(self, model: str, rows: int, requests: int, seconds: float, succeeded: bool) -> None:
         self.for_model(model).observe_batch(rows, requests, seconds, succeeded)
+
+    # RoomObserver
+    def on_room_wait(self, model: str, seconds: float) -> None:
+        self.for_model(model).room_wait.observe(seconds)
 
     # AnswerObserver
     def on_request_answered(self, model: str, queue_s: float, compute_s: float) -> None:

@@ -30,13 +30,14 @@ import numpy as np
 
 from udfserve.runtime.errors import ServingError
 from udfserve.runtime.model_config import DEFAULT_QUEUE_BATCHES, BatchingConfig
+from udfserve.services.model_server.core.batching.admission import RoomWaits, WaitingRequest
 from udfserve.services.model_server.core.batching.answers import set_exception, whole_request
 from udfserve.services.model_server.core.batching.dispatch import Dispatcher
 from udfserve.services.model_server.core.batching.observers import BatchObserver, Reports
 from udfserve.services.model_server.core.batching.queue import UNNAMED, Chunk, RequestQueue, Share, rows_of
 from udfserve.services.model_server.core.batching.row_limit import RowLimit
 from udfserve.services.model_server.core.batching.runner import Batch, BatchRunner, PredictFn
-from udfserve.services.model_server.errors import ModelUnavailable
+from udfserve.services.model_server.errors import ModelUnavailable, QueueFull
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +62,8 @@ class DynamicBatcher:
         max_queue_rows: int | None = None,
         max_flows: int = 64,
         on_broken: Callable[[str], None] | None = None,
-    ) -> None:
         call_bound_s: float = 0.0,
+    ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, received {max_batch_size}")
         if max_concurrent_batches < 1:
@@ -76,6 +77,7 @@ class DynamicBatcher:
             on_cancelled=self._resolve_drained,
             max_flows=max_flows,
         )
+        self._waits = RoomWaits(model_name, self._queue, self._queue_admitted, self._reports.room_wait)
         self._running: set[Batch] = set()
         self._runner = BatchRunner(
             model_name,
@@ -154,22 +156,55 @@ class DynamicBatcher:
         its outputs, for callers that answer from a callback rather than a task. Cancelling the
         future drops what has not run yet. Refusals (``QueueFull``, ``ModelUnavailable``,
         ``ValueError``) are raised here."""
+        self._check_serving()
+        rows = rows_of(inputs)
+        self._queue.admit(rows, share)
+        return self._queue_admitted(inputs, rows, share)
+
+    def enqueue_or_wait(
+        self, inputs: dict[str, np.ndarray], share: Share, max_wait_s: float
+    ) -> tuple[asyncio.Future[dict[str, np.ndarray]], asyncio.Future[None] | None]:
+        """``enqueue``, except that a request finding its application's share of the queue full
+        waits for room, at most ``max_wait_s`` (``admission.RoomWaits``), instead of being refused:
+        the future of its outputs, and one done once it was queued or refused (None when queued at
+        once), before which its stream reads nothing more. With ``max_wait_s`` 0, ``enqueue``."""
+        if max_wait_s <= 0:
+            return self.enqueue(inputs, share), None
+        self._check_serving()
+        rows = rows_of(inputs)
+        refusal = self._queue.refusal(rows, share)
+        if refusal is None and self._waits.holds_flow_of(share):
+            refusal = QueueFull(
+                f"model '{self.model_name}': requests of this application already wait for room in the "
+                "queue; retry later"
+            )
+        if refusal is None:
+            self._queue.admit(rows, share)
+            return self._queue_admitted(inputs, rows, share), None
+        waiting: WaitingRequest = self._waits.wait(inputs, rows, share, max_wait_s, refusal)
+        return waiting.answer, waiting.admitted
+
+    def _check_serving(self) -> None:
+        """Refuse requests while stopping or broken; ``RuntimeError`` before ``start``."""
         if self._stopping:
             raise ModelUnavailable(f"model '{self.model_name}' is shutting down; retry on another server")
-        loop = self._loop
-        if loop is None:
+        if self._loop is None:
             raise RuntimeError(f"batcher of model '{self.model_name}' is not started")
         if self._broken:
             raise ModelUnavailable(
                 f"model '{self.model_name}': its batcher failed ({self._broken}); retry on another server"
             )
-        rows = rows_of(inputs)
-        queue = self._queue
-        queue.admit(rows, share)
+
+    def _queue_admitted(
+        self, inputs: dict[str, np.ndarray], rows: int, share: Share
+    ) -> asyncio.Future[dict[str, np.ndarray]]:
+        """Queue a request just admitted, start a batch if one is due, return its outputs' future."""
+        loop = self._loop
+        assert loop is not None
         now_s = loop.time()
         dispatcher = self._dispatcher
         at_once = dispatcher.idle(now_s)
-        chunks = queue.put(inputs, rows, self._limit.rows, loop, now_s, at_once, share)
+        chunks = self._queue.put(inputs, rows, self._limit.rows, loop, now_s, at_once, share)
         dispatcher.wake(at_once)
         if len(chunks) == 1:
             return chunks[0].future
@@ -179,6 +214,9 @@ class DynamicBatcher:
         """Refuse new requests, finish the queued and running ones within ``grace_period_s``,
         then answer whatever is left with ``ModelUnavailable``."""
         self._stopping = True
+        self._waits.refuse_all(
+            QueueFull(f"model '{self.model_name}' stopped before it had room for this request; retry later")
+        )
         self._dispatcher.drain()
         loop = self._loop
         if loop is None or self._closed:
@@ -208,6 +246,11 @@ class DynamicBatcher:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._fail(unanswered, ModelUnavailable(f"model '{self.model_name}' shut down before answering"))
 
+    def release_model(self) -> None:
+        """After ``stop``: let go of the model's predict, so that nothing this batcher's parts
+        still hold (they refer to each other) keeps the model's memory."""
+        self._runner.release_model()
+
     def _dispatch(self) -> None:
         """Start the batches that are due; a failure of the batcher itself fails everything it
         holds and refuses what comes after."""
@@ -233,6 +276,7 @@ class DynamicBatcher:
         self._running.clear()
         unanswered = [*self._queue.chunks, *(chunk for batch in running for chunk in batch.chunks)]
         refusal = f"model '{self.model_name}': its batcher failed ({reason}); retry on another server"
+        self._waits.refuse_all(ModelUnavailable(refusal))
         self._fail(unanswered, ModelUnavailable(refusal))
         if self._on_broken is not None:
             self._on_broken(reason)
@@ -246,11 +290,6 @@ class DynamicBatcher:
         drained = self._drained
         if drained is not None and not drained.done() and not self._queue and not self._running:
             drained.set_result(None)
-    def release_model(self) -> None:
-        """After ``stop``: let go of the model's predict, so that nothing this batcher's parts
-        still hold (they refer to each other) keeps the model's memory."""
-        self._runner.release_model()
-
 
     def _fail(self, chunks: list[Chunk], error: ServingError) -> None:
         for chunk in chunks:

@@ -1,9 +1,9 @@
 """What the batcher measures, and the one place that hands it to the observer.
 
-The metrics module implements ``BatchObserver`` and, optionally, ``AnswerObserver`` and
-``MemoryObserver``. Every part of the batcher reports through ``Reports``, which checks once which
-of them the observer implements and logs an observer that raises instead of letting it fail the
-request or the batch it was measuring.
+The metrics module implements ``BatchObserver`` and, optionally, ``AnswerObserver``,
+``MemoryObserver`` and ``RoomObserver``. Every part of the batcher reports through ``Reports``,
+which checks once which of them the observer implements and logs an observer that raises instead
+of letting it fail the request or the batch it was measuring.
 """
 
 from __future__ import annotations
@@ -51,6 +51,15 @@ class MemoryObserver(Protocol):
         """The batch limit is now ``rows`` (reported at start and on every change)."""
 
 
+@runtime_checkable
+class RoomObserver(Protocol):
+    """Optionally also implemented by an observer: requests that waited for room in the queue."""
+
+    def on_room_wait(self, model: str, seconds: float) -> None:
+        """A request waited ``seconds`` for room in the queue (``admission.RoomWaits``), until it
+        was queued, refused or dropped."""
+
+
 class Reports:
     """One model's measurements, passed on to what its observer implements; never raises."""
 
@@ -59,6 +68,7 @@ class Reports:
         self._observer = observer
         self._memory_observer = observer if isinstance(observer, MemoryObserver) else None
         self._answer_observer = observer if isinstance(observer, AnswerObserver) else None
+        self._room_observer = observer if isinstance(observer, RoomObserver) else None
 
     def queue_wait(self, seconds: float) -> None:
         if self._observer is None:
@@ -109,5 +119,13 @@ class Reports:
             return
         try:
             self._memory_observer.on_batch_limit(self.model_name, rows)
+        except Exception:
+            logger.exception("model '%s': batch observer failed", self.model_name)
+
+    def room_wait(self, seconds: float) -> None:
+        if self._room_observer is None:
+            return
+        try:
+            self._room_observer.on_room_wait(self.model_name, seconds)
         except Exception:
             logger.exception("model '%s': batch observer failed", self.model_name)

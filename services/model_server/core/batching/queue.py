@@ -14,8 +14,9 @@ the whole device; batches still merge the requests of every application.
   more than ``max_rows`` (all of ``max_rows`` when alone, as with one queue; each of two of equal
   weight may keep as many rows waiting as alone, so that a busy application's closed loop of
   requests is not refused and resent only because a small one came). A request that would take
-  its application past its share is refused whole with ``QueueFull`` (back-pressure), while the
-  others are still admitted. An application with nothing queued admits any one request, so a
+  its application past its share is refused whole with ``QueueFull`` (back-pressure; a stream's
+  request waits for room instead, ``admission.py``, admitted by ``refusal``'s same rule), while
+  the others are still admitted. An application with nothing queued admits any one request, so a
   request larger than its share is delayed, never refused forever.
 - At most ``max_flows`` applications are scheduled apart; requests of the ones beyond share one
   more flow, so what a client names cannot grow the scheduler.
@@ -152,6 +153,10 @@ class RequestQueue:
         self.virtual_time = 0.0
         """The highest tag taken into a batch: where the tags of a flow that was idle start."""
         self._on_cancelled = on_cancelled
+        self.on_room: Callable[[], None] | None = None
+        """Told when rows left the queue (a batch took them, or their caller went away): a request
+        waiting for room may fit now (``admission.RoomWaits``). Called inside the dispatcher's
+        pass, so it must only schedule its work."""
 
     def __bool__(self) -> bool:
         return self.rows > 0
@@ -177,6 +182,14 @@ class RequestQueue:
     def admit(self, rows: int, share: Share = UNNAMED) -> None:
         """Number one more request of ``rows`` rows of ``share``'s application, or refuse it with
         ``QueueFull``: past its application's share of the queue, or past the whole queue's bound."""
+        refusal = self.refusal(rows, share)
+        if refusal is not None:
+            raise refusal
+        self.requests += 1
+
+    def refusal(self, rows: int, share: Share = UNNAMED) -> QueueFull | None:
+        """Why a request of ``rows`` rows of ``share``'s application cannot be admitted now (its
+        application's share, or the whole queue's bound, is full), or None when it can."""
         key = self.flow_key(share)
         flow = self.flows.get(key)
         held = flow.rows if flow is not None else 0
@@ -188,22 +201,22 @@ class RequestQueue:
             if held + rows > bound:
                 waiting = sum(1 for f in self.flows.values() if f.rows)
                 if waiting == 1:
-                    raise QueueFull(
+                    return QueueFull(
                         f"model '{self.model_name}': queue full: {held} rows queued, this request has "
                         f"{rows}, the limit is {self.max_rows} rows; retry later"
                     )
                 whose = f"application {key!r}" if key else "requests naming no application"
-                raise QueueFull(
+                return QueueFull(
                     f"model '{self.model_name}': queue full for {whose}: it holds {held} rows queued, this "
                     f"request has {rows}, its share is {int(bound)} of the {whole} rows of the queue "
                     f"while {waiting} applications wait; retry later"
                 )
         if self.rows > 0 and self.rows + rows > HARD_LIMIT_FACTOR * self.max_rows:
-            raise QueueFull(
+            return QueueFull(
                 f"model '{self.model_name}': queue full: {self.rows} rows queued, this request has {rows}, "
                 f"the limit is {HARD_LIMIT_FACTOR * self.max_rows} rows over all applications; retry later"
             )
-        self.requests += 1
+        return None
 
     def put(
         self,
@@ -288,6 +301,7 @@ class RequestQueue:
             self._remove(chunk)
             chunk.future.remove_done_callback(self._on_chunk_done)
             self.virtual_time = max(self.virtual_time, chunk.tag)
+        self._room_made()
 
     def clear(self) -> None:
         """Forget every chunk (their callers were answered otherwise)."""
@@ -313,4 +327,9 @@ class RequestQueue:
                 if chunk.future is future:
                     self._remove(chunk)
                     self._on_cancelled()
+                    self._room_made()
                     return
+
+    def _room_made(self) -> None:
+        if self.on_room is not None:
+            self.on_room()

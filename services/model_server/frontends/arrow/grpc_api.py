@@ -203,7 +203,8 @@ class _PredictStream(FrontEnd[pb.PredictRequest, pb.PredictResponse]):
             return request.refuse(exc)
         # an answer that may fit the output region it names is checked once it is known
         room_bytes = message.output_region.size if message.HasField("output_region") else None
-        return request.enqueue(inputs, batch.num_rows, room_bytes)
+        # the stream reads nothing more while this request waits for room (answer_inline's hold)
+        return request.enqueue(inputs, batch.num_rows, room_bytes, wait_for_room=True)
 
     def _decode(self, model: str, message: pb.PredictRequest) -> pa.RecordBatch:
         """The request's batch, from ``arrow_ipc`` or from the shared memory it names."""

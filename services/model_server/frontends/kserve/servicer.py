@@ -203,7 +203,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         server's ``UnaryBudget`` (``unary_budget.UnaryAdmission``)."""
         outcome = self.start(request, parse_job_context(context.invocation_metadata()))
         if isinstance(outcome, Pending):
-            future, finish = outcome
+            future, finish = outcome.future, outcome.finish
             try:
                 await future
             except asyncio.CancelledError:  # the client went away: release what the request holds
