@@ -156,7 +156,7 @@ def generate_example_repository(
     hidden temporary folder and moved into place, so a server scanning ``root`` meanwhile never
     sees half a model.
     """
-    from udfserve.runtime.device import import_tensorflow
+    from udfserve.runtime.backends.tensorflow.framework import import_tensorflow
 
     import_tensorflow()  # before keras imports it: its start-up lines go through the filter
     import keras
@@ -203,7 +203,7 @@ def publish_example_version(root: Path, version: int, only: Sequence[str] = ()) 
     other weights than version 1, the way a version is published to a repository a server
     watches: written into a hidden folder of the model, then renamed to its number, so that a
     server never sees half a version. Returns the version folders written."""
-    from udfserve.runtime.device import import_tensorflow
+    from udfserve.runtime.backends.tensorflow.framework import import_tensorflow
 
     if version < 2:
         raise ValueError(f"version {version}: expected 2 or more (version 1 is what generate writes)")

@@ -80,7 +80,7 @@ def export_program(module: torch.nn.Module, features: int = 64) -> torch.export.
 
 def generate_torch_examples(root: Path, *, overwrite: bool = False) -> list[str]:
     """Write ``tabular_mlp_torch`` under ``root`` (kept when present unless ``overwrite``)."""
-    from udfserve.runtime.device import import_tensorflow
+    from udfserve.runtime.backends.tensorflow.framework import import_tensorflow
     from udfserve.services.examples.generate_models import EXAMPLES, _kept, _write_model
 
     if importlib.util.find_spec("torch") is None:

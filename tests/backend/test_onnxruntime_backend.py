@@ -29,9 +29,9 @@ from onnx_graphs import (
 )
 
 from udfserve.runtime import device
-from udfserve.runtime.backends import onnxruntime as onnxruntime_backend
 from udfserve.runtime.backends.onnxruntime import OnnxRuntimeModel
-from udfserve.runtime.backends.onnxruntime_session import (
+from udfserve.runtime.backends.onnxruntime import model as onnxruntime_backend
+from udfserve.runtime.backends.onnxruntime.session import (
     CUDA_PROVIDER,
     OnnxRuntimeSettings,
     providers,
@@ -426,7 +426,7 @@ def test_a_gpu_pinned_process_without_cuda_computes_on_the_cpu_with_one_warning(
     monkeypatch.setattr(device, "_pinned_device", "gpu:0")
     write_model(tmp_path, "scored", scored_graph())
 
-    with caplog.at_level(logging.WARNING, logger="udfserve.runtime.backends.onnxruntime_session"):
+    with caplog.at_level(logging.WARNING, logger="udfserve.runtime.backends.onnxruntime.session"):
         model = load(tmp_path, "scored")
 
     warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from udfserve.runtime.backends import LoadedModel
 from udfserve.runtime.backends.tensorflow import TensorFlowModel
-from udfserve.runtime.backends.tensorflow_calls import VerifiedCall, to_numpy, to_tensor
+from udfserve.runtime.backends.tensorflow.calls import VerifiedCall, to_numpy, to_tensor
 from udfserve.runtime.errors import InvalidInput, ModelLoadError
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.repository import load_model, scan_repository

@@ -8,10 +8,10 @@ name rule also guards every path built from a model name.
 from __future__ import annotations
 
 import re
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from udfserve.runtime.backend_registry import FORMAT_BY_BACKEND, MODEL_FILES_TEXT
 from udfserve.runtime.tensor_spec import TensorSpec, WholeNumber
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -184,11 +184,10 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str | None = None
-    backend: Literal["tensorflow", "onnxruntime", "pytorch"] | None = Field(
+    backend: str | None = Field(
         default=None,
-        description="the backend that loads the model; default read from each version folder's file "
-        "names (model.keras or a SavedModel: tensorflow, model.onnx: onnxruntime, model.pt2 or "
-        "model.pt: pytorch)",
+        description="the backend that loads the model (one of backend_registry's names); default read "
+        f"from each version folder's file names ({MODEL_FILES_TEXT})",
     )
     version: WholeNumber | None = Field(
         default=None, ge=1, description="serve only this version (short for version_policy: {specific: [N]})"
@@ -213,6 +212,14 @@ class ModelConfig(BaseModel):
     @classmethod
     def _safe_name(cls, value: str | None) -> str | None:
         return None if value is None else validate_model_name(value)
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str | None) -> str | None:
+        if value is not None and value not in FORMAT_BY_BACKEND:
+            known = ", ".join(map(repr, FORMAT_BY_BACKEND))
+            raise ValueError(f"unknown backend {value!r}; expected one of {known}")
+        return value
 
     @model_validator(mode="after")
     def _one_version_rule(self) -> ModelConfig:

@@ -1,4 +1,4 @@
-"""Which backend a version folder's files call for, and which extra installs that backend.
+"""Which backend a version folder's files call for (the file names of ``backend_registry``).
 
 A repository may hold nothing but a model file: ``<model>/1/model.onnx`` is served by ONNX
 Runtime, ``model.pt2`` or ``model.pt`` by PyTorch, ``model.keras`` or a SavedModel by
@@ -9,46 +9,14 @@ two backends is refused rather than guessed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
+from udfserve.runtime.backend_registry import FORMAT_BY_BACKEND, FORMATS, MODEL_FILES_TEXT
+
+__all__ = ["FORMAT_BY_BACKEND", "MODEL_FILES_TEXT", "SAVED_MODEL_FILE", "backends_present", "detect_backend"]
+
 SAVED_MODEL_FILE = "saved_model.pb"
-
-
-@dataclass(frozen=True)
-class BackendFormat:
-    """A backend's model files and the pip extra that installs its framework."""
-
-    backend: str
-    files: tuple[str, ...]
-    """File names (``*.keras`` a pattern) the backend loads from a version folder."""
-    module: str
-    """The framework's top-level module: present when the backend is installed."""
-    extra: str
-    """``pip install 'udfserve[<extra>]'`` installs it."""
-    described: str
-
-
-FORMATS = (
-    BackendFormat(
-        "tensorflow",
-        # legacy HDF5 files too: the TensorFlow backend refuses them, saying how to convert them
-        ("model.keras", "*.keras", SAVED_MODEL_FILE, "*.h5", "*.hdf5"),
-        "tensorflow",
-        "server",
-        "a Keras file or a SavedModel",
-    ),
-    BackendFormat("onnxruntime", ("model.onnx",), "onnxruntime", "onnx", "an ONNX graph"),
-    BackendFormat(
-        "pytorch", ("model.pt2", "model.pt"), "torch", "torch", "a torch.export program or TorchScript"
-    ),
-)
-BACKEND_NAMES = tuple(format_.backend for format_ in FORMATS)
-FORMAT_BY_BACKEND = {format_.backend: format_ for format_ in FORMATS}
-
-MODEL_FILES_TEXT = (
-    "model.keras or a SavedModel (TensorFlow), model.onnx (ONNX Runtime), model.pt2 or model.pt (PyTorch)"
-)
+"""A TensorFlow SavedModel's graph: the file ``--no-trust-savedmodels`` refuses (``repository``)."""
 
 
 def backends_present(version_dir: Path) -> dict[str, list[str]]:
@@ -73,5 +41,5 @@ def detect_backend(version_dir: Path) -> str:
     listed = "; ".join(f"{backend}: {', '.join(names)}" for backend, names in found.items())
     raise ValueError(
         f"{version_dir} holds the files of several backends ({listed}); expected the files of one, "
-        "or config.yaml naming the backend (backend: tensorflow|onnxruntime|pytorch)"
+        f"or config.yaml naming the backend (backend: {'|'.join(FORMAT_BY_BACKEND)})"
     )

@@ -1,25 +1,19 @@
-"""Backends by name. Each is imported only when asked for, so importing this package (or the
-repository) never imports a framework: a framework is imported to load a model, once the process
-is pinned to its device (``device.pin_device``)."""
+"""Backends by name (``registry``). Each is imported only when asked for, so importing this package
+(or the repository) never imports a framework: a framework is imported to load a model, once the
+process is pinned to its device (``device.pin_device``)."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 
+from udfserve.runtime.backend_registry import BACKEND_NAMES, FORMAT_BY_BACKEND
 from udfserve.runtime.backends.base import Backend, LoadedModel
 from udfserve.runtime.errors import BackendNotInstalled
-from udfserve.runtime.model_formats import BACKEND_NAMES, FORMAT_BY_BACKEND
 
 KNOWN_BACKENDS = BACKEND_NAMES
 
 __all__ = ["KNOWN_BACKENDS", "Backend", "LoadedModel", "backend_installed", "get_backend"]
-
-_BACKEND_CLASSES = {
-    "tensorflow": ("udfserve.runtime.backends.tensorflow", "TensorFlowBackend"),
-    "onnxruntime": ("udfserve.runtime.backends.onnxruntime", "OnnxRuntimeBackend"),
-    "pytorch": ("udfserve.runtime.backends.pytorch", "PyTorchBackend"),
-}
 
 
 def backend_installed(name: str) -> bool:
@@ -30,7 +24,7 @@ def backend_installed(name: str) -> bool:
 def get_backend(name: str) -> Backend:
     """The backend ``name``; imports its framework on first use. ``ValueError`` for a name no
     backend has, ``BackendNotInstalled`` naming the extra when its framework is missing."""
-    if name not in _BACKEND_CLASSES:
+    if name not in FORMAT_BY_BACKEND:
         raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(KNOWN_BACKENDS)}")
     format_ = FORMAT_BY_BACKEND[name]
     if not backend_installed(name):
@@ -38,10 +32,6 @@ def get_backend(name: str) -> Backend:
             f"the {name} backend (for {format_.described}) is not installed here: its framework "
             f"{format_.module!r} cannot be imported; expected `pip install 'udfserve[{format_.extra}]'`"
         )
-    if name == "tensorflow":
-        from udfserve.runtime.device import import_tensorflow
-
-        import_tensorflow()  # first, so the framework's start-up lines go through its filter
-    module_name, class_name = _BACKEND_CLASSES[name]
+    module_name, _, class_name = format_.loader.partition(":")
     backend: Backend = getattr(importlib.import_module(module_name), class_name)()
     return backend

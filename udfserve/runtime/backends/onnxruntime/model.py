@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from udfserve.runtime.backends.onnxruntime_errors import CALL_ERRORS, call_error, load_error
-from udfserve.runtime.backends.onnxruntime_session import (
+from udfserve.runtime.backends.onnxruntime.errors import CALL_ERRORS, call_error, load_error
+from udfserve.runtime.backends.onnxruntime.session import (
     OnnxRuntimeSettings,
     announce,
     check_device,
@@ -44,7 +44,7 @@ from udfserve.runtime.backends.onnxruntime_session import (
     run_options,
     session_options,
 )
-from udfserve.runtime.backends.onnxruntime_specs import graph_specs
+from udfserve.runtime.backends.onnxruntime.specs import graph_specs
 from udfserve.runtime.backends.spec_agreement import SpecMismatch, agreed_specs
 from udfserve.runtime.backends.warmup import warm_up
 from udfserve.runtime.call_bound import on_overrun

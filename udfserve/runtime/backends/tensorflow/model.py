@@ -25,11 +25,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from udfserve.runtime import device
-from udfserve.runtime.backends.keras_ranges import embedding_ranges, with_ranges
 from udfserve.runtime.backends.spec_agreement import SpecMismatch, agreed_specs
-from udfserve.runtime.backends.tensorflow_calls import graph_caller, to_numpy, to_tensor
-from udfserve.runtime.backends.tensorflow_errors import call_error
+from udfserve.runtime.backends.tensorflow.calls import graph_caller, to_numpy, to_tensor
+from udfserve.runtime.backends.tensorflow.errors import call_error
+from udfserve.runtime.backends.tensorflow.framework import enable_memory_growth
+from udfserve.runtime.backends.tensorflow.keras_ranges import embedding_ranges, with_ranges
 from udfserve.runtime.backends.warmup import warm_up
 from udfserve.runtime.errors import InvalidInput, ModelLoadError
 from udfserve.runtime.model_source import ModelSource
@@ -55,7 +55,7 @@ def _set_up_devices() -> None:
     global _gpu_count
     if _gpu_count is None:
         _set_up_threads()
-        _gpu_count = device.enable_memory_growth()  # the device line is logged by the import
+        _gpu_count = enable_memory_growth()  # the device line is logged by the import
 
 
 def _set_up_threads() -> None:
