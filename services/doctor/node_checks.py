@@ -233,8 +233,9 @@ def _heartbeat(discovery: NodeDiscovery, now: float, supervisor: SupervisorState
         )
     elif supervisor.alive or supervisor.lock_held:
         fix = (
-            f"the supervisor (pid {supervisor.pid}) runs but no longer writes: look at its log "
-            "(<runtime dir>/logs is its servers'), and restart the node"
+            f"the supervisor (pid {supervisor.pid}) runs but no longer writes: look at its log (its "
+            "stderr: the journal, the container's log; logs/node.log of the runtime folder for a node a job "
+            "started), and restart the node"
         )
     else:
         fix = RESTART_FIX

@@ -112,7 +112,7 @@ def test_a_server_that_cannot_start_is_reported_with_the_reason_and_its_log(
 
     assert run.code == 1
     line = run.line_of("sim:0")
-    assert line.startswith(f"FAIL  sim:0: restarting: server pid ")
+    assert line.startswith("FAIL  sim:0: restarting: server pid ")
     assert f"serves no model: model repository {model_folder} holds no servable model" in line
     assert f"its parent {example_repository} is probably the repository" in line
     assert f"fix: its log: {node.runtime_dir / 'logs' / 'server-sim0.log'}" in line
