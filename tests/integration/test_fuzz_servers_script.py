@@ -18,7 +18,7 @@ REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 def test_the_quick_fuzz_run_finds_no_crash_hang_or_internal_status(tmp_path: Path) -> None:
     output = tmp_path / "fuzz.json"
     completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.fuzz.fuzz_servers", "--quick", "--output", str(output)],
+        [sys.executable, "-m", "tests.fuzz.fuzz_servers", "--quick", "--output", str(output)],
         cwd=REPOSITORY_ROOT,
         capture_output=True,
         text=True,

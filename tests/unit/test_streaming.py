@@ -13,7 +13,6 @@ import pytest
 from udfserve.services.model_server.frontends.streaming import (
     Pending,
     StreamBounds,
-    answer_concurrently,
     answer_inline,
 )
 
@@ -143,27 +142,6 @@ def test_a_broken_request_stream_ends_the_answers_with_its_error_after_the_ready
         return received
 
     assert run(body) == ["refused 1"]
-
-
-def test_answer_concurrently_runs_each_answer_as_a_task() -> None:
-    release = {}
-
-    async def answer(request: int) -> int:
-        release[request] = asyncio.Event()
-        await release[request].wait()
-        return request * 10
-
-    async def body() -> list[int]:
-        answers = answer_concurrently(stream([1, 2]), answer, StreamBounds(4))
-        first = asyncio.ensure_future(anext(answers))
-        await wait_until(lambda: len(release) == 2)
-        release[2].set()
-        received = [await first]
-        release[1].set()
-        received += [result async for result in answers]
-        return received
-
-    assert run(body) == [20, 10]
 
 
 def test_answers_ready_at_once_stop_the_reader_while_the_consumer_does_not_take_them() -> None:

@@ -8,7 +8,6 @@ kept to plain attribute updates (the event changes only when the count leaves or
 from __future__ import annotations
 
 import asyncio
-from types import TracebackType
 
 
 class InFlightRequests:
@@ -32,21 +31,6 @@ class InFlightRequests:
         self._count -= 1
         if self._count == 0:
             self._idle.set()
-
-    def track(self) -> InFlightRequests:
-        """``with in_flight.track():`` counts the request for the duration of the block."""
-        return self
-
-    def __enter__(self) -> None:
-        self.begin()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.end()
 
     async def wait_idle(self) -> None:
         """Return once every accepted request has been answered."""

@@ -7,8 +7,7 @@ them batched together with everyone else's.
 One task reads the stream. What a request needs before it waits (decoding, checking,
 queueing in the batcher) runs inline in that task, and what it waits for is one future whose
 completion callback makes the answer (``answer_inline``, ``Pending``): no task, semaphore or
-queue per request, which on a busy stream cost as much as the request's own work. Answers that
-must await several things run as tasks (``answer_concurrently``).
+queue per request, which on a busy stream cost as much as the request's own work.
 
 What a stream holds is bounded (``StreamBounds``): a request counts from the moment it is read
 until its answer has been written to the transport, whether it waits for the batcher, was
@@ -176,24 +175,6 @@ async def answer_inline(
     finally:
         answers.close()
         reader.cancel()
-
-
-async def answer_concurrently(
-    requests: AsyncIterator[T], answer: Callable[[T], Awaitable[R]], bounds: StreamBounds
-) -> AsyncIterator[R]:
-    """Answers of ``requests`` in completion order, each ``answer(request)`` run as its own task,
-    the stream read only while it holds less than ``bounds`` (as ``answer_inline``)."""
-
-    def start(request: T) -> Pending[R]:
-        return Pending(asyncio.ensure_future(answer(request)), _result_of)
-
-    results: AsyncIterator[R] = answer_inline(requests, start, bounds)
-    async for result in results:
-        yield result
-
-
-def _result_of(future: asyncio.Future[R]) -> R:
-    return future.result()
 
 
 class _Answers(Generic[T, R]):

@@ -1,15 +1,18 @@
 """The interface every backend implements: load a model from the repository, run a batch.
 
 Kept free of any framework import so the repository, the server and the CPU fallback can name
-these types without pulling TensorFlow (or, later, ONNX Runtime or PyTorch) into the process.
+these types without pulling a framework into the process.
 
-A new backend is a module of this package with a class like ``TensorFlowBackend``: a
-``platform`` name and ``load(source)`` returning a ``LoadedModel``. Its name goes into
-``KNOWN_BACKENDS`` and ``get_backend`` (``__init__.py``, which imports the module only when asked
-for it) and into ``ModelConfig.backend``, the values a ``config.yaml`` may name; the framework is
-imported by that module only. ``predict`` receives what ``tensor_conversion`` checked and
-converted; a batch that does not fit the device's memory raises ``DeviceOutOfMemory`` (the
-batcher then halves the call), a model that cannot be loaded ``ModelLoadError``.
+A backend is a folder of this package (``onnxruntime/``, ``tensorflow/``, ...) whose class, like
+``OnnxRuntimeBackend``, has a ``platform`` name and ``load(source)`` returning a ``LoadedModel``,
+and one entry in ``udfserve.runtime.backend_registry`` (its model files, framework, extra and
+class), from which the scan, config.yaml's ``backend`` values and ``get_backend`` are derived;
+the framework is imported by that folder only (docs/backends.md, "Adding a backend"). A backend
+warms a model up with ``warmup.warm_up`` and, where its framework can stop a running call,
+registers how with ``udfserve.runtime.call_bound.on_overrun``. ``predict`` receives what
+``tensor_conversion`` checked and converted; a batch that does not fit the device's memory
+raises ``DeviceOutOfMemory`` (the batcher then halves the call), a model that cannot be loaded
+``ModelLoadError``.
 """
 
 from __future__ import annotations

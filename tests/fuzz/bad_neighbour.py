@@ -12,8 +12,8 @@ Once, the attacker's requests were merged with the good ones and failed every ca
 the batcher then ran each request of that call alone, and the good clients lost most of their
 throughput. Now the ids are refused before merging (``udfserve.runtime.value_ranges``).
 
-    python -m benchmarks.fuzz.bad_neighbour                 # 3 rounds of 10 s per phase
-    python -m benchmarks.fuzz.bad_neighbour --seconds 3 --rounds 1
+    python -m tests.fuzz.bad_neighbour                 # 3 rounds of 10 s per phase
+    python -m tests.fuzz.bad_neighbour --seconds 3 --rounds 1
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ Arrow IPC payload and checking it against a model's inputs raises ``ArrowPayload
 Here libFuzzer mutates the bytes, guided by the coverage of our Python modules (pyarrow's C++ is
 not instrumented), starting from valid payloads of each model shape.
 
-    python -m benchmarks.fuzz.fuzz_decode -max_total_time=60        # seeds in a temporary folder
-    python -m benchmarks.fuzz.fuzz_decode -runs=200000 my_corpus/   # libFuzzer flags and folders
+    python -m tests.fuzz.fuzz_decode -max_total_time=60        # seeds in a temporary folder
+    python -m tests.fuzz.fuzz_decode -runs=200000 my_corpus/   # libFuzzer flags and folders
 
 The first byte of an input picks the model; the rest is the payload. A crash leaves the input in
 ``crash-<sha1>`` in the working folder; replay it by passing that file instead of a folder.

@@ -18,9 +18,9 @@ It reports, per target, the status histogram, every INTERNAL or UNKNOWN (bad inp
 get one), calls that did not finish within their deadline (hangs), whether the server process
 died (crashes), and the server's RSS before and after. Exit code 1 when any of those is found.
 
-    python -m benchmarks.fuzz.fuzz_servers                    # 12,000 requests, seed 0
-    python -m benchmarks.fuzz.fuzz_servers --quick            # 240 requests: the script works
-    python -m benchmarks.fuzz.fuzz_servers --requests 40000 --seed 7
+    python -m tests.fuzz.fuzz_servers                    # 12,000 requests, seed 0
+    python -m tests.fuzz.fuzz_servers --quick            # 240 requests: the script works
+    python -m tests.fuzz.fuzz_servers --requests 40000 --seed 7
 """
 
 from __future__ import annotations
@@ -42,14 +42,14 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as kpb
 
 from benchmarks.cli import results_dir
-from benchmarks.fuzz.hostile_requests import (
+from benchmarks.processes import Workspace
+from tests.fuzz.hostile_requests import (
     MODELS,
     UNPARSEABLE,
     arrow_request,
     kserve_metadata_call,
     kserve_request,
 )
-from benchmarks.processes import Workspace
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.services.model_server.launcher import ServerProcess
 
