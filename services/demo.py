@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Literal, TextIO, cast
 from udfserve.discovery import NodeDiscovery, default_discovery_path, read_discovery
 from udfserve.services.demo_data import describe_inputs, format_value, input_columns
 from udfserve.services.demo_node import (
-    SHARED_MEMORY_REQUESTS,
     DemoError,
     StartedNode,
     node_addresses,
@@ -34,6 +33,7 @@ from udfserve.services.demo_node import (
     scrape_total,
     wait_until_interrupted,
 )
+from udfserve.services.demo_report import ServerFigures, traffic_lines, untrained_note
 
 if TYPE_CHECKING:
     from udfserve.spark_client.stats import ClientStats
@@ -211,21 +211,18 @@ def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDis
         )
         scored = frame.select("id", predict(*[tensor.name for tensor in inputs]).alias("prediction"))
         frame.write.format("noop").mode("overwrite").save()  # warm the JVM and the data path
-        rows_before = scrape_total(discovery, "udfserve_rows_total", options.model)
-        shared_before = scrape_total(discovery, SHARED_MEMORY_REQUESTS, None)
+        servers_before = ServerFigures.scrape(discovery, options.model)
         started = time.perf_counter()
         scored.write.format("noop").mode("overwrite").save()
         seconds = time.perf_counter() - started
         stats = predict.stats()  # read before any other action evaluates the UDF again
-        server_rows = scrape_total(discovery, "udfserve_rows_total", options.model) - rows_before
-        shared_requests = scrape_total(discovery, SHARED_MEMORY_REQUESTS, None) - shared_before
+        servers = ServerFigures.scrape(discovery, options.model).since(servers_before)
         samples = scored.limit(3).collect()
     finally:
         spark.stop()
     return {
         "seconds": seconds,
-        "server_rows": server_rows,
-        "shared_memory_requests": shared_requests,
+        "servers": servers,
         "client": stats,
         "samples": [(row["id"], format_value(row["prediction"])) for row in samples],
     }
@@ -233,7 +230,7 @@ def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDis
 
 def report(options: DemoOptions, discovery: NodeDiscovery, figures: dict[str, object]) -> str:
     seconds = float(figures["seconds"])  # type: ignore[arg-type]
-    counted_by_servers = int(figures["server_rows"])  # type: ignore[call-overload]
+    servers = cast(ServerFigures, figures["servers"])
     client = cast("ClientStats", figures["client"])
     reasons = ", ".join(f"{reason}: {n} batches" for reason, n in sorted(client.fallback_reasons.items()))
     lines = [
@@ -245,13 +242,10 @@ def report(options: DemoOptions, discovery: NodeDiscovery, figures: dict[str, ob
         f"time                   {seconds:.1f} s",
         f"throughput             {options.rows / seconds:,.0f} rows/s",
         f"answered by servers    {client.rows_by_server:,} rows in {client.batches_by_server:,} batches "
-        f"(the servers' own metrics count {counted_by_servers:,})",
+        f"(the servers' own metrics count {int(servers.rows):,})",
         f"answered by fallback   {client.rows_by_fallback:,} rows in {client.batches_by_fallback:,} batches"
         + (f" ({reasons})" if reasons else ""),
-        f"payloads               {int(figures['shared_memory_requests']):,} of "  # type: ignore[call-overload]
-        f"{client.batches_by_server:,} batches through the node's shared memory, the rest inline",
-        f"resends                {client.retries:,} (RESOURCE_EXHAUSTED, or shared memory refused), "
-        f"{client.backoff_s:.2f} s waited",
+        *traffic_lines(client, servers, seconds),
         f"model loads            {int(scrape_total(discovery, 'udfserve_model_loads_total', options.model))} "
         f"({len(discovery.servers)} server(s): "
         + ", ".join(f"{s.device} pid {s.pid}" for s in discovery.servers)
@@ -260,6 +254,7 @@ def report(options: DemoOptions, discovery: NodeDiscovery, figures: dict[str, ob
     ]
     for row_id, text in figures["samples"]:  # type: ignore[attr-defined]
         lines.append(f"  id {row_id:<4} {text}")
+    lines += untrained_note(options.model, example_model_names())
     return "\n".join(lines)
 
 

@@ -57,7 +57,7 @@ class ArrowWire:
         self._call = self._stub.Predict(_drain(self._outbox), metadata=self._metadata)
         threading.Thread(target=self._read_responses, args=(self._call, events), daemon=True).start()
 
-    def send(self, batch_id: int, batch: pa.RecordBatch) -> None:
+    def send(self, batch_id: int, batch: pa.RecordBatch) -> bool:
         request = pb.PredictRequest(model=self._model, version=self._version, batch_id=batch_id)
         regions = self._payloads.place(batch_id, batch) if self._payloads is not None else None
         if regions is None:
@@ -66,6 +66,7 @@ class ArrowWire:
             request.input_region.CopyFrom(regions[0])
             request.output_region.CopyFrom(regions[1])
         self._outbox.put(request)
+        return regions is not None
 
     def finish(self) -> bool:
         """Half-close, then let the server close the stream."""

@@ -174,7 +174,7 @@ class KServeWire:
     def open(self, events: queue.Queue[object]) -> None:
         self._events = events
 
-    def send(self, batch_id: int, batch: pa.RecordBatch) -> None:
+    def send(self, batch_id: int, batch: pa.RecordBatch) -> bool:
         try:
             request = arrow_batch_to_infer_request(
                 batch,
@@ -193,6 +193,7 @@ class KServeWire:
         with self._lock:
             self._calls[batch_id] = call
         call.add_done_callback(functools.partial(self._answered, batch_id))
+        return False  # KServe's tensors travel in the message
 
     def finish(self) -> bool:
         return True  # every call has ended: the stream waited for each answer

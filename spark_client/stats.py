@@ -17,8 +17,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pyspark.accumulators import AccumulatorParam
-
 from udfserve.spark_client.job_context import SparkJobContext
 from udfserve.spark_client.transport import StreamCounters
 
@@ -47,8 +45,18 @@ class ClientStats:
     batches_by_server: int = 0
     batches_by_fallback: int = 0
     retries: int = 0
+    sends: int = 0
+    """Requests sent to servers: a batch answered by a server took one send, and one more per resend
+    (``retries``); a batch a server failed took sends that no answer came back for."""
+    sends_in_shared_memory: int = 0
+    """Of ``sends``, those whose payload went through the node's shared memory (the rest inline)."""
     backoff_waits: int = 0
     backoff_s: float = 0.0
+    tasks: int = 0
+    """Partitions counted (one per Spark task that ran the UDF)."""
+    task_s: float = 0.0
+    """Their time, summed: each from the start of its partition to its end. ``backoff_s`` counts
+    each batch's waits; batches of one task wait side by side, so it can exceed this."""
     server_failures: dict[str, int] = field(default_factory=dict)
     fallback_reasons: dict[str, int] = field(default_factory=dict)
     rows_by_address: dict[str, int] = field(default_factory=dict)
@@ -66,6 +74,8 @@ class ClientStats:
         self.rows_by_server += counters.rows
         self.batches_by_server += counters.answered
         self.retries += counters.resent
+        self.sends += counters.sent
+        self.sends_in_shared_memory += counters.sent_in_shared_memory
         self.backoff_waits += counters.backoff_waits
         self.backoff_s += counters.backoff_s
         if counters.rows:
@@ -96,8 +106,14 @@ class ClientStats:
         return self
 
 
-class ClientStatsParam(AccumulatorParam[ClientStats]):
-    """Spark's way of adding two ``ClientStats``: the zero is empty, sums go field by field."""
+class ClientStatsParam:
+    """Spark's way of adding two ``ClientStats``: the zero is empty, sums go field by field.
+
+    PySpark asks an accumulator's param only for ``zero`` and ``addInPlace`` (its
+    ``AccumulatorParam`` is a base class with nothing else), so this one does not derive from it:
+    the client's partition path, which imports this module, then runs where PySpark is not
+    installed (``benchmarks.gpu_check`` scores through it on a machine without Spark).
+    """
 
     def zero(self, value: ClientStats) -> ClientStats:
         return ClientStats()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
@@ -60,8 +61,11 @@ def counted(job: PredictJob) -> Iterator[tuple[SparkJobContext, ClientStats]]:
     from pyspark import TaskContext
 
     stats = ClientStats()
+    started = time.perf_counter()
     try:
         yield job.application.for_task(TaskContext.get()), stats
     finally:
+        stats.tasks += 1
+        stats.task_s += time.perf_counter() - started
         if job.counters is not None:
             job.counters.add(stats)

@@ -86,6 +86,9 @@ class StreamCounters:
     """What one stream did, for the partition's statistics."""
 
     sent: int = 0
+    """Sends, first sends and resends alike."""
+    sent_in_shared_memory: int = 0
+    """Of them, sends whose payload went through the node's shared memory (the rest inline)."""
     resent: int = 0
     backoff_waits: int = 0
     backoff_s: float = 0.0
@@ -170,7 +173,8 @@ class PredictStream:
         slot.sent_at_s = time.monotonic()
         in_flight[slot.batch_id] = seq
         self.counters.sent += 1
-        self._wire.send(slot.batch_id, slot.held.batch)
+        if self._wire.send(slot.batch_id, slot.held.batch):
+            self.counters.sent_in_shared_memory += 1
 
     def _next_event(
         self,

@@ -69,7 +69,10 @@ class Wire(Protocol):
 
     def open(self, events: queue.Queue[object]) -> None: ...
 
-    def send(self, batch_id: int, batch: pa.RecordBatch) -> None: ...
+    def send(self, batch_id: int, batch: pa.RecordBatch) -> bool:
+        """Send ``batch`` as ``batch_id``; True when its payload went through the node's shared
+        memory, False when inline in the message."""
+        ...
 
     def finish(self) -> bool:
         """No more batches: end the call; True when it ended cleanly."""

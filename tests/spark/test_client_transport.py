@@ -109,7 +109,7 @@ def test_a_server_that_holds_requests_until_its_queue_has_room_answers_every_bat
     )
     assert refused_requests(holding_server) == refused_before
     assert room_waits(holding_server) > held_before
-    assert (stats.retries, stats.backoff_waits, stats.backoff_s) == (0, 0, 0.0)
+    assert (stats.sends, stats.retries, stats.backoff_waits, stats.backoff_s) == (6, 0, 0, 0.0)
     assert (stats.rows_by_server, stats.server_failures) == (6_000, {})
     predicted = np.concatenate([a.column(0).to_numpy() for a in answers])
     np.testing.assert_allclose(predicted, 2.0 * feature_values(ids, (4,)).sum(axis=1), atol=1e-5)

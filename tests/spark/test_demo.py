@@ -83,6 +83,29 @@ def test_the_demo_scores_a_model_of_two_inputs_with_columns_generated_from_its_m
     assert all(re.fullmatch(r"score=[\d.]+, embedding=\[(-?[\d.]+ ?){4}\]", sample) for sample in samples)
 
 
+def test_the_report_sets_sends_against_batches_and_payloads_against_sends(demo: RunningDemo) -> None:
+    batches = re.fullmatch(r"\d+ rows in (\d+) batches .*", demo.field("answered by servers"))
+    sends = re.match(
+        r"(\d+) \(RESOURCE_EXHAUSTED, or shared memory refused\): (\d+) batches took (\d+) sends",
+        demo.field("resends"),
+    )
+    payloads = re.fullmatch(
+        r"(\d+) of (\d+) sends through the node's shared memory "
+        r"\(the servers read (\d+) there\), (\d+) inline",
+        demo.field("payloads"),
+    )
+    assert batches and sends and payloads, demo.stdout
+    resent, batches_sent, sent = (int(value) for value in sends.groups())
+    in_shared_memory, of_sends, read_by_servers, inline = (int(value) for value in payloads.groups())
+    assert batches_sent == int(batches[1]) and sent == batches_sent + resent
+    assert of_sends == sent and in_shared_memory + inline == sent
+    assert read_by_servers == in_shared_memory
+
+
+def test_the_report_says_the_example_model_is_untrained(demo: RunningDemo) -> None:
+    assert demo.field("note").startswith("multi_io is one of udfserve's example models, generated untrained")
+
+
 def test_with_keep_running_the_printed_metrics_address_answers_after_the_report(demo: RunningDemo) -> None:
     address = demo.field("metrics")
     with urllib.request.urlopen(address, timeout=30) as response:
