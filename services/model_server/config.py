@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from udfserve.runtime.device import DEVICE_PATTERN
 from udfserve.runtime.model_config import validate_model_name
-from udfserve.services.log_format import LogFormat
 from udfserve.services.model_server.core.cpu_parallel import ROW_ALIGNMENT
 from udfserve.services.model_server.event_loop import EventLoopChoice
 from udfserve.services.model_server.priority_classes import parse_priority_classes
+from udfserve.services.model_server.shared_settings import SharedServerSettings
 from udfserve.shared_memory import DEFAULT_DIRECTORY as DEFAULT_SHARED_MEMORY_DIRECTORY
 
 MAX_TRACKED_APPS = 512
@@ -26,7 +26,7 @@ MAX_TRACKED_APPS = 512
 rendering to every /metrics page (measured on 2 cores), so 512 render in about 0.1 s."""
 
 
-class ServerConfig(BaseSettings):
+class ServerConfig(SharedServerSettings):
     """One model server process. Fields map to ``--flag-name`` and ``UDFSERVE_FLAG_NAME``."""
 
     model_config = SettingsConfigDict(env_prefix="UDFSERVE_", extra="forbid", frozen=True)
@@ -34,37 +34,6 @@ class ServerConfig(BaseSettings):
     model_repository: Path = Field(description="folder of <model>/config.yaml and <model>/<version>/")
     models: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(), description="load only these models (default: all)"
-    )
-    model_control: Literal["none", "poll", "explicit"] = Field(
-        default="none",
-        description="how the models change while the server runs: none (loaded once at start), poll "
-        "(the repository is watched: new models, version folders and config.yaml changes load, "
-        "removed ones unload, once they stayed unchanged for --repository-settle-s), explicit "
-        "(load, unload and reload calls over gRPC, the token required when one is set)",
-    )
-    repository_poll_s: float = Field(
-        default=5.0, ge=0.1, le=3600.0, description="how often --model-control poll scans the repository"
-    )
-    repository_settle_s: float = Field(
-        default=3.0,
-        ge=0.0,
-        le=3600.0,
-        description="how long a change in the repository must stay unchanged (no file of it growing or "
-        "replaced) before --model-control poll loads it: a version still being copied is never loaded",
-    )
-    version_swap: Literal["beside", "unload-first"] = Field(
-        default="beside",
-        description="how a new version replaces an old one: beside (the new one loads and warms up "
-        "while the old serves, then the old drains: both in memory for a while) or unload-first (the "
-        "old drains and unloads first, for a device that cannot hold both: requests naming no version "
-        "are refused RESOURCE_EXHAUSTED meanwhile, which clients ride out with back-off)",
-    )
-    version_drain_s: float = Field(
-        default=60.0,
-        ge=0.0,
-        le=3600.0,
-        description="how long a version being replaced or unloaded may take to answer its queued and "
-        "running requests before what is left is refused UNAVAILABLE",
     )
     version_lease_s: float = Field(
         default=60.0,
@@ -183,9 +152,6 @@ class ServerConfig(BaseSettings):
         "request out of the client's file into its own memory, and refuses a larger one with "
         "INVALID_ARGUMENT before copying",
     )
-    grace_period_s: float = Field(
-        default=10.0, ge=0.0, description="time to finish in-flight work on SIGTERM"
-    )
     exit_timeout_s: float = Field(
         default=5.0,
         ge=0.0,
@@ -302,15 +268,6 @@ class ServerConfig(BaseSettings):
         default="auto",
         description="event loop of the server: uvloop (less CPU per request), asyncio (the standard "
         "loop), or auto: uvloop when installed",
-    )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        default="INFO", description="log level of the server: DEBUG, INFO, WARNING or ERROR"
-    )
-    log_format: LogFormat = Field(
-        default="text",
-        description="how the server writes its log on stderr: text (lines for people) or json (one JSON "
-        "object a line: time, level, logger, message, and the request, model, Spark application and "
-        "trace ids where known)",
     )
     lifeline_fd: int | None = Field(
         default=None,

@@ -17,10 +17,10 @@ from __future__ import annotations
 import shlex
 import socket
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from udfserve.discovery import (
     DISCOVERY_FILE_ENV,
@@ -29,11 +29,11 @@ from udfserve.discovery import (
     default_runtime_dir,
 )
 from udfserve.runtime.model_config import validate_model_name
-from udfserve.services.log_format import LogFormat
 from udfserve.services.model_server.config import is_loopback
+from udfserve.services.model_server.shared_settings import SHARED_SETTINGS, SharedServerSettings
 from udfserve.services.node.devices import DeviceError, DeviceSlot, check_devices_syntax
 from udfserve.services.node.runtime_dir import PRIVATE_MODE, SHARED_MODE
-from udfserve.services.node.server_flags import SHARED_SETTINGS, check_server_args
+from udfserve.services.node.server_flags import check_server_args
 from udfserve.services.settings_cli import flag_name
 
 UNIX_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
@@ -46,7 +46,7 @@ def _port_or_off(value: object) -> object:
     return value
 
 
-class NodeConfig(BaseSettings):
+class NodeConfig(SharedServerSettings):
     """One node supervisor. Fields map to ``--flag-name`` and ``UDFSERVE_FLAG_NAME``."""
 
     model_config = SettingsConfigDict(env_prefix="UDFSERVE_", extra="forbid", frozen=True)
@@ -114,35 +114,6 @@ class NodeConfig(BaseSettings):
         ge=0,
         description="a server that was ready this long before it died restarts after the initial delay",
     )
-    grace_period_s: float = Field(
-        default=10.0, ge=0, description="servers' time to drain on SIGTERM; SIGKILL 5 s after it"
-    )
-    model_control: Literal["none", "poll", "explicit"] = Field(
-        default="none",
-        description="passed to every server: none (models loaded once at start), poll (each server "
-        "watches the repository, so a version published there reaches every device), explicit (load "
-        "and unload calls to each server)",
-    )
-    repository_poll_s: float = Field(
-        default=5.0, ge=0.1, le=3600.0, description="how often each server scans the repository under poll"
-    )
-    repository_settle_s: float = Field(
-        default=3.0,
-        ge=0.0,
-        le=3600.0,
-        description="how long a change in the repository must stay unchanged before poll loads it",
-    )
-    version_swap: Literal["beside", "unload-first"] = Field(
-        default="beside",
-        description="how each server replaces a version: beside (the new one warms up while the old "
-        "serves) or unload-first (the old drains first, for a device that cannot hold both)",
-    )
-    version_drain_s: float = Field(
-        default=60.0,
-        ge=0.0,
-        le=3600.0,
-        description="how long a version being replaced or unloaded may take to answer what it holds",
-    )
     server_args: str = Field(
         default="",
         description="more `udfserve serve` flags for every server, given with '=', e.g. "
@@ -154,16 +125,6 @@ class NodeConfig(BaseSettings):
         default=False,
         description="accept plaintext listeners (servers' gRPC and HTTP, the supervisor's HTTP) on "
         "non-loopback addresses; passed on to every server",
-    )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        default="INFO",
-        description="log level of the supervisor and of every server: DEBUG, INFO, WARNING or ERROR",
-    )
-    log_format: LogFormat = Field(
-        default="text",
-        description="how the supervisor and every server write their logs: text (lines for people) or "
-        "json (one JSON object a line: time, level, logger, message, and the request, model, Spark "
-        "application and trace ids where known)",
     )
     leases: bool = Field(
         default=False,

@@ -24,20 +24,8 @@ from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.model_server.shared_settings import SHARED_SETTINGS
 from udfserve.services.settings_cli import add_settings_arguments, env_name, flag_name, settings_from_args
-
-SHARED_SETTINGS = (
-    "grace_period_s",
-    "log_level",
-    "log_format",
-    "model_control",
-    "repository_poll_s",
-    "repository_settle_s",
-    "version_swap",
-    "version_drain_s",
-)
-"""Settings the node and its servers both have, with the same name and meaning: the node
-passes its value to every server."""
 
 NODE_SET_FLAGS: Mapping[str, str] = {
     **{name: f"the node's {flag_name(name)}" for name in SHARED_SETTINGS},

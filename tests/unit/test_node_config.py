@@ -11,9 +11,9 @@ from udfserve.discovery import default_discovery_path
 from udfserve.services.cli import build_parser
 from udfserve.services.model_server.config import ServerConfig
 from udfserve.services.model_server.launcher import serve_arguments, server_command
+from udfserve.services.model_server.shared_settings import SHARED_SETTINGS
 from udfserve.services.node.config import NodeConfig
 from udfserve.services.node.devices import DeviceSlot
-from udfserve.services.node.server_flags import SHARED_SETTINGS
 from udfserve.services.settings_cli import SettingsError, add_settings_arguments, settings_from_args
 
 
