@@ -46,6 +46,8 @@ class ServerAnswers:
     index_code: grpc.StatusCode | None = None
     index_error: str = ""
     serving: dict[str, list[int]] = field(default_factory=dict)
+    leased: dict[str, list[int]] = field(default_factory=dict)
+    """Versions the policy no longer serves, kept for the jobs that pinned them (``--version-lease-s``)."""
     requires_token: bool | None = None
     """Whether the server refused the index without a token (None: not asked without one)."""
 
@@ -215,11 +217,12 @@ def _ask(reached: ServerAnswers, targets: list[str], metadata: CallMetadata, tim
                 reached.requires_token = _requires_token(channel, metadata, timeout_s)
                 for item in reached.index:
                     if item.state == pb.VERSION_STATE_READY and item.version:
-                        reached.serving.setdefault(item.model, []).append(int(item.version))
+                        kept = reached.leased if item.reason.startswith("leased") else reached.serving
+                        kept.setdefault(item.model, []).append(int(item.version))
             return
 
 
-def _requires_token(channel: grpc.Channel, metadata: CallMetadata, timeout_s: float) -> bool | None:
+def _requires_token(channel: grpc.Channel, metadata: CallMetadata, timeout_s: float) -> bool:
     """Whether a server that accepted ``metadata`` refuses a call without it (False when no
     token was sent: the call just made says the server takes calls without one)."""
     if not metadata:
@@ -233,13 +236,23 @@ def _requires_token(channel: grpc.Channel, metadata: CallMetadata, timeout_s: fl
     return False
 
 
-def _served_text(served: dict[str, list[int]]) -> str:
+def _served_text(served: dict[str, list[int]], leased: dict[str, list[int]] | None = None) -> str:
     if not served:
         return "no model"
-    return ", ".join(
-        f"{model} version{'s' if len(versions) > 1 else ''} {', '.join(map(str, sorted(versions)))}"
-        for model, versions in sorted(served.items())
-    )
+    parts = []
+    for model, versions in sorted(served.items()):
+        text = f"{model} version{'s' if len(versions) > 1 else ''} {_numbers(versions)}"
+        kept = (leased or {}).get(model)
+        if kept:
+            text += (
+                f" (and {_numbers(kept)}, leased to the jobs that pinned {'them' if len(kept) > 1 else 'it'})"
+            )
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def _numbers(versions: list[int]) -> str:
+    return ", ".join(map(str, sorted(versions)))
 
 
 def _server_findings(reached: ServerAnswers, runtime_dir: Path) -> list[Finding]:
@@ -260,6 +273,7 @@ def _server_findings(reached: ServerAnswers, runtime_dir: Path) -> list[Finding]
     if reached.index is not None:
         served, source = reached.serving, ""
         facts["serving"] = {model: sorted(versions) for model, versions in served.items()}
+        facts["leased"] = {model: sorted(versions) for model, versions in reached.leased.items()}
     else:
         served = {model: entry.versions.get(model, []) for model in entry.models}
         source = f" (as the discovery file lists them: its index answered {reached.index_error_text()})"
@@ -281,7 +295,8 @@ def _server_findings(reached: ServerAnswers, runtime_dir: Path) -> list[Finding]
             group="servers",
             name=entry.device,
             status="ok",
-            summary=f"health SERVING over {reached.target} (pid {entry.pid}); serves {_served_text(served)}"
+            summary=f"health SERVING over {reached.target} (pid {entry.pid}); serves "
+            f"{_served_text(served, reached.leased)}"
             f"{source}",
             facts=facts,
         )
@@ -324,9 +339,10 @@ def _versions_agree(answers: list[ServerAnswers]) -> list[Finding]:
                     group="servers",
                     name=f"{model} versions",
                     status="warn",
-                    summary=f"the devices serve different versions ({listed}{absent}): a job sees the "
-                    "version "
-                    "of the device its task lands on, unless it pins one (version_consistency)",
+                    summary=f"the devices serve different versions ({listed}{absent}): a job of "
+                    "version_consistency='request' gets the version of the device its task lands on; a job "
+                    "pinned to its version (the default, 'job') has it loaded for it on each device that "
+                    "lacks it, at the cost of a load there",
                     fix="wait for the rollout to finish, or load the version on every device "
                     "(`udfserve models load`)",
                     facts={

@@ -1,23 +1,29 @@
 """``udfserve doctor`` on a node that is broken for real: its supervisor stopped (the heartbeat goes
 stale), its supervisor killed (the node's lock is free, its servers drain away), a server that
-cannot start. Each test runs its own node, as each breaks it for good."""
+cannot start, a version loaded on one device only. Each test runs its own node, as each breaks it
+for good."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 from doctor_harness import run_doctor
 from node_harness import NodeProcess, kill_if_still_running, stop_node, wait_until
 
 from udfserve.discovery import read_discovery
+from udfserve.protocol import inference_pb2 as pb
+from udfserve.protocol import inference_pb2_grpc as pb_grpc
 
 QUICK = "--no-import-frameworks"
 STALE_TIMEOUT_S = 60.0  # far beyond the 1 s after which the node below says its file is stale
 SERVERS_GONE_TIMEOUT_S = 120.0  # a server drains (grace period 5 s) and tears TensorFlow down
+LOAD_TIMEOUT_S = 600.0  # a version loaded and warmed up on a busy machine
 
 
 def gone(pid: int) -> bool:
@@ -117,3 +123,34 @@ def test_a_server_that_cannot_start_is_reported_with_the_reason_and_its_log(
     assert f"its parent {example_repository} is probably the repository" in line
     assert f"fix: its log: {node.runtime_dir / 'logs' / 'server-sim0.log'}" in line
     assert "Not healthy: 1 problem blocks jobs (sim:0)" in run.output
+
+
+@pytest.mark.slow
+def test_a_version_loaded_on_one_device_only_is_reported_with_each_devices_versions(
+    example_repository: Path, short_dir: Path
+) -> None:
+    repository = short_dir / "models"
+    shutil.copytree(example_repository / "tabular_mlp", repository / "tabular_mlp")
+    node = NodeProcess(short_dir / "rt", repository, "sim:0,sim:1", ["--model-control", "explicit"])
+    try:
+        discovery = node.wait_all_ready(2)
+        shutil.copytree(repository / "tabular_mlp" / "1", repository / "tabular_mlp" / "2")
+        [first] = [s for s in discovery.servers if s.device == "sim:0"]
+        with grpc.insecure_channel(f"unix://{first.unix_socket}") as channel:  # one device, not the node
+            loaded = pb_grpc.InferenceStub(channel).LoadModel(
+                pb.LoadModelRequest(model="tabular_mlp"), timeout=LOAD_TIMEOUT_S
+            )
+        assert list(loaded.served_versions) == [2]
+
+        run = run_doctor("versions-differ", ["--runtime-dir", str(node.runtime_dir), QUICK])
+    finally:
+        stop_node(node)
+
+    assert run.code == 0  # each device serves: jobs run, but which version answers depends on the device
+    line = run.line_of("tabular_mlp versions")
+    assert line.startswith(
+        "WARN  tabular_mlp versions: the devices serve different versions (sim:0: 2; sim:1: 1)"
+    )
+    assert "fix: wait for the rollout to finish, or load the version on every device" in line
+    assert run.line_of("sim:0").startswith("ok    sim:0: health SERVING")
+    assert "serves tabular_mlp version 2 (and 1, leased to the jobs that pinned it)" in run.line_of("sim:0")
