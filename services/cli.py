@@ -53,14 +53,18 @@ def run_node(args: argparse.Namespace) -> int:
 
 
 def run_generate_models(args: argparse.Namespace) -> int:
+    from udfserve.services.examples.backend_examples import backend_examples_missing
     from udfserve.services.examples.generate_models import onnx_missing
 
     if args.onnx and onnx_missing():
         raise SettingsError(onnx_missing())
+    if backend_examples_missing(args.backend_examples):
+        raise SettingsError(backend_examples_missing(args.backend_examples))
     configure_logging("INFO")
     from udfserve.runtime.device import pin_device
 
     pin_device("cpu")  # generating small models needs no GPU; never take a GPU's memory for it
+    from udfserve.services.examples.backend_examples import generate_backend_examples
     from udfserve.services.examples.generate_models import (
         generate_example_repository,
         publish_example_version,
@@ -80,6 +84,7 @@ def run_generate_models(args: argparse.Namespace) -> int:
         from udfserve.services.examples.torch_models import generate_torch_examples
 
         names += generate_torch_examples(args.output, overwrite=args.overwrite)
+    names += generate_backend_examples(args.output, args.backend_examples, overwrite=args.overwrite)
     logger.info("example model repository at %s: %s", args.output, ", ".join(names))
     return 0
 
@@ -184,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="model repository tools")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    from udfserve.services.examples.backend_examples import add_backend_examples_argument
     from udfserve.services.examples.generate_models import (
         GENERATE_DESCRIPTION,
         ONNX_HELP,
@@ -208,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         "weights, imported with `models import-hf` to ONNX (needs torch and transformers here; served by "
         "ONNX Runtime, which tokenizes its string input)",
     )
+    add_backend_examples_argument(generate)
     add_publish_arguments(generate)
     generate.set_defaults(handler=run_generate_models)
     _add_import_hf(models_commands)

@@ -24,6 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from udfserve.services.examples.backend_examples import (
+    add_backend_examples_argument,
+    backend_examples_missing,
+    generate_backend_examples,
+)
+
 if TYPE_CHECKING:
     import keras
 
@@ -121,8 +127,9 @@ GENERATE_DESCRIPTION = (
     f"Write the example model repository: {', '.join(EXAMPLES)} (small Keras models with seeded "
     f"weights), with --savedmodel tabular_mlp{SAVEDMODEL_SUFFIX}, with --onnx tabular_mlp_onnx "
     "(the same weights as an ONNX graph; needs the onnx package), and with --text-classifier "
-    "text_classifier (a Hugging Face classifier imported to ONNX; needs torch and transformers). Models "
-    "already present are kept unless --overwrite."
+    "text_classifier (a Hugging Face classifier imported to ONNX; needs torch and transformers), and with "
+    "--backend-examples the models a backend brings (backend_registry's entries with examples). "
+    "Models already present are kept unless --overwrite."
 )
 """The help of the generator, shared by ``udfserve models generate`` and this module's own command."""
 ONNX_HELP = "also write tabular_mlp as an ONNX graph, tabular_mlp_onnx (needs the onnx package)"
@@ -297,10 +304,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also write text_classifier (a Hugging Face classifier exported to ONNX; needs torch and "
         "transformers)",
     )
+    add_backend_examples_argument(parser)
     add_publish_arguments(parser)
     args = parser.parse_args(argv)
     if args.onnx and onnx_missing():
         parser.error(onnx_missing())
+    if backend_examples_missing(args.backend_examples):
+        parser.error(backend_examples_missing(args.backend_examples))
     if "tensorflow" not in sys.modules:
         # Weights are generated on the CPU: the same seeded values on any machine, and no GPU
         # memory taken from a model server that may be running on this node.
@@ -320,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         include_onnx=args.onnx,
         include_text_classifier=args.text_classifier,
     )
+    names += generate_backend_examples(args.output, args.backend_examples, overwrite=args.overwrite)
     logger.info("example models in %s: %s", args.output, ", ".join(names))
     return 0
 
