@@ -29,6 +29,8 @@ def version_folder(root: Path, *files: str, config: str | None = None) -> Path:
         ("model.onnx", "onnxruntime"),
         ("model.pt2", "pytorch"),
         ("model.pt", "pytorch"),
+        ("model.ubj", "xgboost"),
+        ("model.json", "xgboost"),
     ],
 )
 def test_a_model_file_alone_names_its_backend(tmp_path: Path, file_name: str, backend: str) -> None:

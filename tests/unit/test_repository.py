@@ -394,7 +394,7 @@ def test_an_empty_repository_is_explained_with_the_layout_expected(tmp_path: Pat
         f"model repository {tmp_path} holds no servable model: found nothing, it is empty; expected a folder "
         "per model, <repo>/<model>/config.yaml (optional) and <repo>/<model>/<version>/ (an integer, "
         "holding model.keras or a SavedModel (TensorFlow), model.onnx (ONNX Runtime), model.pt2 or "
-        "model.pt (PyTorch))"
+        "model.pt (PyTorch), model.ubj or model.json (XGBoost))"
     )
 
 

@@ -75,6 +75,17 @@ FORMATS = (
         "PyTorch",
         "udfserve.runtime.backends.pytorch:PyTorchBackend",
     ),
+    BackendFormat(
+        "xgboost",
+        ("model.ubj", "model.json"),
+        "xgboost",
+        "xgboost",
+        "an XGBoost booster",
+        "model.ubj or model.json",
+        "XGBoost",
+        "udfserve.runtime.backends.xgboost:XGBoostBackend",
+        "udfserve.runtime.backends.xgboost.example:write_examples",
+    ),
 )
 BACKEND_NAMES = tuple(format_.backend for format_ in FORMATS)
 FORMAT_BY_BACKEND = {format_.backend: format_ for format_ in FORMATS}
