@@ -142,8 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="udfserve",
-        description="GPU-resident model servers for Spark UDFs. Every flag of `serve` and `node` can also "
-        "be set with the UDFSERVE_<FLAG> environment variable; a flag wins over the variable.",
+        description="GPU-resident model servers for Spark UDFs. Every flag of `serve`, `node` and `doctor` "
+        "can also be set with the UDFSERVE_<FLAG> environment variable; a flag wins over the variable.",
     )
     parser.add_argument("--version", action="version", version=f"udfserve {udfserve.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

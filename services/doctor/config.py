@@ -50,10 +50,11 @@ class DoctorConfig(BaseSettings):
         description="the folder the jobs put shared-memory payloads in (spark.udfserve.sharedMemoryDir)",
     )
     shared_memory_min_free_bytes: int = Field(
-        default=64 << 20,
+        default=16 << 20,
         ge=0,
         description="less free space than this in the shared-memory folder is reported: a payload file "
-        "that cannot be reserved travels inline",
+        "that cannot be reserved travels inline (a stream's files take a few MiB: its requests in flight, "
+        "2 MiB each by default, and their answers)",
     )
     import_frameworks: bool = Field(
         default=True,

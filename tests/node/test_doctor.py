@@ -244,4 +244,4 @@ def test_a_full_shared_memory_folder_is_reported_with_its_free_space(
     assert run.code == 0
     shared = run.section("Shared memory")
     assert f"cannot create payload files in {full_tmpfs}" in shared and "No space left on device" in shared
-    assert f"{full_tmpfs} has 0 bytes free of 4.0 MiB, less than 64.0 MiB" in shared
+    assert f"{full_tmpfs} has 0 bytes free of 4.0 MiB, less than 16.0 MiB" in shared
