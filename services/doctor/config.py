@@ -45,9 +45,10 @@ class DoctorConfig(BaseSettings):
     auth_token: SecretStr | None = Field(
         default=None, description="the token itself, when the jobs give it as a value (never printed)"
     )
-    shared_memory_dir: Path = Field(
+    shared_memory_dir: Path | None = Field(
         default=Path(DEFAULT_SHARED_MEMORY_DIRECTORY),
-        description="the folder the jobs put shared-memory payloads in (spark.udfserve.sharedMemoryDir)",
+        description="the folder the jobs put shared-memory payloads in (spark.udfserve.sharedMemoryDir); "
+        "'off' when they use none",
     )
     shared_memory_min_free_bytes: int = Field(
         default=16 << 20,
@@ -71,6 +72,13 @@ class DoctorConfig(BaseSettings):
             if not all(word.isdigit() for word in words):
                 raise ValueError(f"expected uids as numbers separated by commas, received {value!r}")
             return tuple(int(word) for word in words)
+        return value
+
+    @field_validator("shared_memory_dir", mode="before")
+    @classmethod
+    def _off(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in {"off", "none", ""}:
+            return None
         return value
 
     @model_validator(mode="after")

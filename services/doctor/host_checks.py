@@ -40,6 +40,8 @@ def check_shared_memory(config: DoctorConfig) -> list[Finding]:
     folder = config.shared_memory_dir
     me = describe_uid(os.geteuid())
     inline = "jobs here send every batch inline in its gRPC message (slower; nothing is lost)"
+    if folder is None:
+        return [_shm("info", f"off (--shared-memory-dir off): {inline}", "")]
     try:
         found = folder.stat()
     except OSError as exc:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from udfserve.services.doctor.config import DoctorConfig
-from udfserve.services.doctor.host_checks import file_system_type
+from udfserve.services.doctor.host_checks import check_shared_memory, file_system_type
 from udfserve.services.doctor.node_checks import flock_holders, lock_taken
 from udfserve.services.doctor.render import render_json, render_text
 from udfserve.services.doctor.report import Finding, Report
@@ -45,6 +45,13 @@ def test_the_settings_are_read_from_the_variables_the_node_and_the_client_read(
     config = DoctorConfig()
     assert config.discovery_path == tmp_path / "discovery.json"
     assert config.auth_token_file == tmp_path / "token" and config.trusted_node_uids == (10001, 10002)
+
+
+def test_shared_memory_off_is_described_not_checked() -> None:
+    config = DoctorConfig(shared_memory_dir="off")  # type: ignore[arg-type]
+    assert config.shared_memory_dir is None
+    [finding] = check_shared_memory(config)
+    assert finding.status == "info" and finding.summary.startswith("off (--shared-memory-dir off)")
 
 
 def test_a_token_given_twice_is_refused() -> None:
