@@ -45,15 +45,20 @@ CALL_ERRORS: tuple[type[Exception], ...] = (XGBoostError, ValueError, MemoryErro
 
 
 def short_message(error: BaseException) -> str:
-    """XGBoost's message without its time, C++ source location and stack trace, on one line."""
+    """XGBoost's message without its time, C++ source location and stack trace, on one line, what
+    is not printable (bytes of the file it quotes) as ``?``."""
     text = str(error).split("Stack trace:", 1)[0]
     text = _TIME_AND_SOURCE.sub("", text)
-    text = " ".join(text.split())
+    text = "".join(char if char.isprintable() else "?" for char in " ".join(text.split()))
     return text if len(text) <= MESSAGE_CHARS else f"{text[:MESSAGE_CHARS]}..."
 
 
 def load_error(where: str, path: Path, error: BaseException) -> str:
-    """What a user is told when XGBoost cannot load ``path`` as a booster."""
+    """What a user is told when XGBoost cannot load ``path`` as a booster. XGBoost's error quotes
+    the start of the file, and a binary file (a pickle) makes that quote undecodable: the error
+    is then a ``UnicodeDecodeError``, whose own words would say nothing of the file."""
+    if isinstance(error, UnicodeDecodeError):
+        error = XGBoostError("it is not XGBoost's JSON or UBJSON: XGBoost's own message quoted binary bytes")
     return (
         f"{where}: xgboost {xgboost.__version__} cannot load {path} ({short_message(error)}); expected a "
         "booster saved by Booster.save_model in XGBoost's JSON (model.json) or UBJSON (model.ubj) "

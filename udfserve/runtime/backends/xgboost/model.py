@@ -148,7 +148,7 @@ class XGBoostBackend:
         booster = xgboost.Booster()
         try:
             booster.load_model(str(artifact))  # XGBoost's JSON or UBJSON, never a pickle
-        except XGBoostError as exc:
+        except (XGBoostError, UnicodeDecodeError) as exc:  # the second: its message quoted binary bytes
             raise ModelLoadError(load_error(where, artifact, exc)) from exc
         try:
             specs = booster_specs(booster, source.config.inputs, source.config.outputs)
