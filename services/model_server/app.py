@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import socket
-import ssl
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,12 +43,19 @@ from udfserve.services.model_server.exit_deadline import EXIT_FORCED, ExitDeadli
 from udfserve.services.model_server.frontends.admin_server import AdminThread, ServingLoop
 from udfserve.services.model_server.frontends.arrow.grpc_api import InferenceServicer
 from udfserve.services.model_server.frontends.http_api import AdminLimits, create_admin_app
+from udfserve.services.model_server.frontends.kserve.metadata import server_extensions
 from udfserve.services.model_server.frontends.kserve.native_bridge import (
     NativeBoundsCollector,
     NativeKServeFrontend,
 )
 from udfserve.services.model_server.frontends.kserve.servicer import add_kserve_service
 from udfserve.services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
+from udfserve.services.model_server.frontends.kserve_http.listener import (
+    KServeHttpPort,
+    answer_at_once,
+    open_kserve_http_port,
+    uvicorn_tls,
+)
 from udfserve.services.model_server.frontends.readable_requests import add_service
 from udfserve.services.model_server.frontends.streaming import STREAM_METHODS, RawStreamRequests, StreamBounds
 from udfserve.services.model_server.lifeline import watch_lifeline
@@ -78,6 +84,8 @@ class BoundAddresses:
     http_address: str | None
     kserve_address: str | None = None
     """The native KServe front end's host:port; None when KServe is served on the main listeners."""
+    kserve_http_address: str | None = None
+    """The KServe HTTP port's host:port (``--kserve-http-port``); None when it is off."""
     models: tuple[str, ...] = ()
     """The models that loaded: the file is written again, with them, once loading has finished
     and before health reports SERVING, so a supervisor needs no call (nor the token) to know."""
@@ -173,7 +181,11 @@ class RunningServer:
         )
         add_service(pb_grpc.add_InferenceServicer_to_server, self.servicer, self.grpc_server, STREAM_METHODS)
         self.kserve_servicer = add_kserve_service(
-            self.grpc_server, self.requests, stream_bounds, self.control
+            self.grpc_server,
+            self.requests,
+            stream_bounds,
+            self.control,
+            server_extensions(http=config.kserve_http_port is not None),
         )
         self.kserve_native: NativeKServeFrontend | None = None
         if config.kserve_frontend == "native":
@@ -191,6 +203,7 @@ class RunningServer:
         add_service(health_pb2_grpc.add_HealthServicer_to_server, self.health, self.grpc_server)
         self.addresses: BoundAddresses | None = None
         self._admin: AdminThread | None = None
+        self._kserve_http: KServeHttpPort | None = None
         self._load_task: asyncio.Task[None] | None = None
         self._poll_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
@@ -232,6 +245,7 @@ class RunningServer:
                     f"cannot listen on --http-host {config.http_host} --http-port {config.http_port}: "
                     f"{exc.strerror or exc}"
                 ) from None
+            answer_at_once(http_socket)
             http_address = f"{config.http_host}:{http_socket.getsockname()[1]}"
             app = create_admin_app(
                 self.models,
@@ -246,16 +260,13 @@ class RunningServer:
                 ),
                 docs=config.http_docs,
             )
-            tls: dict[str, object] = {}
-            if config.tls_enabled:
-                tls = {"ssl_certfile": str(config.tls_cert_file), "ssl_keyfile": str(config.tls_key_file)}
-                if config.tls_client_ca_file is not None:
-                    tls |= {
-                        "ssl_ca_certs": str(config.tls_client_ca_file),
-                        "ssl_cert_reqs": ssl.CERT_REQUIRED,
-                    }
-            self._admin = AdminThread(app, http_socket, tls)
+            self._admin = AdminThread(app, http_socket, uvicorn_tls(config))
             self._admin.start()
+        self._kserve_http = open_kserve_http_port(
+            config, self.kserve_servicer, self.metrics.registry, self.auth_token
+        )
+        if self._kserve_http is not None:
+            self._kserve_http.start()
 
         self.addresses = BoundAddresses(
             pid=os.getpid(),
@@ -264,6 +275,7 @@ class RunningServer:
             tcp_address=tcp_address,
             http_address=http_address,
             kserve_address=kserve_address,
+            kserve_http_address=self._kserve_http and self._kserve_http.address,
         )
         if config.ready_file is not None:
             _write_json_atomically(config.ready_file, asdict(self.addresses))
@@ -276,6 +288,7 @@ class RunningServer:
                     tcp_address,
                     http_address and f"http://{http_address}",
                     kserve_address and f"{kserve_address} (KServe, native)",
+                    self._kserve_http and f"http://{self._kserve_http.address} (KServe)",
                 )
                 if a
             ),
@@ -356,6 +369,8 @@ class RunningServer:
             await asyncio.wait_for(self.in_flight.wait_idle(), timeout=self.config.grace_period_s)
         if self.kserve_native is not None:
             await self.kserve_native.stop(max(0.0, deadline - time.monotonic()))
+        if self._kserve_http is not None:
+            await self._kserve_http.stop(max(0.0, deadline - time.monotonic()))
         await self.grpc_server.stop(grace=max(0.0, deadline - time.monotonic()))
         await self.models.stop(max(0.0, deadline - time.monotonic()))
         stopped = WATCH.stop_all()  # answered already: what still runs would only hold the exit

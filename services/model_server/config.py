@@ -82,6 +82,18 @@ class ServerConfig(SharedServerSettings):
         le=65535,
         description="TCP port of the native KServe front end (--kserve-frontend native); 0 picks a free one",
     )
+    kserve_http_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="TCP port of --host serving the KServe v2 protocol over HTTP/REST (Triton's /v2 routes, "
+        "JSON and binary tensors); 0 picks a free one; off (the default) serves none",
+    )
+    kserve_http_loop: Literal["serving", "own"] = Field(
+        default="serving",
+        description="where the KServe HTTP port runs: serving (on the event loop that serves gRPC: least "
+        "CPU a request) or own (a thread and event loop of its own, as the admin app)",
+    )
     http_host: str = Field(default="127.0.0.1", description="host of the HTTP admin app")
     http_port: int | None = Field(
         default=7501, ge=0, le=65535, description="HTTP admin port; 0 picks a free one, off disables HTTP"
@@ -355,7 +367,9 @@ class ServerConfig(SharedServerSettings):
             uids.append(int(item))
         return tuple(uids)
 
-    @field_validator("port", "http_port", "kserve_port", "shared_memory_dir", mode="before")
+    @field_validator(
+        "port", "http_port", "kserve_port", "kserve_http_port", "shared_memory_dir", mode="before"
+    )
     @classmethod
     def _port_off(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in {"off", "none", ""}:
@@ -415,6 +429,7 @@ class ServerConfig(SharedServerSettings):
                     ("--host", self.host, self.port),
                     ("--http-host", self.http_host, self.http_port),
                     ("--host", self.host, self.kserve_port),
+                    ("--host", self.host, self.kserve_http_port),
                 )
                 if port is not None and not is_loopback(host)
             ]
@@ -438,7 +453,11 @@ class ServerConfig(SharedServerSettings):
             return self
         remote = [
             f"--host {self.host} ({flag})"
-            for flag, port in (("--port", self.port), ("--kserve-port", self.kserve_port))
+            for flag, port in (
+                ("--port", self.port),
+                ("--kserve-port", self.kserve_port),
+                ("--kserve-http-port", self.kserve_http_port),
+            )
             if port is not None and not is_loopback(self.host)
         ]
         if remote:

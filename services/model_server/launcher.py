@@ -100,6 +100,12 @@ class ServerProcess:
         value = self.addresses.get("kserve_address")
         return str(value) if value else None
 
+    @property
+    def kserve_http_address(self) -> str | None:
+        """The KServe HTTP port's host:port (``--kserve-http-port``), else None."""
+        value = self.addresses.get("kserve_http_address")
+        return str(value) if value else None
+
     def kserve_target(self) -> str:
         """Where unary KServe calls go: the native front end's port, else the main TCP address."""
         if self.kserve_address:

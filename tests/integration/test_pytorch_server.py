@@ -1,10 +1,14 @@
 """A real server of a repository holding nothing but ``m/1/model.pt2`` (a model no example uses,
 no config.yaml) answers over the Arrow protocol and KServe with torch's own numbers, and tells
-a client's bad input as INVALID_ARGUMENT; one server serves a PyTorch model beside a Keras one."""
+a client's bad input as INVALID_ARGUMENT; one server serves a PyTorch model beside a Keras one;
+a zip bomb beside the model fails its load with the reason, unpacked by no one, and the model
+serves."""
 
 from __future__ import annotations
 
+import logging
 import shutil
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,14 +16,18 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
-from server_harness import batch_of, column_to_numpy, request, running_server, stream_predict
-from torch_programs import CLASSES, IMAGE_SHAPE, conv_net_repository, torch_outputs
+from server_harness import batch_of, column_to_numpy, http_json, request, running_server, stream_predict
+from torch_programs import CLASSES, IMAGE_SHAPE, conv_net_repository, export_conv_net, torch_outputs
+from zip_bombs import deflated_zeros, with_entry_replaced
 
 from udfserve.services.examples.torch_models import TORCH_EXAMPLE, generate_torch_examples
 from udfserve.services.model_server.launcher import ServerProcess
 
+logger = logging.getLogger(__name__)
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-5
+BOMB_BYTES = 1900 << 20
+"""What the bomb's weight entry unpacks to: 1.9 GB of zeros, a file of 1.9 MB."""
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +145,66 @@ def test_one_server_serves_the_torch_example_next_to_its_keras_twin_with_the_sam
         column_to_numpy(keras_answer.column("probabilities")),
         atol=TOLERANCE,
     )
+
+
+@pytest.fixture(scope="module")
+def bomb_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``m``, the conv net, and ``bomb``: the same program with its first weight replaced by
+    1.9 GB of deflated zeros (which torch 2.13 loads, holding them for as long as it serves)."""
+    root = tmp_path_factory.mktemp("bomb-repo")
+    program = export_conv_net(root / "m" / "1" / "model.pt2")
+    (root / "bomb" / "1").mkdir(parents=True)
+    with_entry_replaced(
+        program, "weights/weight_0", deflated_zeros(BOMB_BYTES), root / "bomb" / "1" / "model.pt2"
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def bomb_server(
+    bomb_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    with running_server(
+        bomb_repository, socket_dir, tmp_path_factory, "torch-bomb", port=0, http_port=0
+    ) as process:
+        yield process
+
+
+def peak_resident_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:"))
+
+
+def test_a_zip_bomb_fails_its_load_naming_the_entry_and_the_sizes_and_the_server_is_ready(
+    bomb_server: ServerProcess, bomb_repository: Path
+) -> None:
+    status, info = http_json(bomb_server.http_address or "", "/v1/models/bomb")
+    _, readiness = http_json(bomb_server.http_address or "", "/health/ready")
+
+    assert status == 200 and isinstance(info, dict) and isinstance(readiness, dict)
+    assert info["state"] == "failed" and info["served_versions"] == []
+    bomb_file = bomb_repository / "bomb" / "1" / "model.pt2"
+    with zipfile.ZipFile(bomb_file) as archive:
+        packed = archive.getinfo("model/data/weights/weight_0").compress_size
+    assert (
+        f"{bomb_file} holds model/data/weights/weight_0, which its directory says unpacks to "
+        f"{BOMB_BYTES:,} bytes from {packed:,}" in info["error"]
+    )
+    assert "(a zip bomb)" in info["error"]
+    assert readiness["ready"] is True and readiness["models"] == {"bomb": "failed", "m": "ready"}
+
+
+def test_beside_a_zip_bomb_the_model_answers_and_the_server_never_held_the_bomb_unpacked(
+    bomb_server: ServerProcess, bomb_repository: Path
+) -> None:
+    given = inputs(32)
+    answer = stream_predict(bomb_server.grpc_target(), [request("m", batch_of(given))])[0]
+
+    assert answer.outputs is not None, answer.message
+    expected = torch_outputs(bomb_repository / "m" / "1" / "model.pt2", given)
+    np.testing.assert_allclose(
+        column_to_numpy(answer.outputs.column("probabilities")), expected["probabilities"], atol=TOLERANCE
+    )
+    peak = peak_resident_bytes(bomb_server.pid)
+    logger.info("the server's peak resident memory: %.0f MiB", peak / (1 << 20))
+    assert peak < BOMB_BYTES // 2

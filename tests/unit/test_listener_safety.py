@@ -75,6 +75,25 @@ def test_a_native_kserve_port_on_all_interfaces_authenticating_no_client_is_refu
         )
 
 
+def test_a_kserve_http_port_on_all_interfaces_authenticating_no_client_is_refused_too() -> None:
+    with pytest.raises(ValidationError, match=r"--host 0\.0\.0\.0 \(--kserve-http-port\)"):
+        ServerConfig(
+            model_repository=Path("/m"),
+            host="0.0.0.0",
+            port=None,
+            socket=Path("/s.sock"),
+            kserve_http_port=0,
+            **TLS,
+        )
+
+
+def test_a_plaintext_kserve_http_port_on_all_interfaces_is_refused() -> None:
+    with pytest.raises(ValidationError, match="--allow-insecure-remote"):
+        ServerConfig(
+            model_repository=Path("/m"), host="0.0.0.0", port=None, socket=Path("/s.sock"), kserve_http_port=0
+        )
+
+
 def test_a_server_on_all_interfaces_authenticating_no_client_is_accepted_when_the_operator_says_so() -> None:
     config = ServerConfig(
         model_repository=Path("/m"), host="0.0.0.0", allow_unauthenticated_remote=True, **TLS

@@ -74,7 +74,7 @@ class ServingLoop:
             ) from None
 
 
-class _UvicornWithoutSignals(uvicorn.Server):
+class UvicornWithoutSignals(uvicorn.Server):
     """uvicorn installs its own SIGINT/SIGTERM handlers; this process drains through the serving
     loop's, and a thread other than the main one cannot install any."""
 
@@ -100,7 +100,7 @@ class AdminThread:
             timeout_graceful_shutdown=int(STOP_TIMEOUT_S) // 2,
             **tls,  # type: ignore[arg-type]
         )
-        self._server = _UvicornWithoutSignals(config)
+        self._server = UvicornWithoutSignals(config)
         self._socket = http_socket
         self._thread = threading.Thread(target=self._run, name="udfserve-admin", daemon=True)
 

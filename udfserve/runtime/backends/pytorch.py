@@ -180,7 +180,9 @@ class PyTorchBackend:
         return model
 
     def _load_exported(self, source: ModelSource, artifact: Path) -> PyTorchModel:
-        archive = check_exported_program(artifact, torch.__version__)
+        archive = check_exported_program(
+            artifact, torch.__version__, self._placement.settings.max_unpacked_bytes
+        )
         program = torch.export.load(io.BytesIO(archive.data))
         _check_calls(program)
         found_inputs, found_outputs = program_specs(program)
@@ -216,7 +218,7 @@ class PyTorchBackend:
         )
 
     def _load_script(self, source: ModelSource, artifact: Path) -> PyTorchModel:
-        data = check_torchscript(artifact)
+        data = check_torchscript(artifact, self._placement.settings.max_unpacked_bytes)
         device = self._placement.device
         with warnings.catch_warnings():
             # torch 2.13 deprecates TorchScript; its warning is said once, in the log, below

@@ -29,7 +29,9 @@ first, as the zip and JSON it is, and refused unless:
   in the program).
 
 The bytes checked are the bytes loaded: the caller reads the file once and hands both this module
-and torch the same buffer.
+and torch the same buffer. Before anything in it is unpacked, every entry's declared size is
+bounded (``pytorch_zip``): torch unpacks nearly every entry, so a zip bomb anywhere in the file
+is refused from the archive's directory.
 
 A ``model.pt`` must be TorchScript (``torch.jit.save``): an archive holding TorchScript source
 (``code/``) and its constants. TorchScript's own loader compiles that code and unpickles its data
@@ -51,6 +53,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from udfserve.runtime.backends.pytorch_zip import (
+    ArchiveRefused,
+    check_unpacked_sizes,
+    open_archive,
+    read_entry,
+    read_json,
+)
+
 PT2_FORMAT = "pt2"
 EXPORT_SAVE_HINT = (
     "expected a program saved by torch.export.save(torch.export.export(model, ...), 'model.pt2')"
@@ -71,67 +81,15 @@ ALLOWED_HIGHER_ORDER = frozenset(
 )
 """Control flow and autocast/grad wrappers: they run the program's own subgraphs, which are checked."""
 
-SYMPY_NAMES = frozenset(
-    # what torch's deserializer offers sympify, and the sympy names its expressions are printed with
-    [
-        "FloorDiv",
-        "ModularIndexing",
-        "Where",
-        "PythonMod",
-        "Mod",
-        "CleanDiv",
-        "CeilToInt",
-        "FloorToInt",
-        "CeilDiv",
-        "LShift",
-        "RShift",
-        "PowByNatural",
-        "FloatPow",
-        "FloatTrueDiv",
-        "IntTrueDiv",
-        "IsNonOverlappingAndDenseIndicator",
-        "TruncToFloat",
-        "TruncToInt",
-        "RoundToInt",
-        "RoundDecimal",
-        "ToFloat",
-        "Identity",
-        "Symbol",
-        "Integer",
-        "Float",
-        "Rational",
-        "Max",
-        "Min",
-        "Abs",
-        "Eq",
-        "Ne",
-        "Lt",
-        "Le",
-        "Gt",
-        "Ge",
-        "And",
-        "Or",
-        "Not",
-        "oo",
-        "int_oo",
-        "True",
-        "False",
-        "positive",
-        "integer",
-        "nonnegative",
-        "negative",
-        "real",
-        "finite",
-        "zoo",
-        "nan",
-        "floor",
-        "ceiling",
-        "sqrt",
-        "Pow",
-        "Mul",
-        "Add",
-    ]
+_SYMPY_WORDS = (
+    "FloorDiv ModularIndexing Where PythonMod Mod CleanDiv CeilToInt FloorToInt CeilDiv LShift RShift "
+    "PowByNatural FloatPow FloatTrueDiv IntTrueDiv IsNonOverlappingAndDenseIndicator TruncToFloat "
+    "TruncToInt RoundToInt RoundDecimal ToFloat Identity Symbol Integer Float Rational Max Min Abs Eq "
+    "Ne Lt Le Gt Ge And Or Not oo int_oo True False positive integer nonnegative negative real finite "
+    "zoo nan floor ceiling sqrt Pow Mul Add"
 )
+SYMPY_NAMES = frozenset(_SYMPY_WORDS.split())
+"""What torch's deserializer offers sympify, and the sympy names its expressions are printed with."""
 SYMBOL_NAME = re.compile(r"^[a-z]{1,4}\d+$")
 _EXPRESSION_TOKEN = re.compile(
     r"\s+|'[a-z]{1,4}\d+'|\d+(?:\.\d+)?(?:e[+-]?\d+)?|[A-Za-z_][A-Za-z0-9_]*|\*\*|[-+*/%(),=<>!&|~^]"
@@ -159,12 +117,9 @@ REFUSED_PREFIXES = {
     "data/mtia": "MTIA payloads",
     "xl_model_weights/": "externally stored weights",
 }
-MAX_PROGRAM_JSON_BYTES = 256 << 20
-"""The largest program description read: the graph, not the weights (those are raw tensor files)."""
-
-
-class ArchiveRefused(Exception):
-    """The file is not one the PyTorch backend loads; the message says what it holds and what is expected."""
+MAX_FORMAT_RECORD_BYTES = 64
+"""The archive_format record holds a word ("pt2")."""
+SAMPLE_INPUTS = "data/sample_inputs/model.pt"
 
 
 @dataclass(frozen=True)
@@ -175,17 +130,24 @@ class ExportArchive:
     torch_version: str
 
 
-def check_exported_program(path: Path, installed_torch: str) -> ExportArchive:
-    """Read ``path`` once and check it (module docstring); ``ArchiveRefused`` naming what is wrong."""
+def check_exported_program(
+    path: Path, installed_torch: str, max_unpacked_bytes: int | None = None
+) -> ExportArchive:
+    """Read ``path`` once and check it (module docstring); ``ArchiveRefused`` naming what is wrong.
+    ``max_unpacked_bytes``: the setting bounding what it unpacks to (``pytorch_zip.unpacked_bound``)."""
     data = path.read_bytes()
-    archive = _open_zip(data, "a torch.export archive", EXPORT_SAVE_HINT)
+    archive = open_archive(data, "a torch.export archive", EXPORT_SAVE_HINT, max_unpacked_bytes)
     with archive:
         root, names = _root_and_names(archive)
         if f"{root}/archive_format" not in names:
             raise ArchiveRefused(
                 f"is not a torch.export archive (no archive_format record); {EXPORT_SAVE_HINT}"
             )
-        found_format = archive.read(f"{root}/archive_format").decode("utf-8", "replace").strip()
+        found_format = (
+            read_entry(archive, f"{root}/archive_format", MAX_FORMAT_RECORD_BYTES)
+            .decode("utf-8", "replace")
+            .strip()
+        )
         if found_format != PT2_FORMAT:
             raise ArchiveRefused(
                 f"records archive format {found_format!r}, not {PT2_FORMAT!r}; {EXPORT_SAVE_HINT}"
@@ -202,24 +164,25 @@ def check_exported_program(path: Path, installed_torch: str) -> ExportArchive:
                 raise ArchiveRefused(
                     f"holds {legacy}, a pickle of the legacy format, which is never unpickled"
                 )
-        program = _read_json(archive, f"{root}/models/model.json")
+        program = read_json(archive, f"{root}/models/model.json")
         torch_version = _check_version(program, installed_torch)
         _check_payloads(archive, root, relative)
         _check_program(program)
-        _check_sample_inputs(archive, root, relative)
+        _check_sample_inputs(archive, root, relative, max_unpacked_bytes)
     return ExportArchive(data=data, torch_version=torch_version)
 
 
-def check_torchscript(path: Path) -> bytes:
+def check_torchscript(path: Path, max_unpacked_bytes: int | None = None) -> bytes:
     """Read ``path`` once; refuse it unless it is a TorchScript archive whose code names no file
-    operator, without unpickling anything. Returns the bytes checked, for ``torch.jit.load``."""
+    operator, without unpickling anything, and whose entries unpack within the bound
+    (``pytorch_zip``). Returns the bytes checked, for ``torch.jit.load``."""
     data = path.read_bytes()
     if data[:1] == b"\x80":
         raise ArchiveRefused(
             "is a Python pickle (torch.save of the legacy format), which may carry code and is never "
             f"unpickled; {SCRIPT_SAVE_HINT}"
         )
-    archive = _open_zip(data, "a TorchScript archive", SCRIPT_SAVE_HINT)
+    archive = open_archive(data, "a TorchScript archive", SCRIPT_SAVE_HINT, max_unpacked_bytes)
     with archive:
         root, names = _root_and_names(archive)
         relative = {name[len(root) + 1 :] for name in names}
@@ -233,7 +196,7 @@ def check_torchscript(path: Path) -> bytes:
                 f"unpickled; {SCRIPT_SAVE_HINT}"
             )
         for name in code:
-            text = archive.read(f"{root}/{name}").decode("utf-8", "replace")
+            text = read_entry(archive, f"{root}/{name}").decode("utf-8", "replace")
             named = sorted(set(_FILE_OPERATOR_WORD.findall(text)))
             if named:
                 raise ArchiveRefused(
@@ -243,28 +206,12 @@ def check_torchscript(path: Path) -> bytes:
     return data
 
 
-def _open_zip(data: bytes, what: str, hint: str) -> zipfile.ZipFile:
-    try:
-        return zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile as exc:
-        raise ArchiveRefused(f"is not {what} (truncated, or not a zip archive: {exc}); {hint}") from exc
-
-
 def _root_and_names(archive: zipfile.ZipFile) -> tuple[str, set[str]]:
     names = {info.filename for info in archive.infolist() if not info.is_dir()}
     roots = {name.split("/", 1)[0] for name in names}
     if len(roots) != 1 or any("/" not in name for name in names):
         raise ArchiveRefused(f"is a zip archive of another layout (top-level entries {sorted(roots)[:5]})")
     return roots.pop(), names
-
-
-def _read_json(archive: zipfile.ZipFile, name: str) -> Any:
-    if archive.getinfo(name).file_size > MAX_PROGRAM_JSON_BYTES:
-        raise ArchiveRefused(f"{name} is larger than {MAX_PROGRAM_JSON_BYTES >> 20} MiB")
-    try:
-        return json.loads(archive.read(name))
-    except (ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise ArchiveRefused(f"{name} cannot be read as JSON: {exc}") from exc
 
 
 def major_version(version: str) -> str:
@@ -290,7 +237,7 @@ def _check_payloads(archive: zipfile.ZipFile, root: str, relative: set[str]) -> 
         config_name = f"data/{kind}/model_{kind}_config.json"
         if config_name not in relative:
             raise ArchiveRefused(f"has no {config_name}; {EXPORT_SAVE_HINT}")
-        config = _read_json(archive, f"{root}/{config_name}").get("config", {})
+        config = read_json(archive, f"{root}/{config_name}").get("config", {})
         for fqn, payload in config.items():
             if payload.get("use_pickle"):
                 raise ArchiveRefused(f"stores {kind[:-1]} {fqn!r} as a pickle, which is never unpickled")
@@ -412,16 +359,32 @@ def _check_tree_spec(text: str) -> None:
                     _check_name(key, "dict key", IDENTIFIER)
 
 
-def _check_sample_inputs(archive: zipfile.ZipFile, root: str, relative: set[str]) -> None:
+def _check_sample_inputs(
+    archive: zipfile.ZipFile, root: str, relative: set[str], max_unpacked_bytes: int | None
+) -> None:
+    """The sample inputs are a ``torch.save`` zip of their own, which ``torch.load`` (here, and in
+    ``torch.export.load``) unpacks: bounded as the file is, before either reads it."""
     import torch
 
-    name = "data/sample_inputs/model.pt"
-    if name not in relative or archive.getinfo(f"{root}/{name}").file_size == 0:
+    if SAMPLE_INPUTS not in relative or archive.getinfo(f"{root}/{SAMPLE_INPUTS}").file_size == 0:
         return
+    data = read_entry(archive, f"{root}/{SAMPLE_INPUTS}")
     try:
-        torch.load(io.BytesIO(archive.read(f"{root}/{name}")), weights_only=True)
+        with zipfile.ZipFile(io.BytesIO(data)) as inputs:
+            check_unpacked_sizes(inputs, len(data), max_unpacked_bytes)
+    except ArchiveRefused as exc:
+        raise ArchiveRefused(
+            f"holds sample inputs ({SAMPLE_INPUTS}), a zip archive of their own, which {exc}"
+        ) from exc
+    except zipfile.BadZipFile as exc:
+        raise ArchiveRefused(
+            f"holds sample inputs ({SAMPLE_INPUTS}) that are not a zip archive, as torch.save writes: {exc}"
+        ) from exc
+    try:
+        torch.load(io.BytesIO(data), weights_only=True)
     except Exception as exc:
         raise ArchiveRefused(
-            f"holds sample inputs ({name}) that are not plain tensors (torch.load(weights_only=True) refused "
-            f"them: {type(exc).__name__}); torch would unpickle them in full, so the file is refused"
+            f"holds sample inputs ({SAMPLE_INPUTS}) that are not plain tensors "
+            f"(torch.load(weights_only=True) refused them: {type(exc).__name__}); torch would unpickle "
+            "them in full, so the file is refused"
         ) from exc

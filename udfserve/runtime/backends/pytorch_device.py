@@ -12,6 +12,9 @@ The CPU threads follow the TensorFlow backend's rule (``tensorflow._set_up_threa
 one core short of the process's cores (the event loop answering gRPC needs the last one), inter-op
 one per core (large calls run as concurrent parts, ``cpu_parallel``). ``OMP_NUM_THREADS`` or
 ``MKL_NUM_THREADS`` in the environment win, as they do for torch itself.
+
+The backend's settings (``TorchSettings``) are read with the placement, once per process; besides
+the memory fraction they bound what a model file may unpack to (``pytorch_zip``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from udfserve.runtime import device
+from udfserve.runtime.backends.pytorch_zip import UNPACKED_CEILING_BYTES
 from udfserve.runtime.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -49,13 +53,21 @@ class TorchSettings(BaseSettings):
         description="on a GPU, the share of the device's memory this process may allocate (0-1]; "
         "default no cap",
     )
+    max_unpacked_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        le=UNPACKED_CEILING_BYTES,
+        description="the most bytes a model file may unpack to, all its zip entries together (at most "
+        "1 TiB); default twice the file's size plus 64 MiB",
+    )
 
 
 @dataclass(frozen=True)
 class TorchPlacement:
-    """Where models of this process compute."""
+    """Where models of this process compute, and the settings it was chosen with."""
 
     device: torch.device
+    settings: TorchSettings
 
     @property
     def on_gpu(self) -> bool:
@@ -101,7 +113,7 @@ def _choose_device(settings: TorchSettings) -> TorchPlacement:
             f"device {pinned}" if pinned else "no device pinned",
             "none" if settings.cuda_memory_fraction is None else f"{settings.cuda_memory_fraction:.0%}",
         )
-        return TorchPlacement(chosen)
+        return TorchPlacement(chosen, settings)
     if pinned is not None and pinned.startswith("gpu:"):
         logger.warning(
             "torch %s sees no CUDA device although this process is pinned to %s: it computes on the CPU; "
@@ -116,7 +128,7 @@ def _choose_device(settings: TorchSettings) -> TorchPlacement:
             torch.__version__,
             f"device {pinned}" if pinned else "no device pinned",
         )
-    return TorchPlacement(torch.device("cpu"))
+    return TorchPlacement(torch.device("cpu"), settings)
 
 
 def _set_up_threads() -> None:

@@ -21,8 +21,21 @@ from udfserve.services.model_server.frontends.kserve.tensors import (
 
 SERVER_NAME = "udfserve"
 EXTENSIONS = ("model_configuration", "model_repository", "statistics")
-"""KServe extensions served beyond the core protocol (Triton's names for ModelConfig, the
-RepositoryIndex / RepositoryModelLoad / RepositoryModelUnload calls, and ModelStatistics)."""
+"""KServe extensions served beyond the core protocol on both protocols (Triton's names for
+ModelConfig, the RepositoryIndex / RepositoryModelLoad / RepositoryModelUnload calls, and
+ModelStatistics, with their HTTP routes ``.../config``, ``/v2/repository/...`` and ``.../stats``).
+Not listed, since not served: ``classification``, ``sequence``, ``schedule_policy``,
+``system_shared_memory``, ``cuda_shared_memory``, ``parameters``, ``trace``, ``logging``, nor
+``model_repository(unload_dependents)`` (accepted and meaningless: no model depends on another)."""
+
+HTTP_EXTENSIONS = ("binary_tensor_data",)
+"""Extensions of the HTTP binding alone: listed when the server serves it (``--kserve-http-port``)."""
+
+
+def server_extensions(http: bool) -> tuple[str, ...]:
+    """The extensions a server lists in its metadata, the same on both protocols as Triton's list is
+    the server's: ``http`` when it serves the protocol over HTTP too."""
+    return tuple(sorted(EXTENSIONS + (HTTP_EXTENSIONS if http else ())))
 
 
 _PROTO_TYPE_OF_DTYPE = {

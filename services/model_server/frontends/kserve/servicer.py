@@ -94,9 +94,14 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     """
 
     def __init__(
-        self, lifecycle: RequestLifecycle, stream_bounds: StreamBounds, control: ModelControl
+        self,
+        lifecycle: RequestLifecycle,
+        stream_bounds: StreamBounds,
+        control: ModelControl,
+        extensions: Sequence[str] = EXTENSIONS,
     ) -> None:
         self._lifecycle = lifecycle
+        self._extensions = list(extensions)
         self._control = ControlCalls(control, lifecycle.models)
         self._stream_bounds = stream_bounds
         self._models = lifecycle.models
@@ -133,7 +138,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
 
     async def ServerMetadata(self, request: kpb.ServerMetadataRequest, context: grpc.aio.ServicerContext):
         return kpb.ServerMetadataResponse(
-            name=SERVER_NAME, version=udfserve.__version__, extensions=list(EXTENSIONS)
+            name=SERVER_NAME, version=udfserve.__version__, extensions=self._extensions
         )
 
     async def ModelMetadata(self, request: kpb.ModelMetadataRequest, context: grpc.aio.ServicerContext):
@@ -262,12 +267,16 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         tensors: Sequence[DecodedTensor],
         output_names: Sequence[str],
         job: JobContext,
+        front_end: FrontEnd[RequestHead, NativeAnswer] | None = None,
     ) -> NativeAnswer | Pending[NativeAnswer] | None:
         """``start`` for a request a native front end decoded already (raw contents of fixed-size
         datatypes, no parameters): answered as tensors, not as a message. None when the request is
         not the common one (another datatype than the model's, a wrong shape, an unknown output):
-        the caller then takes ``start`` with the message, whose checks explain what is wrong."""
-        request = InferenceRequest(self._lifecycle, self._tensors, head, head.model_name, head.id, job)
+        the caller then takes ``start`` with the message, whose checks explain what is wrong.
+        ``front_end``: who answers it, when not the native front end (the HTTP one)."""
+        request = InferenceRequest(
+            self._lifecycle, front_end or self._tensors, head, head.model_name, head.id, job
+        )
         try:
             model = request.admit(parse_version(head.model_version, head.model_name)).model
             assert model is not None
@@ -280,6 +289,20 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         request.outputs = output_specs
         inputs, rows = decoded
         return request.enqueue(inputs, rows)
+
+    def start_answered_by(
+        self, request: kpb.ModelInferRequest, job: JobContext, front_end: FrontEnd[RequestHead, _A]
+    ) -> _A | Pending[_A]:
+        """``start``, answered through ``front_end``: for a front end of another transport, which
+        makes its own answers from the tensors (KServe over HTTP)."""
+        return self._start(request, job, front_end)
+
+    def refuse(
+        self, head: RequestHead, job: JobContext, exc: Exception, front_end: FrontEnd[RequestHead, _A]
+    ) -> _A:
+        """A request refused before it could be read as a ``ModelInfer`` (an HTTP body that is not
+        the protocol's), counted and answered as one refused here."""
+        return InferenceRequest(self._lifecycle, front_end, head, head.model_name, head.id, job).refuse(exc)
 
     def _start(
         self, message: kpb.ModelInferRequest, job: JobContext, front_end: FrontEnd[RequestHead, _A]
@@ -308,8 +331,10 @@ def add_kserve_service(
     lifecycle: RequestLifecycle,
     stream_bounds: StreamBounds,
     control: ModelControl,
+    extensions: Sequence[str] = EXTENSIONS,
 ) -> KServeServicer:
-    """Serve the KServe v2 protocol from ``server``, beside the Arrow service."""
-    servicer = KServeServicer(lifecycle, stream_bounds, control)
+    """Serve the KServe v2 protocol from ``server``, beside the Arrow service; ``extensions``: those
+    the server implements (``metadata.server_extensions``), which ``ServerMetadata`` lists."""
+    servicer = KServeServicer(lifecycle, stream_bounds, control, extensions)
     add_service(kpb_grpc.add_GRPCInferenceServiceServicer_to_server, servicer, server, STREAM_METHODS)
     return servicer

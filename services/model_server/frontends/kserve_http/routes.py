@@ -1,0 +1,157 @@
+"""The route table of the KServe v2 protocol over HTTP, and the port's ASGI app.
+
+The table (``kserve_routes``) is the protocol's, Triton's extensions included. What this server
+does not serve answers 501 with the reason: system and CUDA shared memory, trace and log
+settings, and Triton's generate extension. A route served later replaces its ``refused`` entry
+(system shared memory: the five routes of ``_shared_memory_routes``). Every served route's
+refusals are answered as the protocol's errors (``_answering``): ``{"error": message}`` with the
+HTTP status of the servicer's gRPC status.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from udfserve.log_text import clip
+from udfserve.runtime.errors import InvalidInput
+from udfserve.services.model_server.frontends.admin_server import ServingLoopUnresponsive
+from udfserve.services.model_server.frontends.kserve.servicer import KServeServicer
+from udfserve.services.model_server.frontends.kserve_http.bounds import HttpRefused, PortBounds
+from udfserve.services.model_server.frontends.kserve_http.dispatch import ServingCalls
+from udfserve.services.model_server.frontends.kserve_http.handlers import (
+    Aborted,
+    KServeHandlers,
+    error_response,
+)
+from udfserve.services.model_server.frontends.kserve_http.json_views import http_status
+
+logger = logging.getLogger(__name__)
+
+Endpoint = Callable[[Request], Coroutine[Any, Any, Response]]
+
+
+def refused(reason: str) -> Endpoint:
+    """A route of the protocol this server does not serve: 501 with ``reason``."""
+
+    async def not_served(request: Request) -> Response:
+        return error_response(501, reason)
+
+    return not_served
+
+
+# -- the table ---------------------------------------------------------------------------------
+SYSTEM_SHARED_MEMORY = (
+    "system shared memory is not served by this server (its gRPC calls answer UNIMPLEMENTED too); "
+    "send tensors in the request body, as binary tensor data for speed"
+)
+CUDA_SHARED_MEMORY = (
+    "CUDA shared memory is not served by this server (it needs the client and the server on one "
+    "GPU); send tensors in the request body"
+)
+NOT_SERVED = "{} is not served by this server (its gRPC calls answer UNIMPLEMENTED too)"
+
+
+def _answering(handler: Endpoint) -> Endpoint:
+    """``handler`` with its refusals answered as the protocol's errors, and a fault as 500 (logged
+    once, with the path clipped)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except HttpRefused as exc:
+            return error_response(exc.status, exc.message, exc.headers)
+        except InvalidInput as exc:
+            return error_response(400, exc.message)
+        except Aborted as exc:
+            return error_response(http_status(exc.code), exc.message)
+        except ServingLoopUnresponsive as exc:
+            return error_response(503, str(exc))
+        except Exception as exc:
+            logger.error(
+                "KServe HTTP %s %s failed",
+                request.method,
+                clip(request.url.path),
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+            return error_response(500, "the server failed to answer; see its log")
+
+    return endpoint
+
+
+def _model_paths(suffix: str) -> list[str]:
+    return [f"/v2/models/{{model}}{suffix}", f"/v2/models/{{model}}/versions/{{version}}{suffix}"]
+
+
+def _shared_memory_routes(kind: str, reason: str) -> list[Route]:
+    """Triton's register, status and unregister routes of one kind of shared memory, refused."""
+    not_served = refused(reason)
+    return [
+        Route(f"/v2/{kind}/status", not_served, methods=["GET"]),
+        Route(f"/v2/{kind}/region/{{region}}/status", not_served, methods=["GET"]),
+        Route(f"/v2/{kind}/region/{{region}}/register", not_served, methods=["POST"]),
+        Route(f"/v2/{kind}/unregister", not_served, methods=["POST"]),
+        Route(f"/v2/{kind}/region/{{region}}/unregister", not_served, methods=["POST"]),
+    ]
+
+
+def kserve_routes(handlers: KServeHandlers) -> list[Route]:
+    """The protocol's routes, served or refused (see the module's docstring)."""
+    trace = refused(NOT_SERVED.format("trace settings"))
+    generate = refused(
+        "the generate extension is not served by this server; expected .../infer with the model's tensors"
+    )
+    served = [
+        Route("/v2", handlers.server_metadata, methods=["GET"]),
+        Route("/v2/health/live", handlers.live, methods=["GET"]),
+        Route("/v2/health/ready", handlers.ready, methods=["GET"]),
+        Route("/v2/models/stats", handlers.statistics, methods=["GET"]),
+        *(Route(path, handlers.model_metadata, methods=["GET"]) for path in _model_paths("")),
+        *(Route(path, handlers.model_ready, methods=["GET"]) for path in _model_paths("/ready")),
+        *(Route(path, handlers.model_config, methods=["GET"]) for path in _model_paths("/config")),
+        *(Route(path, handlers.statistics, methods=["GET"]) for path in _model_paths("/stats")),
+        *(Route(path, handlers.infer, methods=["POST"]) for path in _model_paths("/infer")),
+        Route("/v2/repository/index", handlers.repository_index, methods=["POST"]),
+        Route("/v2/repository/models/{model}/load", handlers.repository_load, methods=["POST"]),
+        Route("/v2/repository/models/{model}/unload", handlers.repository_unload, methods=["POST"]),
+    ]
+    not_served = [
+        *_shared_memory_routes("systemsharedmemory", SYSTEM_SHARED_MEMORY),
+        *_shared_memory_routes("cudasharedmemory", CUDA_SHARED_MEMORY),
+        Route("/v2/trace/setting", trace, methods=["GET", "POST"]),
+        Route("/v2/models/{model}/trace/setting", trace, methods=["GET", "POST"]),
+        Route("/v2/logging", refused(NOT_SERVED.format("log settings")), methods=["GET", "POST"]),
+        *(Route(path, generate, methods=["POST"]) for path in _model_paths("/generate")),
+        *(Route(path, generate, methods=["POST"]) for path in _model_paths("/generate_stream")),
+    ]
+    return [Route(r.path, _answering(r.endpoint), methods=r.methods) for r in served] + not_served
+
+
+def kserve_app(servicer: KServeServicer, serving: ServingCalls, bounds: PortBounds) -> Any:
+    """The port's ASGI app: the routes behind the port's bounds (``bounds.PortBounds.guard``)."""
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error_response(
+            404, f"no KServe v2 route {clip(request.url.path, 200)!r}; expected a /v2/... path"
+        )
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        allow = exc.headers.get("Allow", "") if isinstance(exc, HTTPException) and exc.headers else ""
+        return error_response(
+            405,
+            f"{request.method} is not served on {clip(request.url.path, 200)!r}; expected {allow}",
+            {"Allow": allow},
+        )
+
+    app = Starlette(
+        routes=kserve_routes(KServeHandlers(servicer, serving, bounds)),
+        exception_handlers={404: not_found, 405: not_allowed},
+    )
+    return bounds.guard(app)
