@@ -315,7 +315,12 @@ class RunningServer:
         return port
 
     async def _load_models(self) -> None:
-        await self.control.load_initial()
+        try:
+            await self.control.load_initial()
+        except Exception as exc:  # a fault of ours (a load's own failure fails only its version)
+            logger.exception("loading the models at start failed")
+            self.models.report_fault(f"loading the models at start failed: {type(exc).__name__}: {exc}")
+            return
         not_serving = self.models.not_serving_reason()
         if not_serving and self.config.model_control == "none":
             logger.warning("serving no model, so never ready until restarted: %s", not_serving)

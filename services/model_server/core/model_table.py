@@ -133,9 +133,14 @@ class ModelTable:
 
     def _batcher_broke(self, name: str, reason: str) -> None:
         """A batcher failed for good; nothing short of a fresh process serves that model again."""
+        self.report_fault(f"the batcher of model {name!r} failed: {reason}")
+
+    def report_fault(self, fault: str) -> None:
+        """A fault of the server's own that leaves it unable to serve: the first one is kept and told
+        (the server drains and exits for its supervisor to start a fresh process)."""
         if not self.fault:
-            self.fault = f"the batcher of model {name!r} failed: {reason}"
-            self.on_fault(self.fault)
+            self.fault = fault
+            self.on_fault(fault)
 
     async def stop(self, grace_period_s: float) -> None:
         """Finish queued work of every version within the grace period, then release them."""
