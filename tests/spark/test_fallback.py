@@ -1,8 +1,8 @@
-"""When no server answers: the CPU fallback, the "error" policy, and a server killed mid-job."""
+"""When no server answers: the CPU fallback and the "error" policy. (A server killed mid-job:
+``test_server_killed_mid_job.py``.)"""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
-from spark_data import ROWS, feature_column, feature_values, reference_outputs, stacked
+from spark_data import feature_column, feature_values, reference_outputs, stacked
 
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 from udfserve.spark_client import ClientConfig, predict_arrow, remote_predict
@@ -80,65 +79,6 @@ def test_a_batch_the_server_refuses_fails_the_task_instead_of_falling_back(
         spark.range(100, numPartitions=1).select(
             remote_predict("tabular_mlp", feature_column((8,)), config=config)
         ).collect()
-
-
-def test_a_server_killed_mid_job_loses_and_duplicates_no_row(
-    spark: SparkSession, own_server: ServerProcess, example_repository: Path, spark_log: Path
-) -> None:
-    """A step after the prediction kills the server with SIGKILL when it sees row ``kill_at``,
-    recording how many rows the server had answered by then: fewer than the job's rows, so the
-    rest can only have come from the CPU fallback."""
-    kill_at, pid, metrics_url = 5_000, own_server.pid, f"http://{own_server.http_address}/metrics"
-
-    def kill_server_at_row(batches: Iterator[object]) -> Iterator[object]:
-        import os
-        import signal
-        import urllib.request
-
-        import pyarrow as pa
-
-        for batch in batches:
-            served = [None] * batch.num_rows  # type: ignore[attr-defined]
-            ids = batch.column("id").to_pylist()  # type: ignore[attr-defined]
-            if kill_at in ids:
-                text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-                served[ids.index(kill_at)] = sum(
-                    float(line.rsplit(" ", 1)[1])
-                    for line in text.splitlines()
-                    if line.startswith("udfserve_rows_total{")
-                )
-                os.kill(pid, signal.SIGKILL)
-            yield batch.append_column("served_before_kill", pa.array(served, pa.float64()))  # type: ignore[attr-defined]
-
-    config = ClientConfig(
-        address=own_server.grpc_target(), model_repository=str(example_repository), rows_per_request=2_000
-    )
-    predict = remote_predict("tabular_mlp", config=config)
-    predicted = spark.range(ROWS, numPartitions=2).select("id", predict(feature_column((64,))).alias("p"))
-    schema = T.StructType([*predicted.schema.fields, T.StructField("served_before_kill", T.DoubleType())])
-    result = predicted.mapInArrow(kill_server_at_row, schema).toPandas()
-
-    assert own_server.process.wait(timeout=30) == -9
-    served_before_kill = result["served_before_kill"].dropna().tolist()
-    assert len(served_before_kill) == 1 and 0 < served_before_kill[0] < ROWS
-    ids = result["id"].to_numpy()
-    assert len(ids) == ROWS and len(np.unique(ids)) == ROWS
-    result = result.sort_values("id")
-    np.testing.assert_allclose(
-        stacked(result["p"]), tabular_expected(example_repository, result["id"].to_numpy()), atol=1e-5
-    )
-    log = spark_log.read_text(errors="replace")
-    assert re.search(r"the server failed mid-partition after \d+ answered batches", log)
-    stats = predict.stats()
-    assert stats.rows_by_server + stats.rows_by_fallback == ROWS
-    assert stats.rows_by_server > 0 and stats.rows_by_fallback > 0
-    assert stats.batches_by_fallback == sum(stats.fallback_reasons.values()) > 0
-    assert set(stats.fallback_reasons) <= {
-        "stream_error:UNAVAILABLE",
-        "stream_error:CANCELLED",
-        "stream_closed",
-        "connect_failed",
-    }, stats.fallback_reasons
 
 
 def test_fallback_results_carry_the_model_outputs_of_every_type(
