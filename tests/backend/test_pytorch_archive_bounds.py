@@ -27,7 +27,7 @@ import yaml
 from torch_programs import conv_net_repository
 from zip_bombs import deflated, deflated_zeros, stored, with_entry_replaced, write_zip
 
-from udfserve.runtime.backends import pytorch_device
+from udfserve.runtime.backends.pytorch import device as pytorch_device
 from udfserve.runtime.errors import ModelLoadError
 from udfserve.runtime.repository import load_model, scan_repository
 

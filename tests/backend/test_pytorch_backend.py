@@ -21,7 +21,7 @@ import yaml
 from torch_programs import CLASSES, IMAGE_SHAPE, conv_net_repository, torch_outputs
 
 from udfserve.runtime.backends.pytorch import PyTorchModel
-from udfserve.runtime.backends.pytorch_errors import call_error
+from udfserve.runtime.backends.pytorch.errors import call_error
 from udfserve.runtime.errors import BackendFault, DeviceOutOfMemory, InvalidInput, ModelLoadError
 from udfserve.runtime.repository import load_model, scan_repository
 from udfserve.runtime.tensor_spec import TensorSpec
@@ -446,10 +446,10 @@ def test_the_process_says_where_torch_computes(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Logged once per process, when the first model loads (it may have loaded already here)."""
-    from udfserve.runtime.backends import pytorch_device
+    from udfserve.runtime.backends.pytorch import device as pytorch_device
 
     monkeypatch.setattr(pytorch_device, "_placement", None)  # a fresh process's state
-    with caplog.at_level(logging.INFO, logger="udfserve.runtime.backends.pytorch_device"):
+    with caplog.at_level(logging.INFO, logger="udfserve.runtime.backends.pytorch.device"):
         chosen = pytorch_device.placement()
     assert chosen.device == torch.device("cpu")
     assert any("computes on the CPU" in record.getMessage() for record in caplog.records)
@@ -509,7 +509,7 @@ def test_torchscript_that_writes_a_file_is_refused_before_it_runs(
 def test_an_invalid_memory_fraction_fails_the_load_naming_the_variable(
     conv_repository: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from udfserve.runtime.backends import pytorch_device
+    from udfserve.runtime.backends.pytorch import device as pytorch_device
 
     monkeypatch.setattr(pytorch_device, "_placement", None)  # as in a process that loads its first model
     monkeypatch.setenv("UDFSERVE_TORCH_CUDA_MEMORY_FRACTION", "2")

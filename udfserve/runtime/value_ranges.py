@@ -4,7 +4,7 @@ An embedding table of N rows takes ids 0 to N-1. TensorFlow refuses any other id
 runs the graph, which fails the whole merged call of every client whose requests were batched
 with it; the batcher then runs each request again alone to find the bad one, so one client
 sending bad ids costs every other client most of its throughput. A ``TensorSpec.range``
-(declared in ``config.yaml``, or read from the model: ``backends/keras_ranges``) lets the server
+(declared in ``config.yaml``, or read from the model: ``backends/tensorflow/keras_ranges``) lets the server
 refuse such a request on its own, before it is merged, with INVALID_ARGUMENT naming the input,
 the row, the value and the range.
 """

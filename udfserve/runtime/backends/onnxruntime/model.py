@@ -1,16 +1,16 @@
 """ONNX Runtime backend: ``<model>/<version>/model.onnx``, served through one ``InferenceSession``.
 
-Inputs and outputs are read from the graph (``onnxruntime_specs``): every tensor's first
+Inputs and outputs are read from the graph (``specs``): every tensor's first
 dimension must be a free batch dimension; config.yaml is optional and, when it declares inputs or
 outputs, they must agree with the graph's. The session is opened once at load with the options
-of ``onnxruntime_session`` (threads that leave a core to the event loop, no spinning, graph
+of ``session`` (threads that leave a core to the event loop, no spinning, graph
 optimisation ALL; the CUDA provider on a GPU-pinned process) and warmed up with a one-row call
 and a ``max_batch_size`` call (``warmup``), so the first request pays no allocation of the arena.
 
 An ONNX graph is data: it runs ONNX Runtime's own operators and cannot run Python, and no
 custom-op library is ever registered. A file that does not parse, a graph with an operator the
 runtime lacks, a tensor without a batch dimension or of an element type the server does not
-carry is refused at load with a ``ModelLoadError`` naming the file (``onnxruntime_errors``).
+carry is refused at load with a ``ModelLoadError`` naming the file (``errors``).
 
 Copies: on the CPU, ``InferenceSession.run`` reads a contiguous numpy input of the graph's
 dtype in place and hands its outputs back as numpy arrays over ONNX Runtime's own buffers, so a
@@ -21,7 +21,7 @@ out. A declared numeric dtype other than the graph's is cast at the call.
 
 Every call runs with its own ``RunOptions``: the server's bound on one call stops it through them
 (``terminate``, ``udfserve.runtime.call_bound``), and ONNX Runtime gives its CPU arena back after
-each call (``onnxruntime_session.run_options``), so one large call does not keep its memory.
+each call (``session.run_options``), so one large call does not keep its memory.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ first, as the zip and JSON it is, and refused unless:
 
 The bytes checked are the bytes loaded: the caller reads the file once and hands both this module
 and torch the same buffer. Before anything in it is unpacked, every entry's declared size is
-bounded (``pytorch_zip``): torch unpacks nearly every entry, so a zip bomb anywhere in the file
+bounded (``zip_entries``): torch unpacks nearly every entry, so a zip bomb anywhere in the file
 is refused from the archive's directory.
 
 A ``model.pt`` must be TorchScript (``torch.jit.save``): an archive holding TorchScript source
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from udfserve.runtime.backends.pytorch_zip import (
+from udfserve.runtime.backends.pytorch.zip_entries import (
     ArchiveRefused,
     check_unpacked_sizes,
     open_archive,
@@ -134,7 +134,7 @@ def check_exported_program(
     path: Path, installed_torch: str, max_unpacked_bytes: int | None = None
 ) -> ExportArchive:
     """Read ``path`` once and check it (module docstring); ``ArchiveRefused`` naming what is wrong.
-    ``max_unpacked_bytes``: the setting bounding what it unpacks to (``pytorch_zip.unpacked_bound``)."""
+    ``max_unpacked_bytes``: the setting bounding what it unpacks to (``zip_entries.unpacked_bound``)."""
     data = path.read_bytes()
     archive = open_archive(data, "a torch.export archive", EXPORT_SAVE_HINT, max_unpacked_bytes)
     with archive:
@@ -175,7 +175,7 @@ def check_exported_program(
 def check_torchscript(path: Path, max_unpacked_bytes: int | None = None) -> bytes:
     """Read ``path`` once; refuse it unless it is a TorchScript archive whose code names no file
     operator, without unpickling anything, and whose entries unpack within the bound
-    (``pytorch_zip``). Returns the bytes checked, for ``torch.jit.load``."""
+    (``zip_entries``). Returns the bytes checked, for ``torch.jit.load``."""
     data = path.read_bytes()
     if data[:1] == b"\x80":
         raise ArchiveRefused(

@@ -14,7 +14,7 @@ one per core (large calls run as concurrent parts, ``cpu_parallel``). ``OMP_NUM_
 ``MKL_NUM_THREADS`` in the environment win, as they do for torch itself.
 
 The backend's settings (``TorchSettings``) are read with the placement, once per process; besides
-the memory fraction they bound what a model file may unpack to (``pytorch_zip``).
+the memory fraction they bound what a model file may unpack to (``zip_entries``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from udfserve.runtime import device
-from udfserve.runtime.backends.pytorch_zip import UNPACKED_CEILING_BYTES
+from udfserve.runtime.backends.pytorch.zip_entries import UNPACKED_CEILING_BYTES
 from udfserve.runtime.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)

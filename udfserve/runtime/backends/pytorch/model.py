@@ -1,19 +1,19 @@
 """PyTorch backend: a ``torch.export`` program (``model.pt2``) or TorchScript (``model.pt``).
 
 Never unpickles arbitrary code. ``model.pt2`` is checked as the zip and JSON it is before torch
-reads it (``pytorch_archive``: torch's own ``torch.export.load`` would unpickle, import and
+reads it (``archive``: torch's own ``torch.export.load`` would unpickle, import and
 evaluate what the file says), and after loading every call in its graph is checked again to be
 an ATen or prims operator (ATen's file operators excepted). ``model.pt`` must be TorchScript,
 loaded by ``torch.jit.load`` (compiled TorchScript, no Python) once its code is seen to name no
 file operator (it runs at load, in ``__setstate__``); a file written by ``torch.save`` is refused
 unread. Nothing here calls ``torch.load`` but with ``weights_only=True``.
 
-Inputs and outputs come from the exported program (``pytorch_specs``), or from config.yaml for
+Inputs and outputs come from the exported program (``specs``), or from config.yaml for
 TorchScript, which records none. Every call runs under ``torch.inference_mode`` on the process's
-device (``pytorch_device``: ``cuda:0`` in a process pinned to a GPU, else the CPU). Inputs go in
+device (``device``: ``cuda:0`` in a process pinned to a GPU, else the CPU). Inputs go in
 without a copy on the CPU (DLPack views of the numpy arrays, read-only ones included), outputs
 come back as numpy views of the result tensors; on a GPU each crosses the bus once. Torch's
-errors become the runtime's (``pytorch_errors``).
+errors become the runtime's (``errors``).
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from udfserve.runtime.backends.pytorch_archive import (
+from udfserve.runtime.backends.pytorch.archive import (
     ALLOWED_HIGHER_ORDER,
     FILE_OPERATORS,
     ArchiveRefused,
     check_exported_program,
     check_torchscript,
 )
-from udfserve.runtime.backends.pytorch_device import placement
-from udfserve.runtime.backends.pytorch_errors import call_error
-from udfserve.runtime.backends.pytorch_specs import (
+from udfserve.runtime.backends.pytorch.device import placement
+from udfserve.runtime.backends.pytorch.errors import call_error
+from udfserve.runtime.backends.pytorch.specs import (
     SpecMismatch,
     agreed_inputs,
     agreed_outputs,

@@ -6,7 +6,7 @@ the first request pays no tracing, and calls from several worker threads are saf
 outputs are read from the model's signature unless config.yaml declares them, in which case the
 two must agree. Declared dtypes that differ from the model's are cast inside the graph; strings
 (``tf.string``, fed as object arrays of ``bytes``) and numbers never convert into each other.
-TensorFlow's own errors become the runtime's (``tensorflow_errors``): resource-exhausted is
+TensorFlow's own errors become the runtime's (``errors``): resource-exhausted is
 ``DeviceOutOfMemory``, so the batcher can split the batch in halves without knowing the framework;
 invalid-argument (values the graph refuses) is ``InvalidInput``, told without TensorFlow's trace.
 """
