@@ -60,10 +60,7 @@ class WaitingRequest:
 class RoomWaits:
     """The requests of one model waiting for room in its queue, in arrival order."""
 
-    def __init__(
-        self, model_name: str, queue: RequestQueue, queue_request: QueueRequest, observe: WaitObserver
-    ) -> None:
-        self.model_name = model_name
+    def __init__(self, queue: RequestQueue, queue_request: QueueRequest, observe: WaitObserver) -> None:
         self._queue = queue
         self._queue_request = queue_request
         self._observe = observe
@@ -71,9 +68,6 @@ class RoomWaits:
         self._pass_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         queue.on_room = self.room_made
-
-    def __len__(self) -> int:
-        return len(self._waiting)
 
     def holds_flow_of(self, share: Share) -> bool:
         """Whether requests of ``share``'s application (its flow in the queue) are waiting."""
@@ -166,8 +160,10 @@ def _forward(queued: asyncio.Future[Arrays], answer: asyncio.Future[Arrays]) -> 
             return
         if done.cancelled():
             answer.cancel()
-        elif done.exception() is not None:
-            answer.set_exception(done.exception())  # type: ignore[arg-type]
+            return
+        error = done.exception()
+        if error is not None:
+            answer.set_exception(error)
         else:
             answer.set_result(done.result())
 

@@ -77,7 +77,7 @@ class DynamicBatcher:
             on_cancelled=self._resolve_drained,
             max_flows=max_flows,
         )
-        self._waits = RoomWaits(model_name, self._queue, self._queue_admitted, self._reports.room_wait)
+        self._waits = RoomWaits(self._queue, self._queue_admitted, self._reports.room_wait)
         self._running: set[Batch] = set()
         self._runner = BatchRunner(
             model_name,
