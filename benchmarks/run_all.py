@@ -33,6 +33,7 @@ from benchmarks import (
     soak,
     spark_e2e,
     transport,
+    xgboost_scoring,
 )
 from benchmarks.cli import RunFunction, add_common_arguments, configure_logging, results_dir
 from benchmarks.processes import Workspace
@@ -50,6 +51,7 @@ COMPARISONS: dict[str, RunFunction] = {
     "scaling": scaling.run,
     "soak": soak.run,
     "fairness": fairness.run,
+    "xgboost_scoring": xgboost_scoring.run,
 }
 
 
