@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from udfserve.shared_memory import DEFAULT_DIRECTORY as DEFAULT_SHARED_MEMORY_DIRECTORY
 from udfserve.spark_client.node_start import NodeStart
+from udfserve.tracing import parse_traceparent
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 """The server's default limit (``ServerConfig.max_message_bytes``); both sides must agree."""
@@ -178,6 +179,19 @@ class ClientConfig(BaseModel):
     tls_client_key_file: str | None = Field(
         default=None, description="PEM private key of tls_client_certificate_file"
     )
+    trace_sample_ratio: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="share of tasks whose requests the servers trace (OpenTelemetry, W3C traceparent); "
+        "0: tracing off, no header sent",
+    )
+    traceparent: str | None = Field(
+        default=None,
+        description="the job's one trace: a W3C traceparent (job_traceparent() makes one in the driver) "
+        "under which every task's requests are traced when its sampled flag is set; beats "
+        "trace_sample_ratio",
+    )
     node_start: NodeStart | None = Field(
         default=None,
         description="set by node_servers(...): each task first makes sure its host runs a node, starting "
@@ -223,6 +237,16 @@ class ClientConfig(BaseModel):
     def _node_start(cls, value: object) -> object:
         """A Spark conf value is the JSON ``node_servers`` wrote there."""
         return NodeStart.model_validate_json(value) if isinstance(value, str) else value
+
+    @field_validator("traceparent")
+    @classmethod
+    def _traceparent(cls, value: str | None) -> str | None:
+        if value is not None and parse_traceparent(value) is None:
+            raise ValueError(
+                f"traceparent {value!r} is not a W3C trace context; expected "
+                "'00-<32 hex trace id>-<16 hex span id>-<2 hex flags>', ids not all zero"
+            )
+        return None if value is None else value.strip()
 
     @field_validator("tls_server_name")
     @classmethod

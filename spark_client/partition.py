@@ -40,6 +40,7 @@ from udfserve.spark_client.routing import (
     resolve_route,
 )
 from udfserve.spark_client.stats import ClientStats
+from udfserve.spark_client.tracing import task_trace_metadata
 from udfserve.spark_client.transport import PINNED_VERSION_GONE, HeldBatch, PredictStream, StreamFailed
 from udfserve.spark_client.versions import empty_versioned, with_version_column
 
@@ -126,7 +127,7 @@ class _PartitionRunner:
         self._placement = placement
         self._stats = stats
         self._breakers = breakers
-        self._metadata = auth_metadata(job.config) + context.metadata()
+        self._metadata = auth_metadata(job.config) + context.metadata() + task_trace_metadata(job.config)
         self._failure = _Failure()
         self._quiet_until_s = float("-inf")
         self._quiet_stamp: tuple[int, int, int] | None = None  # the discovery file the quiet is about

@@ -23,6 +23,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from udfserve.log_text import clip
 from udfserve.spark_job_keys import MAX_VALUE_CHARS, METADATA_PREFIX, NUMERIC_KEYS
+from udfserve.tracing import TRACEPARENT_KEY
+
+TRACEPARENT_MAX_CHARS = 55
+"""A version-00 ``traceparent`` is 55 characters; a longer value is dropped unread."""
 
 logger = logging.getLogger(__name__)
 
@@ -64,13 +68,16 @@ class JobContext:
     priority_class: str = ""
     """The class the application asks to be scheduled in; the server maps it to a weight, and one
     it does not list to its default class (``core.shares``)."""
+    traceparent: str = ""
+    """The W3C ``traceparent`` the stream came with (``observability.tracing`` reads it, and only
+    when tracing is on); not a log field."""
 
     @property
     def has_application(self) -> bool:
         return bool(self.app_id)
 
     def log_fields(self) -> dict[str, str]:
-        return {k: v for k, v in self.__dict__.items() if v}
+        return {k: v for k, v in self.__dict__.items() if v and k != "traceparent"}
 
 
 def _valid(key: str, value: str) -> bool:
@@ -80,9 +87,13 @@ def _valid(key: str, value: str) -> bool:
 
 
 def parse_job_context(metadata: Iterable[tuple[str, str | bytes]] | None) -> JobContext:
-    """Keep the known ``udfserve-spark-*`` keys whose values are short, printable text."""
+    """Keep the known ``udfserve-spark-*`` keys whose values are short, printable text, and the
+    W3C ``traceparent`` (read, and checked, only where tracing is on)."""
     values: dict[str, str] = {}
     for key, value in metadata or ():
+        if key == TRACEPARENT_KEY and isinstance(value, str) and len(value) <= TRACEPARENT_MAX_CHARS:
+            values["traceparent"] = value
+            continue
         if not key.startswith(METADATA_PREFIX) or not isinstance(value, str):
             continue  # binary (-bin) metadata is never used
         name = key[len(METADATA_PREFIX) :]

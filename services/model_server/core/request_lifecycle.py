@@ -24,9 +24,10 @@ whichever front end made it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from abc import ABC, abstractmethod
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import grpc
 import numpy as np
@@ -42,7 +43,11 @@ from udfserve.services.model_server.core.model_table import ModelTable, ServedMo
 from udfserve.services.model_server.core.pending import Pending
 from udfserve.services.model_server.core.shares import ApplicationShares
 from udfserve.services.model_server.errors import ModelUnavailable
+from udfserve.services.model_server.observability import tracing as server_tracing
 from udfserve.services.model_server.observability.metrics import ModelMetrics, ServerMetrics
+
+if TYPE_CHECKING:
+    from udfserve.services.model_server.observability.spans import RequestTrace
 
 M = TypeVar("M")
 """The protocol's request message (what its front end reads when it answers)."""
@@ -112,6 +117,7 @@ class InferenceRequest(Generic[M, A]):
         "rows",
         "served",
         "started_s",
+        "trace",
     )
 
     served: ServedModel
@@ -139,6 +145,11 @@ class InferenceRequest(Generic[M, A]):
         self.model_metrics: ModelMetrics | None = lifecycle.models.metrics_of(model_name)
         """The series the request counts in: its model's, also when it is refused because the
         model is loading, failed or serves another version; None for a name of no model here."""
+        tracing = server_tracing.ACTIVE
+        self.trace: RequestTrace | None = (
+            None if tracing is None else tracing.request(job, model_name, request_id)
+        )
+        """Its spans, when tracing is on and the request is sampled (``observability.tracing``)."""
 
     def admit(self, version: int) -> ServedModel:
         """The model the request names, ready to serve ``version`` (0: the served one); raises the
@@ -192,6 +203,9 @@ class InferenceRequest(Generic[M, A]):
             check_ranges(served.name, model.inputs, inputs)  # before merging: see value_ranges
             share = self._lifecycle.shares.share_of(self.job)
             wait_s = self._lifecycle.room_wait_s if wait_for_room else 0.0
+            if self.trace is not None:
+                self.trace.queued(rows)
+                share = dataclasses.replace(share, trace=self.trace)
             future, hold = batcher.enqueue_or_wait(inputs, share, wait_s)
         except Exception as exc:
             return self.refuse(exc)
@@ -208,15 +222,22 @@ class InferenceRequest(Generic[M, A]):
         assert model_metrics is not None  # enqueue counted it there
         self._lifecycle.in_flight.end()
         model_metrics.in_flight.dec()
+        trace = self.trace
         if outputs.cancelled():
+            if trace is not None:
+                trace.end("CANCELLED")
             raise asyncio.CancelledError
         bound = log_context.bind(self)
         try:
+            if trace is not None:
+                trace.answering()
             try:
                 answer = self.front_end.answer(self, outputs.result())
             except Exception as exc:
                 return self.refuse(exc)
             self._observe("OK", self.rows)
+            if trace is not None:
+                trace.end("OK")
         finally:
             log_context.unbind(bound)
         return answer
@@ -228,6 +249,8 @@ class InferenceRequest(Generic[M, A]):
         try:
             code, answer = self.front_end.refusal(self, exc)
             self._observe(code.name, 0)
+            if self.trace is not None:
+                self.trace.end(code.name)
         finally:
             log_context.unbind(bound)
         return answer

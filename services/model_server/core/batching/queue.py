@@ -42,11 +42,14 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from udfserve.services.model_server.errors import QueueFull
+
+if TYPE_CHECKING:
+    from udfserve.services.model_server.observability.spans import RequestTrace
 
 Arrays = dict[str, np.ndarray]
 
@@ -81,6 +84,8 @@ class Chunk:
     """Its finish tag: batches take chunks in the order of their tags."""
     on_start: Callable[[float], None] | None = None
     """Told the seconds the chunk waited when its batch starts (the application's queue wait)."""
+    trace: RequestTrace | None = None
+    """Its request's spans, when it is traced (``observability.tracing``): its batch links to it."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,8 @@ class Share:
     flow: str = ""
     weight: float = 1.0
     on_start: Callable[[float], None] | None = None
+    trace: RequestTrace | None = None
+    """The spans of the one request queued with this share, when it is traced."""
 
 
 UNNAMED = Share()
@@ -258,7 +265,12 @@ class RequestQueue:
             flow = self.flows[key] = Flow(key, weight, last_tag=self.virtual_time)
         for chunk in chunks:
             flow.last_tag = max(flow.last_tag, self.virtual_time) + chunk.rows / flow.weight
-            chunk.tag, chunk.flow, chunk.on_start = flow.last_tag, key, share.on_start
+            chunk.tag, chunk.flow, chunk.on_start, chunk.trace = (
+                flow.last_tag,
+                key,
+                share.on_start,
+                share.trace,
+            )
             chunk.queued_at_pc = queued_at_pc
             chunk.future.add_done_callback(self._on_chunk_done)
         flow.chunks.extend(chunks)

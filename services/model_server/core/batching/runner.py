@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,10 @@ from udfserve.services.model_server.core.batching.queue import Arrays, Chunk
 from udfserve.services.model_server.core.batching.recovery import CallResult, Recovery
 from udfserve.services.model_server.core.batching.row_limit import RowLimit
 from udfserve.services.model_server.errors import ModelUnavailable
+from udfserve.services.model_server.observability import tracing as server_tracing
+
+if TYPE_CHECKING:
+    from udfserve.services.model_server.observability.spans import BatchTrace, ServerTracing
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +46,16 @@ class Batch:
     rows: int
     inputs: Arrays
     task: asyncio.Task[None] | None = None
+    trace: BatchTrace | None = None
+    """Its span, when tracing is on and it merged a traced request."""
+
+
+def _batch_trace(tracing: ServerTracing, model: str, chunks: list[Chunk], rows: int) -> BatchTrace | None:
+    """The batch's span when it merged a traced request (each request once), else None."""
+    traces = list({id(chunk.trace): chunk.trace for chunk in chunks if chunk.trace is not None}.values())
+    if not traces:
+        return None
+    return tracing.batch(model, traces, rows, len({chunk.request for chunk in chunks}))
 
 
 def _released(inputs: Arrays) -> Mapping[str, np.ndarray]:
@@ -97,6 +112,8 @@ class BatchRunner:
             inputs = {name: np.concatenate([c.inputs[name] for c in chunks]) for name in chunks[0].inputs}
         rows = sum(chunk.rows for chunk in chunks)
         batch = Batch(chunks, rows, inputs)
+        if server_tracing.ACTIVE is not None:
+            batch.trace = _batch_trace(server_tracing.ACTIVE, self.model_name, chunks, rows)
         self._running.add(batch)
         if rows > self._limit.rows:  # queued before the limit dropped: several calls
             batch.task = loop.create_task(self._run_batch(batch, None))
@@ -123,6 +140,8 @@ class BatchRunner:
             result = CallResult(None, model_failure(error, self.model_name), 0.0)
         try:
             self._reports.batch(batch.rows, len(batch.chunks), result.seconds, result.error is None)
+            if batch.trace is not None:
+                batch.trace.device_call(result.seconds, result.error)
             if result.error is not None:
                 assert self._loop is not None
                 batch.task = self._loop.create_task(self._run_batch(batch, result))
@@ -170,6 +189,8 @@ class BatchRunner:
     def _finish(self, batch: Batch) -> None:
         if batch in self._running:
             self._running.discard(batch)
+            if batch.trace is not None:
+                batch.trace.end()
             self._on_finished(batch)
 
     async def _call(self, inputs: Arrays, rows: int, requests: int) -> CallResult:
