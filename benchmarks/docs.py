@@ -44,8 +44,12 @@ LATE_SECTIONS = (
     ("soak", "9. An hour of load"),
 )
 """Comparisons of ``run_all`` rendered after the KServe section (6), which runs outside it."""
-FINAL_SECTIONS = (("fairness", "11. Fair shares: many applications on one server"),)
-"""Comparisons rendered after the cluster on paper (section 10)."""
+FINAL_SECTIONS = (
+    ("fairness", "11. Fair shares: many applications on one server"),
+    ("tracing_cost", "13. Tracing: what spans cost"),
+)
+"""Comparisons rendered after the cluster on paper (section 10). ``tracing_cost`` runs outside
+``run_all`` (``python -m benchmarks.tracing_cost``): a Spark session of its own at the end."""
 
 INTRO = """\
 # Benchmarks

@@ -59,6 +59,7 @@ from udfserve.services.model_server.frontends.kserve_http.listener import (
 from udfserve.services.model_server.frontends.readable_requests import add_service
 from udfserve.services.model_server.frontends.streaming import STREAM_METHODS, RawStreamRequests, StreamBounds
 from udfserve.services.model_server.lifeline import watch_lifeline
+from udfserve.services.model_server.observability import tracing as server_tracing
 from udfserve.services.model_server.observability.gpu_metrics import GpuCollector
 from udfserve.services.model_server.observability.metrics import ServerMetrics
 from udfserve.services.model_server.security import TokenInterceptor, grpc_server_credentials
@@ -437,6 +438,7 @@ async def serve(config: ServerConfig) -> int:
         stopping()
 
     server.models.on_fault = on_fault
+    server_tracing.install(server_tracing.TracingSettings(), config.device)
     with stop_on_signals(on_signal):
         try:
             if config.lifeline_fd is not None:
@@ -448,4 +450,5 @@ async def serve(config: ServerConfig) -> int:
             return 2
         await stop.wait()
         await server.drain_and_stop()
+        server_tracing.shutdown()
     return EXIT_UNRECOVERABLE if server.models.fault else 0
