@@ -14,12 +14,11 @@ Nothing here imports OpenTelemetry: the header is made by ``udfserve.tracing``.
 
 from __future__ import annotations
 
-import random
 import sys
 
 from udfserve.spark_client.config import ClientConfig
 from udfserve.spark_client.credentials import CallMetadata
-from udfserve.tracing import TRACEPARENT_KEY, TraceParent, new_traceparent, parse_traceparent
+from udfserve.tracing import TRACEPARENT_KEY, TraceParent, new_traceparent, parse_traceparent, sampled_with
 
 
 def task_trace_metadata(config: ClientConfig) -> CallMetadata:
@@ -29,7 +28,7 @@ def task_trace_metadata(config: ClientConfig) -> CallMetadata:
     ratio = config.trace_sample_ratio
     if ratio <= 0.0:
         return ()
-    return ((TRACEPARENT_KEY, new_traceparent(random.random() < ratio).header()),)
+    return ((TRACEPARENT_KEY, new_traceparent(sampled_with(ratio)).header()),)
 
 
 def job_traceparent(sampled: bool = True) -> str:

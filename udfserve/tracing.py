@@ -9,7 +9,7 @@ this: a header is 55 characters of hex, made and read here
 
 from __future__ import annotations
 
-import random
+import os
 import re
 from dataclasses import dataclass
 
@@ -50,13 +50,19 @@ def parse_traceparent(value: str) -> TraceParent | None:
 
 
 def new_trace_id() -> int:
-    """A random, valid (non-zero) 128-bit trace id."""
-    return random.getrandbits(128) or 1
+    """A random, valid (non-zero) 128-bit trace id, from the OS: Spark's Python workers are forked
+    from one daemon, so the ``random`` module's state would be the same in each of them."""
+    return int.from_bytes(os.urandom(16), "big") or 1
 
 
 def new_span_id() -> int:
-    """A random, valid (non-zero) 64-bit span id."""
-    return random.getrandbits(64) or 1
+    """A random, valid (non-zero) 64-bit span id (from the OS, as ``new_trace_id``)."""
+    return int.from_bytes(os.urandom(8), "big") or 1
+
+
+def sampled_with(ratio: float) -> bool:
+    """True with probability ``ratio``, drawn from the OS (as ``new_trace_id``)."""
+    return int.from_bytes(os.urandom(7), "big") < ratio * (1 << 56)
 
 
 def new_traceparent(sampled: bool, trace_id: int | None = None) -> TraceParent:
