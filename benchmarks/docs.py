@@ -46,10 +46,12 @@ LATE_SECTIONS = (
 """Comparisons of ``run_all`` rendered after the KServe section (6), which runs outside it."""
 FINAL_SECTIONS = (
     ("fairness", "11. Fair shares: many applications on one server"),
+    ("text_backpressure", "12. Back-pressure: the demo's text job"),
     ("tracing_cost", "13. Tracing: what spans cost"),
 )
-"""Comparisons rendered after the cluster on paper (section 10). ``tracing_cost`` runs outside
-``run_all`` (``python -m benchmarks.tracing_cost``): a Spark session of its own at the end."""
+"""Comparisons rendered after the cluster on paper (section 10). ``text_backpressure`` runs outside
+``run_all``: it compares this tree with another checkout (``--baseline``). ``tracing_cost`` runs
+outside it too (``python -m benchmarks.tracing_cost``): a Spark session of its own at the end."""
 
 INTRO = """\
 # Benchmarks

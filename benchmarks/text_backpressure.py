@@ -1,0 +1,381 @@
+"""Comparison: the demo's text job under back-pressure, this tree against a baseline tree, in one run.
+
+    python -m benchmarks.text_backpressure --model-repository R [--baseline TREE] [--quick]
+
+``R`` holds the example ``text_classifier`` (``udfserve models generate --text-classifier``); ``TREE``
+is another checkout of udfserve (a ``git worktree`` of an earlier commit), run from a tree of links
+(``scripts/source_tree.py``) so that its own code serves and scores. Three measurements:
+
+- **Where a call's time goes**: in this process, the example's tokenizer alone, its ONNX model alone
+  on the same tokens, and both, on calls of the model's ``max_batch_size`` (256 rows).
+- **The server alone**: each tree's server fed by one stream of 4,096-row text requests kept 3 in
+  flight (12,288 rows, under the 16,384 of the model's queue, so nothing is refused): the rows/s the
+  server computes for the model when nothing else runs, and the share of that time in model calls.
+- **The demo**: ``udfserve demo --model text_classifier --rows N`` of each tree (the README's first
+  command, local[2]), its report as printed, and the figures read from it.
+
+Rounds alternate the trees' order; the table gives each contender's median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pyarrow as pa
+
+from benchmarks.cli import configure_logging, write_and_print
+from benchmarks.processes import scrape
+from benchmarks.report import ComparisonResult, Table, TargetCheck
+from benchmarks.tokenization import FEEDS, rows_per_second
+from udfserve.protocol import inference_pb2 as pb
+from udfserve.protocol.arrow_ipc import encode_batch
+from udfserve.runtime.model_config import TextPreprocess
+from udfserve.runtime.preprocessing import open_tokenizer
+from udfserve.services.demo_data import TEXT_WORDS
+from udfserve.services.model_server.launcher import ServerProcess, launch_server
+
+NAME = "text_backpressure"
+MODEL = "text_classifier"
+REQUEST_ROWS = 4096
+"""Rows of one request, as the Spark client sends them (``rows_per_request``)."""
+ALONE_IN_FLIGHT = 3
+"""Requests the server-alone client keeps outstanding: 12,288 rows, under the model's queue bound."""
+CALL_ROWS = 256
+"""The example's ``max_batch_size``: the rows of one model call."""
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WAITING_AT_MOST = 0.10
+"""Target: the client waits out back-pressure at most this share of its tasks' time."""
+
+
+def demo_texts(rows: int, seed: int = 0) -> list[str]:
+    """Sentences as the demo generates them: one word of each group of ``TEXT_WORDS``."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(str(group[rng.integers(len(group))]) for group in TEXT_WORDS) for _ in range(rows)]
+
+
+# -- where a call's time goes ------------------------------------------------------------------
+def call_contenders(repository: Path) -> dict[str, Callable[[], float]]:
+    """Tokenizer alone, model alone, both: each a callable that measures its rows/s once."""
+    import onnxruntime
+
+    version = repository / MODEL / "1"
+    tokenize = open_tokenizer(version / "tokenizer.json", TextPreprocess(max_length=64), FEEDS, "benchmark")
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = max(1, len(os.sched_getaffinity(0)) - 1)  # as the server's backend
+    session = onnxruntime.InferenceSession(
+        str(version / "model.onnx"), options, providers=["CPUExecutionProvider"]
+    )
+    texts = np.array([text.encode() for text in demo_texts(CALL_ROWS)], dtype=object)
+    model = partial(session.run, None)
+    return {
+        "tokenizer alone": rows_per_second(partial(tokenize, texts), CALL_ROWS),
+        "model alone": rows_per_second(partial(model, tokenize(texts)), CALL_ROWS),
+        "tokenizer + model": rows_per_second(lambda: model(tokenize(texts)), CALL_ROWS),
+    }
+
+
+# -- the server alone --------------------------------------------------------------------------
+def linked_tree(tree: Path, folder: Path) -> Path:
+    """``tree``'s folders under their package names (``scripts/source_tree.py``), for PYTHONPATH."""
+    linked = folder / f"{tree.name}-{abs(hash(str(tree)))}-tree"
+    if not linked.exists():
+        script = tree / "scripts" / "source_tree.py"
+        subprocess.run([sys.executable, str(script), str(tree), str(linked)], check=True, capture_output=True)
+    return linked
+
+
+def tree_env(linked: Path) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(linked))
+
+
+async def closed_loop(target: str, duration_s: float) -> tuple[int, float]:
+    """One Predict stream keeping ``ALONE_IN_FLIGHT`` requests of ``REQUEST_ROWS`` texts
+    outstanding for ``duration_s``, then answered to the last: (rows answered, seconds from the
+    first request sent to the last answer)."""
+    import grpc
+
+    batch = pa.record_batch({"text": pa.array(demo_texts(REQUEST_ROWS, seed=1))})
+    message = pb.PredictRequest(model=MODEL, arrow_ipc=encode_batch(batch))
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = channel.stream_stream(
+            "/udfserve.v1.Inference/Predict",
+            request_serializer=pb.PredictRequest.SerializeToString,
+            response_deserializer=pb.PredictResponse.FromString,
+        )()
+        started = time.perf_counter()
+        deadline = started + duration_s
+        for batch_id in range(ALONE_IN_FLIGHT):
+            message.batch_id = batch_id
+            await call.write(message)
+        sent = ALONE_IN_FLIGHT
+        answered = 0
+        while answered < sent:
+            response = await call.read()
+            if response is grpc.aio.EOF or response.HasField("error"):
+                raise RuntimeError(f"the server did not answer a request: {response}")
+            answered += 1
+            if time.perf_counter() < deadline:
+                message.batch_id = sent
+                sent += 1
+                await call.write(message)
+        seconds = time.perf_counter() - started
+        await call.done_writing()
+        while await call.read() is not grpc.aio.EOF:
+            pass
+    return answered * REQUEST_ROWS, seconds
+
+
+def server_alone(tree: Path, repository: Path, folder: Path, duration_s: float) -> dict[str, float]:
+    """The rows/s ``tree``'s server computes for the model, and the share of it in model calls."""
+    name = f"alone-{abs(hash(str(tree)))}"
+    server: ServerProcess = launch_server(
+        repository,
+        socket=folder / f"{name}.sock",
+        port=None,
+        http_port=0,
+        extra_args=["--models", MODEL],
+        env=tree_env(linked_tree(tree, folder)),
+        log_path=folder / f"{name}.log",
+    )
+    try:
+        target = server.grpc_target(prefer_unix=True)
+        asyncio.run(closed_loop(target, min(duration_s, 2.0)))  # warm-up
+        process = psutil.Process(server.process.pid)
+        before, cpu_before = scrape(server), _cpu_s(process)
+        rows, seconds = asyncio.run(closed_loop(target, duration_s))
+        after, cpu_s = scrape(server), _cpu_s(process) - cpu_before
+    finally:
+        server.terminate()
+    calls_s = _metric(after, "udfserve_inference_duration_seconds_sum") - _metric(
+        before, "udfserve_inference_duration_seconds_sum"
+    )
+    return {"rows_per_s": rows / seconds, "in_model_calls": calls_s / seconds, "server_cpu": cpu_s / seconds}
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def _metric(text: str, name: str) -> float:
+    from benchmarks.processes import metric_value
+
+    return metric_value(text, name)
+
+
+# -- the demo ----------------------------------------------------------------------------------
+_FIGURES = {
+    "seconds": r"^time\s+([\d.]+) s",
+    "rows_per_s": r"^throughput\s+([\d,]+) rows/s",
+    "batches": r"^answered by servers\s+[\d,]+ rows in ([\d,]+) batches",
+    "resends": r"^resends\s+([\d,]+)",
+    "waited_s": r"([\d.]+) s waited",
+}
+_LATER_FIGURES = {
+    "room_wait_s": r"^queue room waits\s+[\d,]+ requests held .*?, ([\d.]+) s in all",
+    "model_call_s": r"^model calls\s+([\d.]+) s",
+}
+
+
+def run_demo(tree: Path, repository: Path, rows: int, folder: Path) -> tuple[str, dict[str, float]]:
+    """``udfserve demo`` of ``tree`` on the text model: its report, and the figures read from it."""
+    linked = linked_tree(tree, folder)
+    command = [sys.executable, "-m", "udfserve", "demo", "--model", MODEL, "--rows", str(rows)]
+    command += ["--model-repository", str(repository)]
+    done = subprocess.run(
+        command, cwd=folder, env=tree_env(linked), capture_output=True, text=True, timeout=1800, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the demo of {tree} failed ({done.returncode}): {done.stderr[-4000:]}")
+    report = done.stdout[done.stdout.index("udfserve demo report") :].rstrip()
+    figures: dict[str, float] = {}
+    for key, pattern in _FIGURES.items():
+        found = re.search(pattern, report, re.MULTILINE)
+        if found is None:
+            raise RuntimeError(f"no {key} in the demo's report of {tree}:\n{report}")
+        figures[key] = float(found.group(1).replace(",", ""))
+    for key, pattern in _LATER_FIGURES.items():  # lines a report of an earlier tree may not have
+        found = re.search(pattern, report, re.MULTILINE)
+        figures[key] = float(found.group(1).replace(",", "")) if found else float("nan")
+    # the tasks' time as the issue counted it, for both trees alike: local[2] runs 2 tasks at a time
+    figures["waited_share"] = figures["waited_s"] / (figures["seconds"] * 2)
+    return report, figures
+
+
+# -- the comparison ----------------------------------------------------------------------------
+def run(
+    repository: Path, baseline: Path | None, rows: int, rounds: int, duration_s: float
+) -> ComparisonResult:
+    started = time.perf_counter()
+    trees = {"this tree": REPO_ROOT}
+    if baseline is not None:
+        trees = {"baseline": baseline.resolve(), **trees}
+    rates: dict[str, list[float]] = {}
+    alone: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    demos: dict[str, list[tuple[str, dict[str, float]]]] = {name: [] for name in trees}
+    with tempfile.TemporaryDirectory(prefix="udfs-text-") as scratch:
+        folder = Path(scratch)
+        contenders = call_contenders(repository)
+        rates = {name: [] for name in contenders}
+        for round_index in range(rounds):
+            for name, measure in contenders.items():
+                rates[name].append(measure())
+            order = list(trees) if round_index % 2 == 0 else list(reversed(trees))
+            for name in order:
+                alone[name].append(server_alone(trees[name], repository, folder, duration_s))
+            for name in order:
+                demos[name].append(run_demo(trees[name], repository, rows, folder))
+    return result(trees, rates, alone, demos, rows, rounds, time.perf_counter() - started)
+
+
+def result(
+    trees: dict[str, Path],
+    rates: dict[str, list[float]],
+    alone: dict[str, list[dict[str, float]]],
+    demos: dict[str, list[tuple[str, dict[str, float]]]],
+    rows: int,
+    rounds: int,
+    duration_s: float,
+) -> ComparisonResult:
+    calls = Table(
+        f"Where a call of {CALL_ROWS} texts goes, in one process (median of {rounds} rounds)",
+        ["contender", "rows/s", "µs a row"],
+    )
+    for name, values in rates.items():
+        rate = statistics.median(values)
+        calls.rows.append({"contender": name, "rows/s": rate, "µs a row": 1e6 / rate})
+
+    def median(samples: list[dict[str, float]], key: str) -> float:
+        return statistics.median(sample[key] for sample in samples)
+
+    servers = Table(
+        f"The server alone: 1 stream, {ALONE_IN_FLIGHT} requests of {REQUEST_ROWS:,} texts in flight",
+        ["tree", "rows/s", "time in model calls", "server CPU (cores)"],
+    )
+    for name, samples in alone.items():
+        servers.rows.append(
+            {
+                "tree": name,
+                "rows/s": median(samples, "rows_per_s"),
+                "time in model calls": f"{median(samples, 'in_model_calls'):.0%}",
+                "server CPU (cores)": median(samples, "server_cpu"),
+            }
+        )
+    ceiling = median(alone["this tree"], "rows_per_s")
+    jobs = Table(
+        f"The demo: udfserve demo --model {MODEL} --rows {rows:,} (local[2])",
+        [
+            "tree",
+            "rows/s",
+            "÷ server alone",
+            "batches",
+            "resends",
+            "sends a batch",
+            "client waited s",
+            "share of tasks' time",
+            "server held s",
+            "server in model calls",
+        ],
+    )
+    for name, runs in demos.items():
+        figures = [figures for _, figures in runs]
+        batches = median(figures, "batches")
+        jobs.rows.append(
+            {
+                "tree": name,
+                "rows/s": median(figures, "rows_per_s"),
+                "÷ server alone": f"{median(figures, 'rows_per_s') / ceiling:.2f}x",
+                "batches": int(batches),
+                "resends": int(median(figures, "resends")),
+                "sends a batch": (batches + median(figures, "resends")) / batches,
+                "client waited s": median(figures, "waited_s"),
+                "share of tasks' time": f"{median(figures, 'waited_share'):.0%}",
+                "server held s": median(figures, "room_wait_s"),
+                "server in model calls": _share(median(figures, "model_call_s") / median(figures, "seconds")),
+            }
+        )
+    mine = [figures for _, figures in demos["this tree"]]
+    share = median(mine, "waited_share")
+    rate_ratio = median(mine, "rows_per_s") / ceiling
+    targets = [
+        TargetCheck(
+            f"the demo's tasks wait out back-pressure at most {WAITING_AT_MOST:.0%} of their time",
+            f"{share:.1%} ({median(mine, 'waited_s'):.2f} s waited in a job of "
+            f"{median(mine, 'seconds'):.1f} s, 2 tasks at a time)",
+            share <= WAITING_AT_MOST,
+        ),
+        TargetCheck(
+            "no batch sent more than twice",
+            f"{median(mine, 'resends'):.0f} resends for {median(mine, 'batches'):.0f} batches",
+            median(mine, "resends") <= median(mine, "batches"),
+        ),
+        TargetCheck(
+            "the demo's rows/s at least the server's alone",
+            f"{rate_ratio:.2f}x ({median(mine, 'rows_per_s'):,.0f} vs {ceiling:,.0f} rows/s)",
+            rate_ratio >= 1.0,
+        ),
+    ]
+    notes = [f"{name}: commit {_revision(tree)}" for name, tree in trees.items()]
+    for name, runs in demos.items():
+        notes.append(f"the report of the last demo of {name}:\n\n```\n{runs[-1][0]}\n```")
+    return ComparisonResult(
+        name=NAME,
+        title="Back-pressure: the demo's text job",
+        method=__doc__.split("\n\n", 2)[2].strip() if __doc__ else "",
+        tables=[calls, servers, jobs],
+        targets=targets,
+        notes=notes,
+        raw={"calls": rates, "alone": alone, "demos": {k: [f for _, f in v] for k, v in demos.items()}},
+        duration_s=duration_s,
+    )
+
+
+def _revision(tree: Path) -> str:
+    """The tree's commit (with ``+changes`` when its files differ from it), not its path."""
+    head = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return (head or "unknown") + (" +changes" if dirty else "")
+
+
+def _share(value: float) -> str:
+    return "-" if value != value else f"{value:.0%}"  # NaN: the tree's report does not say
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--model-repository", type=Path, required=True, help=f"holding {MODEL}")
+    parser.add_argument("--baseline", type=Path, default=None, help="another checkout to compare with")
+    parser.add_argument("--rows", type=int, default=100_000, help="rows of each demo (default 100,000)")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
+    parser.add_argument("--duration-s", type=float, default=8.0, help="the server-alone load (default 8)")
+    parser.add_argument("--quick", action="store_true", help="small and short: checks that the script works")
+    args = parser.parse_args(argv)
+    configure_logging()
+    if args.quick:
+        args.rows, args.rounds, args.duration_s = 8_192, 1, 1.0
+    outcome = run(args.model_repository.resolve(), args.baseline, args.rows, args.rounds, args.duration_s)
+    return write_and_print(outcome, args.quick)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
