@@ -72,12 +72,11 @@ def run(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def computed_on() -> str:
-    """Where the PyTorch backend of this process computes (``cuda:0`` or ``cpu``)."""
-    if "torch" not in sys.modules:
+    """Where this process computed: ``cuda:N`` once torch initialised CUDA in it, else ``cpu``."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
         return "cpu"
-    from udfserve.runtime.backends.pytorch.device import placement
-
-    return str(placement().device)
+    return f"cuda:{torch.cuda.current_device()}"
 
 
 def main(argv: list[str]) -> int:

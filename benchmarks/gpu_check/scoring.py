@@ -202,7 +202,7 @@ def _check_heavy(
         "heavy",
         f"{HEAVY} in-process on the CPU",
         rate(cpu.rows, cpu.seconds),
-        RECORDED,
+        RECORDED if set(cpu.every("computed_on")) == {"cpu"} else FAILED,
         f"{plan.executors} processes x {cores_each(plan.executors)} threads, {cpu.rows:,} rows in "
         f"{cpu.seconds:.1f} s, {request_rows:,} a call; the CPU fallback's code path",
     )
