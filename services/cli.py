@@ -1,6 +1,6 @@
 """The ``udfserve`` command: ``serve`` one model server, ``node`` to supervise a node's servers,
 ``models generate`` to write the example model repository, ``demo`` to run the end-to-end job,
-``doctor`` to check a node and an executor's environment.
+``doctor`` to check a node and an executor's environment, ``completion`` for the shell.
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="udfserve",
         description="GPU-resident model servers for Spark UDFs. Every flag of `serve`, `node` and `doctor` "
-        "can also be set with the UDFSERVE_<FLAG> environment variable; a flag wins over the variable.",
+        "can also be set with the UDFSERVE_<FLAG> environment variable; a flag wins over the variable. "
+        "`serve` and `node` also read settings from a YAML file (--config FILE), which both win over.",
     )
     parser.add_argument("--version", action="version", version=f"udfserve {udfserve.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -155,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
         "repository once and serves dynamically batched predictions over gRPC (unix socket and/or "
         "TCP), with an HTTP admin app (health, models, /metrics). SIGTERM drains and exits 0.",
     )
-    add_settings_arguments(serve, ServerConfig)
+    add_settings_arguments(serve, ServerConfig, grouped=True, config_file=True)
     serve.set_defaults(handler=run_serve)
 
     node = commands.add_parser(
@@ -166,12 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
         "if it dies; writes the discovery file the Spark client reads and a Prometheus targets file. "
         "SIGTERM stops every server gracefully, removes both files and exits 0.",
     )
-    add_settings_arguments(node, NodeConfig)
+    add_settings_arguments(node, NodeConfig, grouped=True, config_file=True)
     node.set_defaults(handler=run_node)
 
     from udfserve.services.doctor.command import add_doctor_parser
 
     add_doctor_parser(commands)
+    from udfserve.services.completion import add_completion_parser
+
+    add_completion_parser(commands)
 
     demo = commands.add_parser(
         "demo",
