@@ -276,7 +276,7 @@ class RunningServer:
             tcp_address=tcp_address,
             http_address=http_address,
             kserve_address=kserve_address,
-            kserve_http_address=self._kserve_http and self._kserve_http.address,
+            kserve_http_address=self._kserve_http.address if self._kserve_http else None,
         )
         if config.ready_file is not None:
             _write_json_atomically(config.ready_file, asdict(self.addresses))

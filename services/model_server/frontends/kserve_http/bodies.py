@@ -271,18 +271,18 @@ def json_data_to_raw(data: Any, datatype: str, shape: list[int], what: str) -> b
             return codec.serialize_bytes(array, what)
         codec.numpy_dtype(datatype, what)
         try:
-            values = np.asarray(data)
+            numbers: np.ndarray | None = np.asarray(data)
         except (ValueError, OverflowError):
-            values = None
-        if values is None or values.dtype.kind not in "biuf":
+            numbers = None
+        if numbers is None or numbers.dtype.kind not in "biuf":
             kind = "booleans" if datatype == "BOOL" else "numbers"
             raise InvalidInput(
                 f"{what}: 'data' is not a list of {kind} of one nesting depth; expected {datatype} values, "
                 "flat or nested row by row"
             )
-        if values.size != count:
-            raise InvalidInput(f"{what}: shape {shape} holds {count} elements, 'data' has {values.size}")
-        return codec.tensor_to_raw(codec.coerce(values.reshape(-1), datatype, f"{what} ('data' in JSON)"))
+        if numbers.size != count:
+            raise InvalidInput(f"{what}: shape {shape} holds {count} elements, 'data' has {numbers.size}")
+        return codec.tensor_to_raw(codec.coerce(numbers.reshape(-1), datatype, f"{what} ('data' in JSON)"))
     except codec.KServeCodecError as exc:
         raise InvalidInput(str(exc)) from None
 
@@ -371,7 +371,7 @@ def answer_body(
     for name, datatype, shape, raw in answer.tensors:
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
         if form.binary(name):
-            data = raw if isinstance(raw, bytes) else memoryview(raw).cast("B")
+            data = raw if isinstance(raw, bytes) else raw.data.cast("B")
             tensor["parameters"] = {BINARY_DATA_SIZE: len(data)}
             binary.append(data)
         elif datatype == "BYTES":

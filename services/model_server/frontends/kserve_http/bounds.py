@@ -41,8 +41,8 @@ AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 """Answered without the token, as the gRPC health service and the admin app's probes are."""
 THREAD_FROM_BYTES = 1 << 20
-"""Bodies from this size are decompressed on a worker thread (zlib lets go of the GIL meanwhile)
-instead of on the port's event loop."""
+"""Bodies and answers from this size are decompressed, read, written and compressed on a worker
+thread instead of on the port's event loop (zlib lets go of the GIL; JSON does every 5 ms)."""
 
 
 class HttpRefused(Exception):

@@ -16,9 +16,10 @@ import json
 import logging
 import zlib
 from collections.abc import Callable, Coroutine
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import grpc
+import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 from tritonclient.grpc import service_pb2 as kpb
@@ -36,15 +37,19 @@ from udfserve.services.model_server.frontends.kserve_http.bodies import (
     answer_body,
     read_request,
 )
-from udfserve.services.model_server.frontends.kserve_http.bounds import PortBounds, error_body
+from udfserve.services.model_server.frontends.kserve_http.bounds import (
+    THREAD_FROM_BYTES,
+    PortBounds,
+    error_body,
+)
 from udfserve.services.model_server.frontends.kserve_http.dispatch import ServingCalls
 from udfserve.services.model_server.frontends.kserve_http.json_views import as_json, http_status
 
 logger = logging.getLogger(__name__)
 
 INFERENCE_HEADER = "inference-header-content-length"
-COMPRESS_FROM_BYTES = 1 << 20
-"""Answers from this size are compressed on a worker thread (zlib lets go of the GIL)."""
+
+T = TypeVar("T")
 
 
 class Aborted(Exception):
@@ -166,20 +171,28 @@ class KServeHandlers:
 
     # -- inference -----------------------------------------------------------------------------
     async def infer(self, request: Request) -> Response:
+        """Read, start on the serving loop, answer. A body or an answer of ``THREAD_FROM_BYTES`` or
+        more is read or written on a worker thread: the JSON of a large tensor takes the interpreter
+        for long, and the loop the port runs on (the serving loop, by default) must keep its turns;
+        the worker lets go of the GIL every few milliseconds, the loop's own code would not."""
         model, version = _model(request)
         job = parse_job_context(_job_headers(request))
+        header = request.headers.get(INFERENCE_HEADER)
         async with self._bounds.body(request) as body:
             try:
-                read = read_request(body, request.headers.get(INFERENCE_HEADER), model, version)
+                read, front_end, start = await _aside_if(
+                    len(body) >= THREAD_FROM_BYTES, lambda: self._prepare(body, header, model, version, job)
+                )
             except InvalidInput as exc:
                 return await self._refused(model, version, job, exc)
-            front_end = HttpAnswers(read.form)
-            start = self._starter(read, job, front_end)
             answer = await self._serving.infer(start)
         if isinstance(answer, Failure):
             return error_response(http_status(answer.code), answer.message)
         assert isinstance(answer, TensorAnswer)
-        content, json_length = answer_body(answer, read.form, front_end.texts)
+        size = sum(raw.nbytes if isinstance(raw, np.ndarray) else len(raw) for *_, raw in answer.tensors)
+        content, json_length = await _aside_if(
+            size >= THREAD_FROM_BYTES, lambda: answer_body(answer, read.form, front_end.texts)
+        )
         headers = {}
         if json_length is not None:
             headers["Inference-Header-Content-Length"] = str(json_length)
@@ -189,6 +202,14 @@ class KServeHandlers:
             headers["Content-Encoding"] = encoding
         media_type = "application/json" if json_length is None else "application/octet-stream"
         return Response(content, 200, headers, media_type=media_type)
+
+    def _prepare(
+        self, body: bytes, header: str | None, model: str, version: str, job: JobContext
+    ) -> tuple[InferBody, HttpAnswers, Callable[[], Any]]:
+        """The request read, who answers it, and what starts it on the serving loop."""
+        read = read_request(body, header, model, version)
+        front_end = HttpAnswers(read.form)
+        return read, front_end, self._starter(read, job, front_end)
 
     def _starter(self, read: InferBody, job: JobContext, front_end: HttpAnswers) -> Callable[[], Any]:
         """What starts the request on the serving loop: the arrays over the body when every input is
@@ -271,12 +292,17 @@ def _accepted_encoding(accept: str) -> str | None:
     return None
 
 
+async def _aside_if(large: bool, work: Callable[[], T]) -> T:
+    """``work()`` on a worker thread when ``large``, else here."""
+    if large:
+        return await asyncio.to_thread(work)
+    return work()
+
+
 async def _compressed(content: bytes, encoding: str) -> bytes:
     def compress() -> bytes:
         if encoding == "gzip":
             return gzip.compress(content, compresslevel=1)
         return zlib.compress(content, 1)
 
-    if len(content) >= COMPRESS_FROM_BYTES:
-        return await asyncio.to_thread(compress)
-    return compress()
+    return await _aside_if(len(content) >= THREAD_FROM_BYTES, compress)
