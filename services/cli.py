@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_doctor_parser(commands)
     from udfserve.services.completion import add_completion_parser
 
-    add_completion_parser(commands)
+    add_completion_parser(commands, parser)
 
     demo = commands.add_parser(
         "demo",

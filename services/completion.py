@@ -8,6 +8,7 @@ sub-commands and flags complete, and files where a flag takes a path.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 SHELLS = ("bash", "zsh")
@@ -19,14 +20,17 @@ INSTALL_HELP = (
 )
 
 
-def add_completion_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_completion_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], root: argparse.ArgumentParser
+) -> None:
+    """The ``completion`` command, whose script is generated from ``root`` (complete when it runs)."""
     completion = commands.add_parser(
         "completion",
         help="print a shell completion script (bash or zsh)",
         description=f"Print the completion script of udfserve for a shell. To install it: {INSTALL_HELP}.",
     )
     completion.add_argument("shell", choices=SHELLS, help="the shell the script is for")
-    completion.set_defaults(handler=run_completion)
+    completion.set_defaults(handler=functools.partial(run_completion, root))
 
 
 def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
@@ -41,12 +45,11 @@ def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
     return str(shtab.complete(parser, shell=shell))
 
 
-def run_completion(args: argparse.Namespace) -> int:
-    from udfserve.services.cli import build_parser
+def run_completion(root: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from udfserve.services.settings_cli import SettingsError
 
     try:
-        script = completion_script(build_parser(), args.shell)
+        script = completion_script(root, args.shell)
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     sys.stdout.write(script if script.endswith("\n") else script + "\n")

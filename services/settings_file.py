@@ -75,23 +75,8 @@ def _unknown_key(key: object, settings_cls: type[BaseSettings], command: str) ->
     spelled = str(key).lstrip("-").replace("-", "_").lower()
     if spelled in known:
         return f"{text} (did you mean {spelled!r}? keys are written as the settings' names, in snake_case)"
-    if "server_args" in known and (hint := _server_setting_hint(spelled)):
+    key_hint = getattr(settings_cls, "file_key_hint", None)  # a class whose keys others mistake for its own
+    if key_hint is not None and (hint := key_hint(spelled)):
         return f"{text}: {hint}"
     close = difflib.get_close_matches(spelled, list(known), n=1)
     return f"{text} (did you mean {close[0]!r}?)" if close else text
-
-
-def _server_setting_hint(name: str) -> str | None:
-    """For a node's file naming one of ``udfserve serve``'s own settings: where the node takes it
-    from (its own setting for those it sets on every server, ``server_args`` for the others)."""
-    from udfserve.services.model_server.config import ServerConfig
-    from udfserve.services.node.server_flags import NODE_SET_FLAGS
-
-    if name in NODE_SET_FLAGS:
-        return f"the node sets it on every server itself, from {NODE_SET_FLAGS[name]}"
-    if name in ServerConfig.model_fields:
-        return (
-            f"it is a setting of each server; expected it in server_args "
-            f"(server_args: --{name.replace('_', '-')} VALUE)"
-        )
-    return None

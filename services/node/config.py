@@ -29,11 +29,11 @@ from udfserve.discovery import (
     default_runtime_dir,
 )
 from udfserve.runtime.model_config import validate_model_name
-from udfserve.services.model_server.config import is_loopback
+from udfserve.services.model_server.config import ServerConfig, is_loopback
 from udfserve.services.model_server.shared_settings import SHARED_SETTINGS, SharedServerSettings
 from udfserve.services.node.devices import DeviceError, DeviceSlot, check_devices_syntax
 from udfserve.services.node.runtime_dir import PRIVATE_MODE, SHARED_MODE
-from udfserve.services.node.server_flags import check_server_args
+from udfserve.services.node.server_flags import NODE_SET_FLAGS, check_server_args
 from udfserve.services.settings_cli import flag_name
 
 UNIX_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
@@ -50,6 +50,20 @@ class NodeConfig(SharedServerSettings):
     """One node supervisor. Fields map to ``--flag-name`` and ``UDFSERVE_FLAG_NAME``."""
 
     model_config = SettingsConfigDict(env_prefix="UDFSERVE_", extra="forbid", frozen=True)
+
+    @staticmethod
+    def file_key_hint(name: str) -> str | None:
+        """For a node's ``--config`` file naming one of ``udfserve serve``'s own settings: where the
+        node takes it from (its own setting for those it sets on every server, ``server_args`` for
+        the others); None for a name no server has (``settings_file``)."""
+        if name in NODE_SET_FLAGS:
+            return f"the node sets it on every server itself, from {NODE_SET_FLAGS[name]}"
+        if name in ServerConfig.model_fields:
+            return (
+                f"it is a setting of each server; expected it in server_args "
+                f"(server_args: --{name.replace('_', '-')} VALUE)"
+            )
+        return None
 
     model_repository: Path = Field(description="model repository every server loads")
     models: Annotated[tuple[str, ...], NoDecode] = Field(
