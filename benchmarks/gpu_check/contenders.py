@@ -3,7 +3,8 @@
 Each process (``benchmarks.gpu_check.executor`` or ``.in_process``) prepares its rows and its
 model, prints ``{"ready": true}``, and waits; once all are ready each gets its start line, and
 the run's rate is every process's rows over the time from the first start to the last end.
-A ``Sampler`` reads a figure (the GPU's utilisation) every half second while they run.
+A ``Sampler`` reads figures (the GPU's utilisation and memory) every quarter second while they
+run, and once more as they end.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ Reading = Callable[[], dict[str, float]]
 class Sampler:
     """Calls ``read`` every ``every_s`` on a thread of its own while in use; keeps what it read."""
 
-    def __init__(self, read: Reading, every_s: float = 0.5) -> None:
+    def __init__(self, read: Reading, every_s: float = 0.25) -> None:
         self._read = read
         self._every_s = every_s
         self._stop = threading.Event()
@@ -72,12 +73,19 @@ class Sampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._keep()  # a run shorter than a period still has its reading
+
+    def _keep(self) -> None:
+        try:
+            value = self._read()
+        except OSError:  # a scrape refused or timed out: that moment goes unsampled
+            return
+        if value:
+            self.samples.append(value)
 
     def _run(self) -> None:
         while not self._stop.wait(self._every_s):
-            value = self._read()
-            if value:
-                self.samples.append(value)
+            self._keep()
 
 
 def run_together(

@@ -60,7 +60,7 @@ class Plan:
 GPU_PLAN = Plan(
     device="gpu",
     rows=1_000_000,
-    heavy_rows=200_000,
+    heavy_rows=400_000,
     heavy_cpu_budget_s=20.0,
     executors=4,
     heavy_side=32,

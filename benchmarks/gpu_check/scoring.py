@@ -261,7 +261,7 @@ def _report_utilisation(plan: Plan, served: Run, report: Report) -> None:
             "GPU utilisation while one server computes",
             "no samples",
             FAILED,
-            "the server's udfserve_gpu_utilization_ratio, read every 0.5 s",
+            "the server's udfserve_gpu_utilization_ratio, read every 0.25 s",
         )
         return
     report.add(
