@@ -166,6 +166,20 @@ def wait_until_idle(http_address: str, timeout_s: float = 120.0) -> None:
     raise AssertionError(f"the server at {http_address} still held requests after {timeout_s:g} s")
 
 
+def wait_for_a_running_call(http_address: str, timeout_s: float = 120.0) -> None:
+    """Until the server holds a request that is no longer queued: its model call runs."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = scrape(http_address)
+        if (
+            metric_value(text, "udfserve_requests_in_flight") >= 1
+            and metric_value(text, "udfserve_queued_rows") == 0
+        ):
+            return
+        time.sleep(0.05)  # a short look between scrapes of another process's state
+    raise AssertionError(f"no model call started at {http_address} within {timeout_s:g} s")
+
+
 _KERAS_MODELS: dict[Path, Any] = {}
 """Loaded Keras models by file: keras ships no type stubs, so they are typed as Any."""
 

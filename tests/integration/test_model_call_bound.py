@@ -18,7 +18,14 @@ import grpc
 import numpy as np
 import pytest
 from onnx_graphs import looping_graph, write_model
-from server_harness import Answer, batch_of, metric_value, request, running_server, scrape, stream_predict
+from server_harness import (
+    Answer,
+    batch_of,
+    request,
+    running_server,
+    stream_predict,
+    wait_for_a_running_call,
+)
 
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
@@ -88,20 +95,6 @@ def test_a_stopped_call_fails_only_its_own_request(server: ServerProcess) -> Non
     assert answers[1].outputs.column("y").to_pylist() == [[4.0]]
 
 
-def wait_for_a_running_call(http_address: str) -> None:
-    """Until the server holds a request that is no longer queued: its call runs."""
-    deadline = time.monotonic() + SAFETY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        text = scrape(http_address)
-        if (
-            metric_value(text, "udfserve_requests_in_flight") >= 1
-            and metric_value(text, "udfserve_queued_rows") == 0
-        ):
-            return
-        time.sleep(0.05)  # a short look between scrapes of another process's state
-    raise AssertionError(f"no call started within {SAFETY_TIMEOUT_S:g} s")
-
-
 @pytest.mark.slow
 def test_after_sigterm_a_call_without_a_bound_is_stopped_after_the_grace_period_and_the_server_exits(
     repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
@@ -127,7 +120,7 @@ def test_after_sigterm_a_call_without_a_bound_is_stopped_after_the_grace_period_
         assert process.http_address is not None
         client = threading.Thread(target=never_answered, name="never-answered")
         client.start()
-        wait_for_a_running_call(process.http_address)
+        wait_for_a_running_call(process.http_address, SAFETY_TIMEOUT_S)
         process.process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         code = process.process.wait(timeout=SAFETY_TIMEOUT_S)

@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from server_harness import batch_of, metric_value, request, scrape, stream_predict
+from server_harness import batch_of, request, stream_predict, wait_for_a_running_call
 
 from udfserve.runtime.call_bound import STUCK_AFTER_S
 from udfserve.services.model_server.app import EXIT_UNRECOVERABLE
@@ -78,20 +78,6 @@ class NeverAnsweredCall:
         self._thread.join(SAFETY_TIMEOUT_S)
 
 
-def wait_for_a_running_call(http_address: str) -> None:
-    """Until the server holds a request that is no longer queued: its call runs."""
-    deadline = time.monotonic() + SAFETY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        text = scrape(http_address)
-        if (
-            metric_value(text, "udfserve_requests_in_flight") >= 1
-            and metric_value(text, "udfserve_queued_rows") == 0
-        ):
-            return
-        time.sleep(0.05)  # a short look between scrapes of another process's state
-    raise AssertionError(f"no call started within {SAFETY_TIMEOUT_S:g} s")
-
-
 def start(repository: Path, socket_dir: Path, log_path: Path, flags: Sequence[str]) -> ServerProcess:
     return launch_server(
         repository,
@@ -132,7 +118,7 @@ def test_after_sigterm_a_server_whose_call_cannot_be_stopped_exits_by_its_deadli
     try:
         assert process.http_address is not None
         call = NeverAnsweredCall(process)
-        wait_for_a_running_call(process.http_address)
+        wait_for_a_running_call(process.http_address, SAFETY_TIMEOUT_S)
         process.process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         code = process.process.wait(timeout=SAFETY_TIMEOUT_S)
