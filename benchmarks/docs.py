@@ -48,6 +48,7 @@ FINAL_SECTIONS = (
     ("fairness", "11. Fair shares: many applications on one server"),
     ("text_backpressure", "12. Back-pressure: the demo's text job"),
     ("tracing_cost", "13. Tracing: what spans cost"),
+    ("xgboost_scoring", "14. Gradient-boosted trees: XGBoost in Spark"),
 )
 """Comparisons rendered after the cluster on paper (section 10). ``text_backpressure`` runs outside
 ``run_all``: it compares this tree with another checkout (``--baseline``). ``tracing_cost`` runs
@@ -67,7 +68,8 @@ python -m benchmarks.run_all --quick    # small and short, to check that the scr
                                         # writes to benchmarks/results/tmp/quick/ only
 python -m benchmarks.transport          # one comparison (also: batching, cold_start,
                                         # spark_e2e, footprint, backends, scaling, fairness,
-                                        # soak --minutes N); then python -m benchmarks.docs
+                                        # xgboost_scoring, soak --minutes N); then
+                                        # python -m benchmarks.docs
 ```
 
 The scripts live in `benchmarks/`; each comparison writes a Markdown table, a JSON file and a PNG

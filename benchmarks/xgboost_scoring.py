@@ -1,4 +1,4 @@
-"""Comparison 13, gradient-boosted trees in Spark: udfserve's XGBoost backend through
+"""Comparison 14, gradient-boosted trees in Spark: udfserve's XGBoost backend through
 ``remote_predict``, against ``predict_batch_udf`` with xgboost in the Python workers, and against
 XGBoost's own Spark estimator (``xgboost.spark``), whose ``transform`` its users call today.
 
@@ -176,8 +176,8 @@ def _result(
     answers = Table(
         "Answers, checked in every application: max |Δ| from XGBoost's inplace_predict, first "
         f"{SAMPLE_ROWS} rows",
-        ["contender", "max |Δ|"],
-        [{"contender": c, "max |Δ|": differences[c]} for c in CONTENDERS],
+        ["contender", "largest difference"],
+        [{"contender": c, "largest difference": differences[c]} for c in CONTENDERS],
     )
     groups = ("Python workers", "JVM", "model server")
     columns = ["contender", "rows/s", *(f"÷ {b}" for b in BASELINES), "by round", "CPU µs/row"]
@@ -206,7 +206,7 @@ def _result(
     targets = [
         TargetCheck(
             f"every contender answers what XGBoost's inplace_predict answers, to {TOLERANCE:g}",
-            f"max |Δ| {worst:.2g} (first {SAMPLE_ROWS} rows of each application)",
+            f"largest difference {worst:.2g} (first {SAMPLE_ROWS} rows of each application)",
             worst <= TOLERANCE,
         )
     ]

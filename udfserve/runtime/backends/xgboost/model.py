@@ -31,6 +31,7 @@ import numpy as np
 import xgboost
 from xgboost.core import XGBoostError
 
+from udfserve.runtime.backend_registry import FORMAT_BY_BACKEND
 from udfserve.runtime.backends.spec_agreement import SpecMismatch
 from udfserve.runtime.backends.warmup import warm_up
 from udfserve.runtime.backends.xgboost import placement
@@ -44,8 +45,9 @@ from udfserve.runtime.tensor_spec import TensorSpec, shape_text, zeros
 logger = logging.getLogger(__name__)
 
 PLATFORM = "xgboost"
-FILE_NAMES = ("model.ubj", "model.json")
-"""The booster's file, in XGBoost's UBJSON or JSON format (``Booster.save_model`` picks by suffix)."""
+FILE_NAMES = FORMAT_BY_BACKEND[PLATFORM].files
+"""The booster's file, in XGBoost's UBJSON or JSON format (``Booster.save_model`` picks by suffix),
+as the backend's registry entry names them."""
 
 _settings: XGBoostSettings | None = None
 _settings_lock = threading.Lock()
