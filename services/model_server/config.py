@@ -92,8 +92,9 @@ class ServerConfig(SharedServerSettings):
     kserve_http_loop: Literal["own", "serving"] = Field(
         default="own",
         description="where the KServe HTTP port runs: own (a thread and event loop of its own, as the "
-        "admin app: a flood of JSON requests leaves gRPC predictions 2 to 5 times the rate it does on "
-        "the serving loop) or serving (on the event loop that serves gRPC: less CPU and latency a request)",
+        "admin app: a flood of HTTP requests leaves the gRPC predictions 1.5 to 4 times the rate it does "
+        "on the serving loop) or serving (on the event loop that serves gRPC: more HTTP requests a second "
+        "under load, at the gRPC predictions' expense)",
     )
     http_host: str = Field(default="127.0.0.1", description="host of the HTTP admin app")
     http_port: int | None = Field(

@@ -319,6 +319,38 @@ def test_json_data_of_the_wrong_kind_is_400_naming_the_input(http_server: Server
     assert "input 'features'" in json.loads(answer)["error"]
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        json.dumps(
+            {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1] * 70, "data": [0.5]}]}
+        ).encode(),
+        json.dumps(
+            {"inputs": [{"name": "features", "datatype": "FP32", "shape": [2**62, 2**62], "data": []}]}
+        ).encode(),
+        json.dumps(
+            {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 64], "data": [[[[0.5]]]]}]}
+        ).encode(),
+    ],
+    ids=["nested-100000-deep", "70-dimensions", "2^124-elements", "too-deep-data"],
+)
+def test_a_hostile_body_is_400_and_the_server_answers_on(http_server: ServerProcess, body: bytes) -> None:
+    assert http_server.kserve_http_address is not None
+    status, headers, answer = raw_http(
+        http_server.kserve_http_address, "POST", "/v2/models/tabular_mlp/infer", body
+    )
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert len(json.loads(answer)["error"]) <= 1000
+    assert raw_http(http_server.kserve_http_address, "GET", "/v2/health/live")[0] == 200
+
+
+def test_a_model_name_of_64_kib_is_answered_with_a_clipped_message(http_server: ServerProcess) -> None:
+    assert http_server.kserve_http_address is not None
+    status, _, answer = raw_http(http_server.kserve_http_address, "GET", "/v2/models/" + "m" * 65536)
+    assert 400 <= status < 500 and len(answer) < 4096
+
+
 def test_a_body_that_is_not_json_is_400_and_counted_as_a_refusal_of_its_model(
     http_server: ServerProcess,
 ) -> None:
@@ -550,3 +582,28 @@ def test_a_load_with_model_files_is_refused_400_in_the_grpc_words(
     )
     assert error.status() == "400"
     assert "udfserve loads models only from its repository" in error.message()
+
+
+# -- stopping ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("placement", ["serving", "own"])
+def test_on_sigterm_the_server_exits_0_and_the_port_closes(
+    example_repository: Path, socket_dir: Path, tmp_path: Path, placement: str
+) -> None:
+    repository = tmp_path / "repository"
+    shutil.copytree(example_repository / "tabular_mlp", repository / "tabular_mlp")
+    process = launch_server(
+        repository,
+        socket=socket_dir / f"kserve-http-stop-{placement}.sock",
+        log_path=tmp_path / "server.log",
+        extra_args=["--kserve-http-port", "0", "--kserve-http-loop", placement],
+    )
+    try:
+        address = process.kserve_http_address
+        assert address is not None
+        with triton_http.InferenceServerClient(address) as http_client:
+            answered = http_client.infer("tabular_mlp", [http_input("features", features(2), "FP32")])
+        assert answered.as_numpy("probabilities").shape == (2, 8)
+    finally:
+        assert process.terminate() == 0
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://{address}/v2/health/live", timeout=5)

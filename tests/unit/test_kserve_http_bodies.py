@@ -122,6 +122,16 @@ def test_json_or_bytes_inputs_take_the_message_s_checks(
     assert read_request(body, header, "m", "").decoded is None
 
 
+def test_a_shape_numpy_cannot_hold_takes_the_message_s_checks() -> None:
+    shape = [1] * 70  # numpy holds 64 dimensions at most
+    head = json.dumps(
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": shape, "parameters": {"binary_data_size": 4}}]}
+    )
+    read = read_request(head.encode() + bytes(4), str(len(head)), "m", "")
+    assert read.decoded is None
+    assert list(read.message().inputs[0].shape) == shape
+
+
 def test_bytes_from_json_strings_are_their_utf8_length_prefixed_as_triton_encodes_them() -> None:
     texts = np.array(["héllo".encode(), b"spark"], dtype=object)
     body, header = tritonclient_body([infer_input("t", texts, "BYTES", False)])

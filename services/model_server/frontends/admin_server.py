@@ -94,6 +94,7 @@ class AdminThread:
             access_log=False,
             lifespan="off",
             limit_concurrency=ADMIN_MAX_CONNECTIONS,
+            http="h11",  # bounds a request's line and headers (see kserve_http.listener.HTTP_PARSER)
             # the client address is the peer's: an X-Forwarded-For header must not choose the
             # bucket a request is counted in
             proxy_headers=False,

@@ -253,7 +253,10 @@ def _decoded(inputs: list[_Input], outputs: list[tuple[str, dict[str, Any]]]) ->
         count = math.prod(tensor.shape)
         if count * dtype.itemsize != len(tensor.binary) or not np.little_endian:
             return None
-        array = np.frombuffer(tensor.binary, dtype=dtype, count=count).reshape(tensor.shape)
+        try:
+            array = np.frombuffer(tensor.binary, dtype=dtype, count=count).reshape(tensor.shape)
+        except ValueError:  # more dimensions than numpy holds: the message's checks name the input
+            return None
         tensors.append((tensor.name, tensor.datatype, tuple(tensor.shape), array))
     return tensors
 

@@ -29,6 +29,11 @@ logger = logging.getLogger(__name__)
 
 Placement = Literal["serving", "own"]
 
+HTTP_PARSER = "h11"
+"""uvicorn's parser of HTTP/1.1, whatever else is installed: h11 bounds a request's line and headers
+(16 KiB, ``h11_max_incomplete_event_size``); uvicorn's httptools parser, which ``auto`` takes when
+httptools is installed, bounds neither, so a client sending one endless header grows the process."""
+
 CONNECTIONS_PER_REQUEST = 2
 """uvicorn keeps at most this many connections per request the port handles at once (its 503,
 plain text, beyond): idle keep-alive connections beyond the requests, bounded; the port's own
@@ -57,6 +62,7 @@ class KServeHttpPort:
             access_log=False,
             lifespan="off",
             limit_concurrency=CONNECTIONS_PER_REQUEST * bounds.max_requests,
+            http=HTTP_PARSER,
             proxy_headers=False,
             server_header=False,
             **tls,  # type: ignore[arg-type]
