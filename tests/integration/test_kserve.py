@@ -158,12 +158,12 @@ def test_a_served_model_is_ready_and_an_unknown_one_is_not(client: triton.Infere
     assert not client.is_model_ready("no_such_model")
 
 
-def test_server_metadata_names_udfserve_and_the_configuration_and_statistics_extensions(
+def test_server_metadata_names_udfserve_and_exactly_the_extensions_it_serves(
     client: triton.InferenceServerClient,
 ) -> None:
     metadata = client.get_server_metadata()
     assert metadata.name == "udfserve"
-    assert {"model_configuration", "statistics"} <= set(metadata.extensions)
+    assert list(metadata.extensions) == ["model_configuration", "model_repository", "statistics"]
 
 
 def test_model_metadata_gives_datatypes_and_shapes_with_a_batch_dimension(
