@@ -1,6 +1,7 @@
 """The back-pressure comparison keeps working: its quick mode measures where a call of the example
-text classifier's time goes, the server alone, and the demo of this tree, and reads the demo's
-report (whether the short run meets the targets is not asserted: it is a benchmark's to measure)."""
+text classifier's time goes, the server alone, the demo of this tree (reading its report) and the
+demo's job without a model (whether the short run meets the targets is not asserted: it is a
+benchmark's to measure)."""
 
 from __future__ import annotations
 
@@ -32,4 +33,5 @@ def test_the_quick_back_pressure_comparison_reads_the_demos_report(tmp_path: Pat
     [demo] = result["raw"]["demos"]["this tree"]
     assert demo["rows_per_s"] > 0 and demo["batches"] > 0
     assert demo["resends"] >= 0 and demo["waited_s"] >= 0 and demo["model_call_s"] > 0
+    assert all(rate > 0 for rate in result["raw"]["spark_floor"])
     assert len(result["targets"]) == 3 and all(target["met"] is not None for target in result["targets"])
