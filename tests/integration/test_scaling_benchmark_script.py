@@ -24,5 +24,10 @@ def test_the_quick_scaling_run_measures_every_contender_at_every_size() -> None:
         assert job["peak_worker_rss_total_mib"] > 0 and job["peak_jvm_rss_mib"] > 0
         remote = point["contender"] != "predict_batch_udf"
         assert (point["server_peak_rss_mib"] is not None) == remote
-        # the model loads once per Python worker, in the warm-up, not again for the timed run
-        assert job["model_loads_in_workers"] == (0 if remote else job["python_workers_seen"] - 1)
+        # the model loads at most once per Python worker (the daemon is one of those seen), in the
+        # warm-up, not again for the timed run; a loaded machine may start a worker that never
+        # gets a task of the model, so fewer loads than workers is no fault
+        if remote:
+            assert job["model_loads_in_workers"] == 0
+        else:
+            assert 1 <= job["model_loads_in_workers"] <= job["python_workers_seen"] - 1
