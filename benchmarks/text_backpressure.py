@@ -210,7 +210,7 @@ def result(
     return ComparisonResult(
         name=NAME,
         title="Back-pressure: the demo's text job",
-        method=__doc__.split("\n\n", 2)[2].strip() if __doc__ else "",
+        method=_method(),
         tables=[calls, servers, jobs],
         targets=targets,
         notes=notes,
@@ -222,6 +222,12 @@ def result(
         },
         duration_s=duration_s,
     )
+
+
+def _method() -> str:
+    """The module's description after its first line, its command as code."""
+    _, command, description = (__doc__ or "\n\n\n\n").split("\n\n", 2)
+    return f"`{command.strip()}`\n\n{description.strip()}"
 
 
 def _revision(tree: Path) -> str:
