@@ -32,8 +32,8 @@ from typing import Any
 from benchmarks.cli import QUICK_RESULTS_DIR
 from benchmarks.report import RESULTS_DIR, Table, format_cell
 from udfserve.services.examples.generate_models import EXAMPLES
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.rechunk import planned_request_rows
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.executor.rechunk import planned_request_rows
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HEADING = "10. On paper: a cluster of N nodes with G GPUs"
@@ -509,9 +509,9 @@ def sources_list(results_dir: Path, costs: dict[str, list[ModelCosts]]) -> list[
         "server's threads), per request, interpolated linearly in bytes between the measured request sizes, "
         "divided by the rows of the Spark client's request (`ClientConfig` defaults: "
         f"`rows_per_request` {client.rows_per_request:,}, `bytes_per_request` {client.bytes_per_request:,}; "
-        "udfserve.spark_client.rechunk.planned_request_rows). An identity model with its payload inside "
-        "the gRPC messages: the server's cost without arithmetic, an upper bound for the shared-memory "
-        "path the Spark client takes.",
+        "udfserve.spark_client.executor.rechunk.planned_request_rows). An identity model with its payload "
+        "inside the gRPC messages: the server's cost without arithmetic, an upper bound for the "
+        "shared-memory path the Spark client takes.",
         f"- **M3** {e2e}, same table, field `model server`: the CPU server's whole CPU per row, arithmetic "
         "included (no GPU).",
         f"- **F1** {transport}, table *Each stage of the request path timed alone*, stage `server: "

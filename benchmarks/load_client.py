@@ -9,7 +9,7 @@ Kinds of load: ``encode`` makes one batch of ``rows`` rows and encodes it for ev
 (a client's real work), decoding every answer; ``preencoded`` sends ``PAYLOADS`` requests encoded
 beforehand in turn and only checks the answers, so that the client costs as little as it can.
 ``client_inline`` and ``client_shared_memory`` run the Spark client's own stream
-(``udfserve.spark_client.transport.PredictStream``, one partition's batches in order, ``in_flight`` held)
+(``udfserve.spark_client.wire.transport.PredictStream``, one partition's batches in order, ``in_flight`` held)
 with its payloads in the gRPC messages or in the node's shared memory. Prints one JSON line.
 """
 
@@ -90,10 +90,10 @@ def run_client_load(spec: LoadSpec) -> LoadResult:
     batch (and sends it) to the moment it yields that batch's answer, in order."""
     from benchmarks.processes import percentile
     from udfserve.shared_memory import ipc_stream_size
-    from udfserve.spark_client.arrow_wire import arrow_stream
-    from udfserve.spark_client.channels import connect
-    from udfserve.spark_client.config import ClientConfig
-    from udfserve.spark_client.transport import HeldBatch
+    from udfserve.spark_client.common.config import ClientConfig
+    from udfserve.spark_client.wire.arrow_wire import arrow_stream
+    from udfserve.spark_client.wire.channels import connect
+    from udfserve.spark_client.wire.transport import HeldBatch
 
     config = ClientConfig(
         shared_memory=spec.kind == "client_shared_memory",

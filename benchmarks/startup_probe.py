@@ -140,8 +140,8 @@ def remote_udf_memory(target: str, model: str, batches: int, batch_rows: int, wi
     import grpc  # noqa: F401
 
     step("grpc")
-    from udfserve.spark_client.pandas_udf import predict_pandas
-    from udfserve.spark_client.udf import build_job
+    from udfserve.spark_client.api.udf import build_job
+    from udfserve.spark_client.executor.pandas_udf import predict_pandas
 
     step("spark_client")
     job = build_job(model, None, {"address": target})

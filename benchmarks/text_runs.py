@@ -205,7 +205,7 @@ def measure(rows: int) -> dict[str, float]:
     from pyspark.sql import types as T
 
     from udfserve.services.demo_data import input_columns
-    from udfserve.spark_client.model_spec import Tensor
+    from udfserve.spark_client.common.model_spec import Tensor
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (

@@ -453,7 +453,7 @@ def _result(
         "the socket (both ways); unlike the rate it hardly depends on what else the machine runs, and "
         "*2 idle cores: GB/s* is the rate it allows if client and server had both cores to themselves. "
         "The two *Spark client's stream* rows run the product's client instead "
-        "(`udfserve.spark_client.transport.PredictStream` over `ArrowWire`, as a partition of "
+        "(`udfserve.spark_client.wire.transport.PredictStream` over `ArrowWire`, as a partition of "
         f"`predict_arrow` uses it: batches in order, {IN_FLIGHT} held, every answer decoded): "
         "*payload inline* puts each batch in the gRPC message; *payload in shared memory* writes it "
         "into a reused file of `/dev/shm` that the server reads by copy (`preadv`) and writes the "

@@ -100,9 +100,9 @@ def _first_values(width: int, job: Any = None) -> Any:
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         if job is not None:
-            import udfserve.spark_client.pandas_udf
-            import udfserve.spark_client.protocols
-            import udfserve.spark_client.task  # noqa: F401
+            import udfserve.spark_client.executor.pandas_udf
+            import udfserve.spark_client.executor.task
+            import udfserve.spark_client.wire.protocols  # noqa: F401
         for series in batches:
             yield first_values(series)
 
@@ -160,7 +160,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         config = ClientConfig.model_validate({"address": spec["address"], **spec["config"]})
         job = remote_predict(MODEL, config=config).job
     if spec["remote"] and job is not None:
-        from udfserve.spark_client.pandas_udf import pandas_function
+        from udfserve.spark_client.executor.pandas_udf import pandas_function
 
         function = pandas_function(job, False)
     else:

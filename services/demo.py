@@ -36,7 +36,7 @@ from udfserve.services.demo_node import (
 from udfserve.services.demo_report import ServerFigures, traffic_lines, untrained_note
 
 if TYPE_CHECKING:
-    from udfserve.spark_client.stats import ClientStats
+    from udfserve.spark_client.observability.stats import ClientStats
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ def run_spark_job(options: DemoOptions, discovery_file: Path, discovery: NodeDis
     from pyspark.sql import SparkSession
 
     from udfserve.spark_client import remote_predict
-    from udfserve.spark_client.errors import RemotePredictError
+    from udfserve.spark_client.common.errors import RemotePredictError
 
     # PySpark starts its local Python workers with PYSPARK_PYTHON (the Spark conf is not read for
     # that): this driver program, not code that runs in Spark, points it at its own interpreter.

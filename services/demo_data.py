@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-    from udfserve.spark_client.model_spec import Tensor
+    from udfserve.spark_client.common.model_spec import Tensor
 
 INTEGER_VALUES = 16
 """Integers are drawn from 0..15: valid ids for every embedding of the example models."""

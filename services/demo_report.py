@@ -18,7 +18,7 @@ from udfserve.discovery import NodeDiscovery
 from udfserve.services.demo_node import SHARED_MEMORY_REQUESTS, metrics_addresses, sample_total
 
 if TYPE_CHECKING:
-    from udfserve.spark_client.stats import ClientStats
+    from udfserve.spark_client.observability.stats import ClientStats
 
 _SERIES = {
     "rows": ("udfserve_rows_total", True),

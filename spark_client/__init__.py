@@ -18,10 +18,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from udfserve.spark_client.config import ClientConfig
-    from udfserve.spark_client.file_reads import predict_files
-    from udfserve.spark_client.node_context import node_servers
-    from udfserve.spark_client.udf import arrow_predictor, predict_arrow, remote_predict
+    from udfserve.spark_client.api.file_reads import predict_files
+    from udfserve.spark_client.api.udf import arrow_predictor, predict_arrow, remote_predict
+    from udfserve.spark_client.common.config import ClientConfig
+    from udfserve.spark_client.nodes.node_context import node_servers
 
 __all__ = [
     "ClientConfig",
@@ -33,12 +33,12 @@ __all__ = [
 ]
 
 _HOMES = {
-    "ClientConfig": "udfserve.spark_client.config",
-    "remote_predict": "udfserve.spark_client.udf",
-    "predict_arrow": "udfserve.spark_client.udf",
-    "arrow_predictor": "udfserve.spark_client.udf",
-    "predict_files": "udfserve.spark_client.file_reads",
-    "node_servers": "udfserve.spark_client.node_context",
+    "ClientConfig": "udfserve.spark_client.common.config",
+    "remote_predict": "udfserve.spark_client.api.udf",
+    "predict_arrow": "udfserve.spark_client.api.udf",
+    "arrow_predictor": "udfserve.spark_client.api.udf",
+    "predict_files": "udfserve.spark_client.api.file_reads",
+    "node_servers": "udfserve.spark_client.nodes.node_context",
 }
 
 

@@ -3,7 +3,7 @@
 The server decodes request tensors with these functions and the Spark client builds its
 requests and reads its answers with them, so the two agree on every rule by construction. This
 module knows no protobuf message: building and reading the messages that ``tritonclient`` ships
-is ``udfserve.spark_client.kserve_messages`` on the client and ``frontends/kserve`` in the server, so the
+is ``udfserve.spark_client.wire.kserve_messages`` on the client and ``frontends/kserve`` in the server, so the
 shared layer does not need ``tritonclient`` installed.
 
 Tensors

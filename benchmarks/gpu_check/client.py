@@ -1,6 +1,6 @@
 """What an executor's Python worker runs for ``predict_arrow``, without Spark.
 
-``ArrowPredictor.__call__`` (``spark_client/udf.py``) converts each Arrow batch to a request,
+``ArrowPredictor.__call__`` (``spark_client/api/udf.py``) converts each Arrow batch to a request,
 cuts the requests to the job's size, answers them through ``predict_partition`` (routing by the
 node's discovery file, the unix socket, shared memory, the in-flight window) and appends the
 answers to the batches. ``score`` runs those same functions; the only part of a task it leaves
@@ -17,13 +17,13 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.convert import answer_to_spark_columns, arrow_to_request
-from udfserve.spark_client.partition import PredictJob, predict_partition
-from udfserve.spark_client.rechunk import Rechunker, planned_request_rows
-from udfserve.spark_client.routing import TaskPlacement
-from udfserve.spark_client.stats import ClientStats
-from udfserve.spark_client.udf import describe_in_driver
+from udfserve.spark_client.api.udf import describe_in_driver
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.executor.convert import answer_to_spark_columns, arrow_to_request
+from udfserve.spark_client.executor.partition import PredictJob, predict_partition
+from udfserve.spark_client.executor.rechunk import Rechunker, planned_request_rows
+from udfserve.spark_client.nodes.routing import TaskPlacement
+from udfserve.spark_client.observability.stats import ClientStats
 
 ID_COLUMN = "id"
 

@@ -39,8 +39,8 @@ def run(payload: dict[str, Any]) -> dict[str, Any]:
 
     from benchmarks.gpu_check.client import ID_COLUMN, int64_values, job_for, score, spark_batches
     from benchmarks.gpu_check.models import INPUT, OUTPUTS, rows_of
-    from udfserve.spark_client.config import ClientConfig
-    from udfserve.spark_client.stats import ClientStats
+    from udfserve.spark_client.common.config import ClientConfig
+    from udfserve.spark_client.observability.stats import ClientStats
 
     model = payload["model"]
     output = OUTPUTS[model]

@@ -4,7 +4,7 @@
 
 This is what udfserve replaces: each Spark Python worker loading its own copy of the model, on
 the CPU or on the one GPU every worker of the node then shares. It runs the same code as the
-client's CPU fallback (``spark_client/fallback.py``, ``predict_on_cpu``): the process pinned to
+client's CPU fallback (``spark_client/executor/fallback.py``, ``predict_on_cpu``): the process pinned to
 its device before the framework loads (``udfserve.runtime.device.pin_device``), the model loaded
 by the runtime the servers run, each request converted from Arrow and back as a server converts
 it. The payload's ``device`` is ``cpu`` or ``gpu:0``.

@@ -30,8 +30,8 @@ from benchmarks.gpu_check.results import Report, holds, mib
 from benchmarks.gpu_check.serve_check import started_server
 from benchmarks.processes import metric_value, scrape
 from udfserve.services.model_server.launcher import ServerProcess
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.stats import ClientStats
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.observability.stats import ClientStats
 
 SMALL_REQUEST_ROWS = 1024
 

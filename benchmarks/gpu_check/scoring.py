@@ -23,8 +23,8 @@ from benchmarks.gpu_check.plan import Plan
 from benchmarks.gpu_check.results import FAILED, RECORDED, Report, against, holds, mib, rate, skipped
 from benchmarks.processes import metric_value
 from udfserve.discovery import NodeDiscovery, ServerEntry
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.rechunk import planned_request_rows
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.executor.rechunk import planned_request_rows
 
 RUN_TIMEOUT_S = 240.0
 SERVER_OVER_CPU_TARGET = 1.0

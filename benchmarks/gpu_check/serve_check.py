@@ -28,8 +28,8 @@ from benchmarks.gpu_check.models import HEAVY, INPUT, MLP, OUTPUTS, read_referen
 from benchmarks.gpu_check.plan import Plan
 from benchmarks.gpu_check.results import FAILED, OK, RECORDED, Report, holds, mib, skipped
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.stats import ClientStats
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.observability.stats import ClientStats
 
 TORCH_PLACEMENT = re.compile(r"^torch \S+ computes on (?P<where>cuda:0|the CPU) \((?P<what>[^)]*)")
 TORCH_NO_CUDA = re.compile(r"^torch \S+ sees no CUDA device although")

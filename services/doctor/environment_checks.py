@@ -26,7 +26,7 @@ from udfserve.runtime.backends import KNOWN_BACKENDS, backend_installed
 from udfserve.runtime.model_formats import FORMAT_BY_BACKEND
 from udfserve.runtime.repository import scan_repository
 from udfserve.services.doctor.report import Finding
-from udfserve.spark_client.worker_check import interpreter_problem, worker_modules
+from udfserve.spark_client.api.worker_check import interpreter_problem, worker_modules
 
 IMPORT_TIMEOUT_S = 180.0
 IMPORT_PROBE = (
@@ -40,7 +40,7 @@ NATIVE_PROBE = (
     "load_frontend_module()\n"
 )
 NEEDED_BY_NONE = "no model of the node's repository needs it"
-WORKER_UDF_MODULES = ("udfserve.spark_client.pandas_udf", "udfserve.spark_client.arrow_udf")
+WORKER_UDF_MODULES = ("udfserve.spark_client.executor.pandas_udf", "udfserve.spark_client.executor.arrow_udf")
 
 
 def check_backends(discovery: NodeDiscovery | None, import_frameworks: bool) -> list[Finding]:

@@ -26,8 +26,8 @@ from udfserve.node_files import describe_uid, trusted_uids
 from udfserve.node_leases import NODE_LOCK_FILE
 from udfserve.services.doctor.config import DoctorConfig
 from udfserve.services.doctor.report import Finding
-from udfserve.spark_client.node_ensure import process_alive
-from udfserve.spark_client.routing import ADDRESS_ENV
+from udfserve.spark_client.nodes.node_ensure import process_alive
+from udfserve.spark_client.nodes.routing import ADDRESS_ENV
 
 PROC_LOCKS = Path("/proc/locks")
 RESTART_FIX = (

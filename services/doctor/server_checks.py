@@ -27,7 +27,7 @@ from udfserve.node_files import SocketMissing, UntrustedNodeFile, check_node_soc
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.services.doctor.report import Finding, Status
-from udfserve.spark_client.credentials import CallMetadata
+from udfserve.spark_client.wire.credentials import CallMetadata
 
 NOT_A_FAILURE = frozenset({"unloaded"})
 """Index reasons that say a model is simply not loaded (not in --models), not that it failed."""

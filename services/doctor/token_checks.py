@@ -14,9 +14,9 @@ from pydantic import SecretStr
 from udfserve.services.doctor.config import DoctorConfig
 from udfserve.services.doctor.report import Finding
 from udfserve.services.doctor.server_checks import ServerAnswers
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.credentials import CallMetadata, auth_metadata
-from udfserve.spark_client.errors import ClientSetupError
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import ClientSetupError
+from udfserve.spark_client.wire.credentials import CallMetadata, auth_metadata
 
 TOKEN_FIX = (
     "put the servers' token (their --auth-token-file, or --server-args='--auth-token-file ...' of "

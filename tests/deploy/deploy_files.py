@@ -199,7 +199,7 @@ def settings_field(variable: str) -> str:
 def known_settings_variables() -> set[str]:
     """Every UDFSERVE_* variable a udfserve process reads: server and node settings, client lookups."""
     from udfserve.discovery import DISCOVERY_FILE_ENV, RUNTIME_DIR_ENV
-    from udfserve.spark_client.routing import ADDRESS_ENV
+    from udfserve.spark_client.nodes.routing import ADDRESS_ENV
 
     fields = set(ServerConfig.model_fields) | set(NodeConfig.model_fields)
     return {f"UDFSERVE_{f.upper()}" for f in fields} | {ADDRESS_ENV, DISCOVERY_FILE_ENV, RUNTIME_DIR_ENV}

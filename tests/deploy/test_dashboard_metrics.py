@@ -56,8 +56,8 @@ SPARK_JOB_METADATA = (
     ("udfserve-spark-stage-id", "1"),
     ("udfserve-spark-partition-id", "0"),
 )
-"""What the Spark client attaches to every stream (spark_client/job_context.py): the per-application
-series of the dashboard's Spark rows appear only for requests that carry it."""
+"""What the Spark client attaches to every stream (spark_client/observability/job_context.py): the
+per-application series of the dashboard's Spark rows appear only for requests that carry it."""
 
 
 def predict(target: str, features: np.ndarray) -> pb.PredictResponse:

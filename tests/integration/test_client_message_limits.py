@@ -14,14 +14,14 @@ import pytest
 from server_harness import module_server
 
 from udfserve.services.model_server.launcher import ServerProcess
-from udfserve.spark_client.circuit import CircuitBreakers
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.errors import RequestRejected
-from udfserve.spark_client.partition import PredictJob, predict_partition
-from udfserve.spark_client.protocols import describe_model
-from udfserve.spark_client.rechunk import Rechunker
-from udfserve.spark_client.routing import TaskPlacement
-from udfserve.spark_client.stats import ClientStats
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import RequestRejected
+from udfserve.spark_client.executor.circuit import CircuitBreakers
+from udfserve.spark_client.executor.partition import PredictJob, predict_partition
+from udfserve.spark_client.executor.rechunk import Rechunker
+from udfserve.spark_client.nodes.routing import TaskPlacement
+from udfserve.spark_client.observability.stats import ClientStats
+from udfserve.spark_client.wire.protocols import describe_model
 
 LIMIT = 1 << 20
 MODEL = "text_hashing"

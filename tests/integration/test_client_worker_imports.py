@@ -20,12 +20,12 @@ import pyarrow.parquet as pq
 from pyspark import cloudpickle
 
 from udfserve.services.model_server.launcher import ServerProcess
-from udfserve.spark_client.arrow_udf import arrow_function
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.file_reads import FileScorer
-from udfserve.spark_client.partition import PredictJob
-from udfserve.spark_client.protocols import describe_model
-from udfserve.spark_client.udf import ArrowPredictor
+from udfserve.spark_client.api.file_reads import FileScorer
+from udfserve.spark_client.api.udf import ArrowPredictor
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.executor.arrow_udf import arrow_function
+from udfserve.spark_client.executor.partition import PredictJob
+from udfserve.spark_client.wire.protocols import describe_model
 
 MODEL = "tabular_mlp"
 

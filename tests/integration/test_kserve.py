@@ -36,7 +36,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
-from udfserve.spark_client.kserve_messages import (
+from udfserve.spark_client.wire.kserve_messages import (
     arrow_batch_to_infer_request,
     infer_response_to_arrow,
     specs_from_config,

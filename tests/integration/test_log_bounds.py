@@ -9,7 +9,7 @@ from server_harness import batch_of, module_server, request, stream_predict
 from tritonclient.grpc import service_pb2_grpc
 
 from udfserve.services.model_server.launcher import ServerProcess
-from udfserve.spark_client.kserve_messages import arrow_batch_to_infer_request
+from udfserve.spark_client.wire.kserve_messages import arrow_batch_to_infer_request
 
 server = module_server("logs", ["--models", "multi_io"])
 

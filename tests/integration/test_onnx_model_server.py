@@ -27,10 +27,10 @@ from server_harness import (
 )
 
 from udfserve.services.model_server.launcher import ServerProcess
-from udfserve.spark_client.arrow_wire import arrow_stream
-from udfserve.spark_client.channels import connect
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.transport import HeldBatch
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.wire.arrow_wire import arrow_stream
+from udfserve.spark_client.wire.channels import connect
+from udfserve.spark_client.wire.transport import HeldBatch
 
 MODEL = "scored"
 TOLERANCE = 1e-5

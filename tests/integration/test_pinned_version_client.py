@@ -23,15 +23,15 @@ from tests.node.node_harness import wait_until
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.services.model_server.launcher import ServerProcess
-from udfserve.spark_client.circuit import CircuitBreakers
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.errors import ModelNotFound
-from udfserve.spark_client.fallback import predict_on_cpu
-from udfserve.spark_client.partition import PredictJob, predict_partition
-from udfserve.spark_client.protocols import describe_model
-from udfserve.spark_client.routing import TaskPlacement
-from udfserve.spark_client.stats import ClientStats
-from udfserve.spark_client.versions import VERSION_FIELD
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import ModelNotFound
+from udfserve.spark_client.common.versions import VERSION_FIELD
+from udfserve.spark_client.executor.circuit import CircuitBreakers
+from udfserve.spark_client.executor.fallback import predict_on_cpu
+from udfserve.spark_client.executor.partition import PredictJob, predict_partition
+from udfserve.spark_client.nodes.routing import TaskPlacement
+from udfserve.spark_client.observability.stats import ClientStats
+from udfserve.spark_client.wire.protocols import describe_model
 
 MODEL = "tabular_mlp"
 POLL = ["--model-control", "poll", "--repository-poll-s", "0.2", "--repository-settle-s", "0.5"]

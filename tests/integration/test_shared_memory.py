@@ -33,10 +33,10 @@ from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import decode_batch
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.shared_memory import DEFAULT_DIRECTORY, write_ipc_into
-from udfserve.spark_client.arrow_wire import arrow_stream
-from udfserve.spark_client.channels import connect
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.transport import HeldBatch, PredictStream
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.wire.arrow_wire import arrow_stream
+from udfserve.spark_client.wire.channels import connect
+from udfserve.spark_client.wire.transport import HeldBatch, PredictStream
 
 SHM = Path(DEFAULT_DIRECTORY)
 MODEL = "tabular_mlp"

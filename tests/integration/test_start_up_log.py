@@ -55,7 +55,7 @@ FALLBACK_LOAD = """
 import logging, sys
 from pathlib import Path
 logging.basicConfig(level=logging.INFO)
-from udfserve.spark_client.fallback import load_cpu_model
+from udfserve.spark_client.executor.fallback import load_cpu_model
 load_cpu_model(Path(sys.argv[1]), "tabular_mlp")
 """
 

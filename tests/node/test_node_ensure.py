@@ -1,4 +1,4 @@
-"""What a Spark task does on its host to make sure a node runs (``spark_client/node_ensure.py``),
+"""What a Spark task does on its host to make sure a node runs (``spark_client/nodes/node_ensure.py``),
 without Spark: the tasks are processes of their own, the node a real detached ``udfserve node``."""
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ import psutil
 import pytest
 from node_harness import START_TIMEOUT_S, wait_until
 
-from udfserve.spark_client.node_ensure import HostCheck, ensure_for_task, process_alive, wait_until_serving
-from udfserve.spark_client.node_lease import LeaseHolder
-from udfserve.spark_client.node_start import NodeStart
+from udfserve.spark_client.common.node_start import NodeStart
+from udfserve.spark_client.nodes.host_start import wait_until_serving
+from udfserve.spark_client.nodes.node_ensure import HostCheck, ensure_for_task, process_alive
+from udfserve.spark_client.nodes.node_lease import LeaseHolder
 
 TASKS = 4
 
 TASK_PROCESS = """
 import json, os, sys
-from udfserve.spark_client.node_ensure import ensure_node
-from udfserve.spark_client.node_start import NodeStart
+from udfserve.spark_client.nodes.node_ensure import ensure_node
+from udfserve.spark_client.common.node_start import NodeStart
 start = NodeStart.model_validate_json(sys.argv[1])
 sys.stdin.read()  # every task waits for the word, then all go at once
 check = ensure_node(start, os.environ, lock_wait_s=60)

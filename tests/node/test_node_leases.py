@@ -1,6 +1,6 @@
 """``udfserve node --leases``: a node that runs while some application holds a lease on it.
 
-Each lease's holder is a real endpoint (``udfserve.spark_client.node_lease.LeaseHolder``, what a
+Each lease's holder is a real endpoint (``udfserve.spark_client.nodes.node_lease.LeaseHolder``, what a
 driver serves), in this process or, to be killed, in a process of its own; the node is a real
 ``udfserve node`` process reading the lease files in its runtime folder.
 """
@@ -19,7 +19,7 @@ from node_harness import NodeProcess, http_get, pid_exists, stop_node, wait_unti
 
 from udfserve.node_files import trusted_uids
 from udfserve.node_leases import Lease, write_lease
-from udfserve.spark_client.node_lease import LeaseHolder
+from udfserve.spark_client.nodes.node_lease import LeaseHolder
 
 POLL_S = 0.5
 TIMEOUT_S = 3.0
@@ -77,7 +77,7 @@ def test_a_node_stays_while_any_lease_is_held_and_exits_once_the_last_is_release
 
 HOLDER_PROCESS = """
 import sys
-from udfserve.spark_client.node_lease import LeaseHolder
+from udfserve.spark_client.nodes.node_lease import LeaseHolder
 holder = LeaseHolder("127.0.0.1", "127.0.0.1", application="app-killed")
 print(holder.lease.model_dump_json(), flush=True)
 sys.stdin.read()

@@ -10,8 +10,8 @@ from pathlib import Path
 from node_harness import NodeProcess, kill_if_still_running, wait_until
 
 from udfserve.discovery import read_discovery
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.routing import NoServerFound, TaskPlacement, resolve_route
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.nodes.routing import NoServerFound, TaskPlacement, resolve_route
 
 ORPHAN_TIMEOUT_S = 120.0  # each server drains (grace period 5 s) and tears TensorFlow down on a busy machine
 STALE_TIMEOUT_S = 60.0  # far beyond the 3 s bound the node below writes into its file

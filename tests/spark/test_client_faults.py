@@ -30,12 +30,12 @@ from spark_data import feature_column, feature_values, reference_outputs, stacke
 from udfserve.discovery import NodeDiscovery, ServerEntry, read_discovery, write_discovery
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 from udfserve.spark_client import ClientConfig, arrow_predictor, remote_predict
-from udfserve.spark_client.channels import connect
-from udfserve.spark_client.circuit import CircuitBreakers
-from udfserve.spark_client.partition import PredictJob, predict_partition
-from udfserve.spark_client.routing import TaskPlacement
-from udfserve.spark_client.stats import ClientStats
-from udfserve.spark_client.udf import ArrowPredictor
+from udfserve.spark_client.api.udf import ArrowPredictor
+from udfserve.spark_client.executor.circuit import CircuitBreakers
+from udfserve.spark_client.executor.partition import PredictJob, predict_partition
+from udfserve.spark_client.nodes.routing import TaskPlacement
+from udfserve.spark_client.observability.stats import ClientStats
+from udfserve.spark_client.wire.channels import connect
 
 pytestmark = pytest.mark.slow
 

@@ -18,13 +18,13 @@ import pytest
 from spark_data import feature_values
 
 from udfserve.services.model_server.launcher import ServerProcess
-from udfserve.spark_client.channels import connect
-from udfserve.spark_client.circuit import CircuitBreakers
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.errors import ServerUnavailable
-from udfserve.spark_client.partition import PredictJob, predict_partition
-from udfserve.spark_client.routing import TaskPlacement
-from udfserve.spark_client.stats import ClientStats
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import ServerUnavailable
+from udfserve.spark_client.executor.circuit import CircuitBreakers
+from udfserve.spark_client.executor.partition import PredictJob, predict_partition
+from udfserve.spark_client.nodes.routing import TaskPlacement
+from udfserve.spark_client.observability.stats import ClientStats
+from udfserve.spark_client.wire.channels import connect
 
 MODEL = "slow_sum"
 

@@ -20,12 +20,12 @@ from spark_data import feature_column, feature_values, reference_outputs, stacke
 
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 from udfserve.spark_client import ClientConfig, predict_arrow, remote_predict
-from udfserve.spark_client.circuit import CircuitBreakers
-from udfserve.spark_client.errors import ModelNotFound, RequestRejected
-from udfserve.spark_client.partition import PredictJob, predict_partition
-from udfserve.spark_client.protocols import describe_model
-from udfserve.spark_client.routing import TaskPlacement, apply_spark_conf
-from udfserve.spark_client.stats import ClientStats
+from udfserve.spark_client.common.errors import ModelNotFound, RequestRejected
+from udfserve.spark_client.executor.circuit import CircuitBreakers
+from udfserve.spark_client.executor.partition import PredictJob, predict_partition
+from udfserve.spark_client.nodes.routing import TaskPlacement, apply_spark_conf
+from udfserve.spark_client.observability.stats import ClientStats
+from udfserve.spark_client.wire.protocols import describe_model
 
 ROWS = 20_000
 

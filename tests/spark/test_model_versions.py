@@ -25,7 +25,7 @@ from spark_data import feature_column, feature_values, reference_outputs, stacke
 
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 from udfserve.spark_client import ClientConfig, arrow_predictor, predict_arrow, remote_predict
-from udfserve.spark_client.errors import ModelNotFound
+from udfserve.spark_client.common.errors import ModelNotFound
 
 ROWS = 3_000
 FALLBACK_ROWS = 1_000
@@ -263,7 +263,7 @@ def test_a_partition_whose_rows_two_versions_computed_tells_them_apart_row_by_ro
 def test_a_pinned_version_the_policy_does_not_serve_is_refused_by_the_fallback(
     versioned_repository: Path,
 ) -> None:
-    from udfserve.spark_client.fallback import load_cpu_model
+    from udfserve.spark_client.executor.fallback import load_cpu_model
 
     with pytest.raises(
         ModelNotFound, match=r"version 1 is not served: its version policy serves \[2\]"

@@ -34,7 +34,7 @@ from pyspark.sql import SparkSession
 from spark_data import feature_column, feature_values, reference_outputs, stacked
 
 from udfserve.spark_client import ClientConfig, remote_predict
-from udfserve.spark_client.errors import ModelMetadataError
+from udfserve.spark_client.common.errors import ModelMetadataError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="running a process as another user needs root")
 

@@ -17,8 +17,8 @@ from spark_data import feature_column, feature_values, reference_outputs, stacke
 
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 from udfserve.spark_client import ClientConfig, remote_predict
-from udfserve.spark_client.errors import AuthenticationFailed, ServerUnavailable
-from udfserve.spark_client.routing import SPARK_CONF_AUTH_TOKEN
+from udfserve.spark_client.common.errors import AuthenticationFailed, ServerUnavailable
+from udfserve.spark_client.nodes.routing import SPARK_CONF_AUTH_TOKEN
 
 TOKEN = "spark-client-s3cret"
 ROWS = 2_000

@@ -23,7 +23,7 @@ from udfserve.services.model_server.observability.span_tree import (
     trace_id,
 )
 from udfserve.spark_client import ClientConfig, remote_predict
-from udfserve.spark_client.tracing import job_traceparent
+from udfserve.spark_client.observability.tracing import job_traceparent
 from udfserve.tracing import parse_traceparent
 
 ROWS = 3_000

@@ -15,12 +15,12 @@ from spark_data import feature_values
 
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.spark_client import ClientConfig, predict_arrow, remote_predict
-from udfserve.spark_client.circuit import CircuitBreakers
-from udfserve.spark_client.errors import ModelNotFound, RequestRejected
-from udfserve.spark_client.partition import PredictJob, predict_partition
-from udfserve.spark_client.protocols import describe_model
-from udfserve.spark_client.routing import TaskPlacement
-from udfserve.spark_client.stats import ClientStats
+from udfserve.spark_client.common.errors import ModelNotFound, RequestRejected
+from udfserve.spark_client.executor.circuit import CircuitBreakers
+from udfserve.spark_client.executor.partition import PredictJob, predict_partition
+from udfserve.spark_client.nodes.routing import TaskPlacement
+from udfserve.spark_client.observability.stats import ClientStats
+from udfserve.spark_client.wire.protocols import describe_model
 
 MISSPELLED = "tabular_mpl"
 SERVED = "multi_io, sequence_bilstm, tabular_mlp, tabular_mlp_savedmodel, text_hashing"

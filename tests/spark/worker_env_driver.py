@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from udfserve.spark_client import ClientConfig, predict_arrow, remote_predict
-from udfserve.spark_client.errors import RemotePredictError
+from udfserve.spark_client.common.errors import RemotePredictError
 
 
 def main() -> int:

@@ -16,7 +16,7 @@ from tests.spark.spark_data import feature_column
 from tests.spark_connect.connect_data import PATHS, predicted
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.spark_client import ClientConfig, arrow_predictor, remote_predict
-from udfserve.spark_client.stats import CountersUnavailable
+from udfserve.spark_client.observability.stats import CountersUnavailable
 
 ROWS = 6_000
 

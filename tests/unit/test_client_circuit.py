@@ -3,7 +3,7 @@ closed for the server that replaced the one that failed."""
 
 from __future__ import annotations
 
-from udfserve.spark_client.circuit import CircuitBreakers
+from udfserve.spark_client.executor.circuit import CircuitBreakers
 
 
 class Clock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from udfserve.spark_client.config import ClientConfig
+from udfserve.spark_client.common.config import ClientConfig
 
 
 def test_defaults_match_the_server_message_limit_and_fall_back_to_the_cpu() -> None:

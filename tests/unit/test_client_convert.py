@@ -8,15 +8,15 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
-from udfserve.spark_client.convert import answer_to_spark_columns, arrow_to_request, match_inputs
-from udfserve.spark_client.model_spec import ModelSpec, Tensor
-from udfserve.spark_client.pandas_convert import (
+from udfserve.spark_client.api.return_types import spark_return_type
+from udfserve.spark_client.common.model_spec import ModelSpec, Tensor
+from udfserve.spark_client.executor.convert import answer_to_spark_columns, arrow_to_request, match_inputs
+from udfserve.spark_client.executor.pandas_convert import (
     answer_to_pandas,
     pandas_pieces,
     pandas_to_request,
     series_to_arrow,
 )
-from udfserve.spark_client.return_types import spark_return_type
 
 MULTI = ModelSpec(
     "multi_io",

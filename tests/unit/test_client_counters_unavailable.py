@@ -4,8 +4,8 @@ session and server: tests/spark_connect/test_connect_counters.py.)"""
 
 from __future__ import annotations
 
-from udfserve.spark_client.job_context import SparkJobContext
-from udfserve.spark_client.stats import CountersUnavailable, counters_unavailable
+from udfserve.spark_client.observability.job_context import SparkJobContext
+from udfserve.spark_client.observability.stats import CountersUnavailable, counters_unavailable
 
 
 def test_a_connect_application_is_pointed_at_the_servers_counts_of_its_id() -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.credentials import auth_metadata, channel_credentials, uses_tls
-from udfserve.spark_client.errors import ClientSetupError
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import ClientSetupError
+from udfserve.spark_client.wire.credentials import auth_metadata, channel_credentials, uses_tls
 
 
 def test_no_token_sends_no_authorization() -> None:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from udfserve.services.model_server.core import job_context as server_side
-from udfserve.spark_client.job_context import MAX_VALUE_CHARS, METADATA_PREFIX, SparkJobContext, sanitise
+from udfserve.spark_client.observability.job_context import (
+    MAX_VALUE_CHARS,
+    METADATA_PREFIX,
+    SparkJobContext,
+    sanitise,
+)
 
 
 def test_the_client_cuts_values_to_the_lengths_the_server_accepts() -> None:

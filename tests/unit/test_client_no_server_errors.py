@@ -7,13 +7,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from udfserve.spark_client.circuit import CircuitBreakers
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.errors import ModelMetadataError, ServerUnavailable
-from udfserve.spark_client.model_spec import spec_from_tensors
-from udfserve.spark_client.partition import PredictJob, predict_partition
-from udfserve.spark_client.routing import ADDRESS_ENV, TaskPlacement
-from udfserve.spark_client.udf import describe_in_driver
+from udfserve.spark_client.api.udf import describe_in_driver
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import ModelMetadataError, ServerUnavailable
+from udfserve.spark_client.common.model_spec import spec_from_tensors
+from udfserve.spark_client.executor.circuit import CircuitBreakers
+from udfserve.spark_client.executor.partition import PredictJob, predict_partition
+from udfserve.spark_client.nodes.routing import ADDRESS_ENV, TaskPlacement
 
 
 def test_the_driver_says_once_that_there_is_no_discovery_file(

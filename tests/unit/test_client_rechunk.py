@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
-from udfserve.spark_client.rechunk import Pieces, Rechunker, planned_request_rows
+from udfserve.spark_client.executor.rechunk import Pieces, Rechunker, planned_request_rows
 
 EMPTY = pa.RecordBatch.from_arrays([pa.array([], pa.int64())], names=["y"])
 

@@ -17,8 +17,8 @@ from udfserve.discovery import (
     ServerEntry,
     write_discovery,
 )
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.routing import (
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.nodes.routing import (
     ADDRESS_ENV,
     SPARK_CONF_ADDRESS,
     SPARK_CONF_AUTH_TOKEN,

@@ -15,7 +15,7 @@ import pytest
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol.arrow_ipc import decode_batch
 from udfserve.shared_memory import FILE_NAME_PATTERN, write_ipc_into
-from udfserve.spark_client.shared_memory import SPARE_FILES, SharedMemoryPayloads
+from udfserve.spark_client.wire.shared_memory import SPARE_FILES, SharedMemoryPayloads
 
 
 def batch(rows: int, value: float = 1.0) -> pa.RecordBatch:
@@ -128,7 +128,7 @@ FULL_FOLDER_PROBE = """
 import sys
 from pathlib import Path
 import numpy as np, pyarrow as pa
-from udfserve.spark_client.shared_memory import SharedMemoryPayloads
+from udfserve.spark_client.wire.shared_memory import SharedMemoryPayloads
 payloads = SharedMemoryPayloads(Path(sys.argv[1]), max_in_flight=2)
 small = pa.record_batch({"x": pa.array(np.ones(1000, dtype=np.float32))})
 large = pa.record_batch({"x": pa.array(np.ones(1_000_000, dtype=np.float32))})
@@ -160,7 +160,7 @@ def test_a_full_shared_memory_folder_sends_the_batch_inline_instead_of_crashing(
 def test_a_process_that_exits_without_closing_its_pool_leaves_no_file(tmp_path: Path) -> None:
     probe = (
         "import sys; from pathlib import Path; import pyarrow as pa; "
-        "from udfserve.spark_client.shared_memory import SharedMemoryPayloads; "
+        "from udfserve.spark_client.wire.shared_memory import SharedMemoryPayloads; "
         "payloads = SharedMemoryPayloads(Path(sys.argv[1]), max_in_flight=2); "
         "assert payloads.place(1, pa.record_batch({'x': pa.array([1.0, 2.0])})) is not None; "
         "print(len(list(Path(sys.argv[1]).iterdir())))"
@@ -199,7 +199,7 @@ def test_files_for_a_group_in_a_folder_without_setgid_are_warned_of_once(
 ) -> None:
     """Without the setgid bit the files would belong to the executor's own group."""
     tmp_path.chmod(folder_mode)
-    with caplog.at_level("WARNING", logger="udfserve.spark_client.shared_memory"):
+    with caplog.at_level("WARNING", logger="udfserve.spark_client.wire.shared_memory"):
         SharedMemoryPayloads(tmp_path, max_in_flight=1, group_access=True).close()
         SharedMemoryPayloads(tmp_path, max_in_flight=1, group_access=True).close()
     said = [r.getMessage() for r in caplog.records if "setgid" in r.getMessage()]

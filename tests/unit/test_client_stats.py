@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from udfserve.spark_client.stats import ClientStats, ClientStatsParam
-from udfserve.spark_client.transport import StreamCounters
+from udfserve.spark_client.observability.stats import ClientStats, ClientStatsParam
+from udfserve.spark_client.wire.transport import StreamCounters
 
 
 def task_on_server_then_cpu() -> ClientStats:

@@ -7,11 +7,11 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
-from udfserve.spark_client.convert import answer_to_array
-from udfserve.spark_client.model_spec import ModelSpec, Tensor
-from udfserve.spark_client.rechunk import Rechunker
-from udfserve.spark_client.return_types import resolve_return_type
-from udfserve.spark_client.versions import empty_versioned, kserve_version, with_version_column
+from udfserve.spark_client.api.return_types import resolve_return_type
+from udfserve.spark_client.common.model_spec import ModelSpec, Tensor
+from udfserve.spark_client.common.versions import empty_versioned, kserve_version, with_version_column
+from udfserve.spark_client.executor.convert import answer_to_array
+from udfserve.spark_client.executor.rechunk import Rechunker
 
 MLP = ModelSpec("mlp", 1, (Tensor("features", "float32", (4,)),), (Tensor("probabilities", "float32", (3,)),))
 MULTI = ModelSpec(

@@ -11,7 +11,7 @@ from udfserve.services.demo_data import (
     format_value,
     values_per_row,
 )
-from udfserve.spark_client.model_spec import Tensor
+from udfserve.spark_client.common.model_spec import Tensor
 
 
 def test_a_tensor_input_gets_a_flat_array_of_its_shapes_size() -> None:

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from udfserve.spark_client.file_reads import (
+from udfserve.spark_client.api.file_reads import (
     FileReadError,
     FileShape,
     FileSplit,

@@ -238,7 +238,10 @@ def test_the_shared_layer_never_imports_tritonclient() -> None:
     assert not found, "expected no import of tritonclient in udfserve:\n" + "\n".join(found)
 
 
-KSERVE_CLIENT_MODULES = {"udfserve.spark_client.kserve_transport", "udfserve.spark_client.kserve_messages"}
+KSERVE_CLIENT_MODULES = {
+    "udfserve.spark_client.wire.kserve_transport",
+    "udfserve.spark_client.wire.kserve_messages",
+}
 
 
 def test_in_spark_client_only_the_kserve_wire_and_its_messages_import_tritonclient() -> None:

@@ -16,7 +16,7 @@ from udfserve.kserve_tensors import (
     tensor_from_raw,
     tensor_to_raw,
 )
-from udfserve.spark_client.kserve_messages import (
+from udfserve.spark_client.wire.kserve_messages import (
     arrow_batch_to_infer_request,
     infer_response_to_arrow,
     specs_from_config,

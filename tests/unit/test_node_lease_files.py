@@ -14,11 +14,11 @@ from udfserve.node_files import UntrustedNodeFile, trusted_uids
 from udfserve.node_leases import Lease, lease_file, read_leases, write_lease
 from udfserve.services.node.config import NodeConfig
 from udfserve.services.settings_cli import SettingsError, add_settings_arguments, settings_from_args
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.node_context import NodeServers
-from udfserve.spark_client.node_ensure import node_environment
-from udfserve.spark_client.node_start import NodeStart
-from udfserve.spark_client.routing import SPARK_CONF_NODE_START, apply_spark_conf
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.node_start import NodeStart
+from udfserve.spark_client.nodes.node_context import NodeServers
+from udfserve.spark_client.nodes.node_ensure import node_environment
+from udfserve.spark_client.nodes.routing import SPARK_CONF_NODE_START, apply_spark_conf
 
 ME = frozenset({os.geteuid()})
 NOBODY = 65534

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import types as T
 
-from udfserve.spark_client.model_spec import ModelSpec, Tensor
-from udfserve.spark_client.return_types import check_return_type, spark_return_type
+from udfserve.spark_client.api.return_types import check_return_type, spark_return_type
+from udfserve.spark_client.common.model_spec import ModelSpec, Tensor
 
 VECTOR = ModelSpec("tabular", 1, (Tensor("x", "float32", (4,)),), (Tensor("p", "float32", (8,)),))
 MULTI = ModelSpec(

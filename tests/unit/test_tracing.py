@@ -12,8 +12,8 @@ from pydantic import ValidationError
 from udfserve.services.model_server.core.job_context import JobContext, parse_job_context
 from udfserve.services.model_server.observability import tracing as server_tracing
 from udfserve.services.model_server.observability.spans import ServerTracing
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.tracing import job_traceparent, task_trace_metadata
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.observability.tracing import job_traceparent, task_trace_metadata
 from udfserve.tracing import TRACEPARENT_KEY, TraceParent, new_traceparent, parse_traceparent
 
 SAMPLED = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -22,18 +22,17 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import pyarrow as pa
 
-from udfserve.spark_client.channels import ConnectFailed
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.convert import answer_to_spark_columns, arrow_to_request, match_inputs
-from udfserve.spark_client.credentials import auth_metadata
-from udfserve.spark_client.errors import ModelMetadataError, ServerUnavailable
-from udfserve.spark_client.job_context import application_context
-from udfserve.spark_client.output_names import check_output_names
-from udfserve.spark_client.partition import PredictJob
-from udfserve.spark_client.protocols import DescribedModel, describe_model
-from udfserve.spark_client.rechunk import planned_request_rows
-from udfserve.spark_client.return_types import resolve_return_type, spark_type
-from udfserve.spark_client.routing import (
+from udfserve.spark_client.api.output_names import check_output_names
+from udfserve.spark_client.api.return_types import resolve_return_type, spark_type
+from udfserve.spark_client.api.worker_check import check_python_workers, worker_modules
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import ModelMetadataError, ServerUnavailable
+from udfserve.spark_client.common.versions import VERSION_FIELD, wants_version
+from udfserve.spark_client.executor.convert import answer_to_spark_columns, arrow_to_request, match_inputs
+from udfserve.spark_client.executor.partition import PredictJob
+from udfserve.spark_client.executor.rechunk import planned_request_rows
+from udfserve.spark_client.executor.task import answer_partition
+from udfserve.spark_client.nodes.routing import (
     SPARK_CONF_KEYS,
     NoServerFound,
     TaskPlacement,
@@ -42,10 +41,11 @@ from udfserve.spark_client.routing import (
     fallback_repository,
     resolve_route,
 )
-from udfserve.spark_client.stats import ClientStats, counters_unavailable, new_accumulator
-from udfserve.spark_client.task import answer_partition
-from udfserve.spark_client.versions import VERSION_FIELD, wants_version
-from udfserve.spark_client.worker_check import check_python_workers, worker_modules
+from udfserve.spark_client.observability.job_context import application_context
+from udfserve.spark_client.observability.stats import ClientStats, counters_unavailable, new_accumulator
+from udfserve.spark_client.wire.channels import ConnectFailed
+from udfserve.spark_client.wire.credentials import auth_metadata
+from udfserve.spark_client.wire.protocols import DescribedModel, describe_model
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -91,13 +91,13 @@ def remote_predict(
     make_udf: Any
     function_of: Any
     if udf_type == "arrow":
-        from udfserve.spark_client.arrow_udf import arrow_function as function_of
+        from udfserve.spark_client.executor.arrow_udf import arrow_function as function_of
 
         make_udf = _arrow_udf_maker()  # refused before any server is asked
     else:
         from pyspark.sql.functions import pandas_udf as make_udf
 
-        from udfserve.spark_client.pandas_udf import pandas_function as function_of
+        from udfserve.spark_client.executor.pandas_udf import pandas_function as function_of
     job = build_job(model, config, config_overrides)
     check_python_workers(_active_session(), worker_modules(function_of.__module__, job.config.protocol))
     resolved = resolve_return_type(job.spec, return_type, _active_session(), with_version)
@@ -144,7 +144,7 @@ class RemotePredictUDF:
     def stats(self) -> ClientStats:
         """Rows answered by servers and by the CPU fallback, retries, back-offs and fallback reasons,
         over every action that evaluated this UDF so far (at least once: see
-        ``udfserve.spark_client.stats``). Under Spark Connect, ``CountersUnavailable``."""
+        ``udfserve.spark_client.observability.stats``). Under Spark Connect, ``CountersUnavailable``."""
         return read_stats(self.job)
 
     @property
@@ -352,7 +352,7 @@ def describe_in_driver(model: str, config: ClientConfig) -> DescribedModel:
         repository,
         origin,
     )
-    from udfserve.spark_client.fallback import cpu_model_spec
+    from udfserve.spark_client.executor.fallback import cpu_model_spec
 
     return DescribedModel(cpu_model_spec(repository, model, config.model_version))
 

@@ -35,19 +35,19 @@ import pyarrow as pa
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from udfserve.kserve_tensors import NUMPY_DTYPE_OF, KServeCodecError, TensorSpec
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.credentials import CallMetadata
-from udfserve.spark_client.errors import ModelMetadataError, RequestRejected
-from udfserve.spark_client.kserve_messages import (
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import ModelMetadataError, RequestRejected
+from udfserve.spark_client.common.model_spec import ModelSpec, Tensor
+from udfserve.spark_client.common.versions import kserve_version
+from udfserve.spark_client.wire.credentials import CallMetadata
+from udfserve.spark_client.wire.kserve_messages import (
     arrow_batch_to_infer_request,
     infer_response_to_arrow,
     specs_from_config,
     specs_from_metadata,
 )
-from udfserve.spark_client.model_spec import ModelSpec, Tensor
-from udfserve.spark_client.transport import PredictStream
-from udfserve.spark_client.versions import kserve_version
-from udfserve.spark_client.wire import Reply, StreamBroken
+from udfserve.spark_client.wire.transport import PredictStream
+from udfserve.spark_client.wire.wire import Reply, StreamBroken
 
 logger = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ import pyarrow as pa
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.credentials import CallMetadata
-from udfserve.spark_client.shared_memory import SharedMemoryPayloads
-from udfserve.spark_client.transport import PredictStream
-from udfserve.spark_client.wire import END, Reply, StreamBroken
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.wire.credentials import CallMetadata
+from udfserve.spark_client.wire.shared_memory import SharedMemoryPayloads
+from udfserve.spark_client.wire.transport import PredictStream
+from udfserve.spark_client.wire.wire import END, Reply, StreamBroken
 
 logger = logging.getLogger(__name__)
 

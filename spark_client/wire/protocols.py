@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from udfserve.spark_client.arrow_wire import arrow_stream
-from udfserve.spark_client.channels import connect
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.credentials import CallMetadata
-from udfserve.spark_client.errors import ClientSetupError
-from udfserve.spark_client.model_spec import ModelSpec
-from udfserve.spark_client.transport import PredictStream
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import ClientSetupError
+from udfserve.spark_client.common.model_spec import ModelSpec
+from udfserve.spark_client.wire.arrow_wire import arrow_stream
+from udfserve.spark_client.wire.channels import connect
+from udfserve.spark_client.wire.credentials import CallMetadata
+from udfserve.spark_client.wire.transport import PredictStream
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def open_stream(target: str, config: ClientConfig, model: str, metadata: CallMet
 
 def _kserve() -> ModuleType:
     try:
-        from udfserve.spark_client import kserve_transport
+        from udfserve.spark_client.wire import kserve_transport
     except ImportError as exc:
         raise ClientSetupError(
             f"protocol='kserve' needs tritonclient's gRPC code where the call is made ({exc}); install "

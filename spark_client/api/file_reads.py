@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.file_listing import filesystem_of, list_files
-from udfserve.spark_client.output_names import check_output_names
-from udfserve.spark_client.udf import ArrowPredictor, _active_session, arrow_predictor
+from udfserve.spark_client.api.file_listing import filesystem_of, list_files
+from udfserve.spark_client.api.output_names import check_output_names
+from udfserve.spark_client.api.udf import ArrowPredictor, _active_session, arrow_predictor
+from udfserve.spark_client.common.config import ClientConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -16,11 +16,11 @@ import grpc
 
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.credentials import CallMetadata, channel_credentials, uses_tls
-from udfserve.spark_client.errors import AuthenticationFailed, ModelMetadataError, ModelNotFound
-from udfserve.spark_client.model_spec import ModelSpec, spec_from_tensors
-from udfserve.spark_client.wire import AUTH_ERROR_CODES
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import AuthenticationFailed, ModelMetadataError, ModelNotFound
+from udfserve.spark_client.common.model_spec import ModelSpec, spec_from_tensors
+from udfserve.spark_client.wire.credentials import CallMetadata, channel_credentials, uses_tls
+from udfserve.spark_client.wire.wire import AUTH_ERROR_CODES
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import sys
 
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.credentials import CallMetadata
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.wire.credentials import CallMetadata
 from udfserve.tracing import TRACEPARENT_KEY, TraceParent, new_traceparent, parse_traceparent, sampled_with
 
 

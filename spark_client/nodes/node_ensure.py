@@ -1,7 +1,7 @@
 """In an executor: make sure this host runs a node, starting one where none runs (``node_servers``).
 
 Two callers. The start stage of ``node_servers`` (in the driver's context) waits for the start
-lock, starts or finds the node, and waits until it serves (``HostStarter``). A task of a UDF
+lock, starts or finds the node, and waits until it serves (``host_start.HostStarter``). A task of a UDF
 built inside the context (``ensure_for_task``) never waits: it skips a lock another task holds,
 and returns as soon as the node is started, so its rows go to the CPU fallback until the node is
 ready, and to the node from the first batch after (the routing looks at the discovery file before
@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
-import json
 import logging
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -42,7 +41,6 @@ from udfserve.discovery import (
     DISCOVERY_FILE_NAME,
     RUNTIME_DIR_ENV,
     DiscoveryError,
-    NodeDiscovery,
     default_discovery_path,
     default_runtime_dir,
     read_live_discovery,
@@ -56,7 +54,7 @@ from udfserve.node_leases import (
     prepare_lease_folder,
     write_lease,
 )
-from udfserve.spark_client.node_start import NodeStart
+from udfserve.spark_client.common.node_start import NodeStart
 
 logger = logging.getLogger(__name__)
 
@@ -303,140 +301,3 @@ def log_tail(runtime_dir: Path, lines: int = 20) -> str:
     except OSError as exc:
         return f"(no log: {exc})"
     return "\n".join(text.splitlines()[-lines:])
-
-
-# -- the start stage ---------------------------------------------------------------------------
-
-
-@dataclass
-class HostReport:
-    """One start task's answer: where it ran and the node it found or started."""
-
-    host: str
-    executor: str
-    runtime_dir: str
-    discovery_file: str
-    action: str = ""
-    node: str = ""
-    supervisor_pid: int | None = None
-    server_pids: dict[str, int] = field(default_factory=dict)
-    model_repository: str = ""
-    error: str = ""
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> HostReport:
-        return cls(**json.loads(text))
-
-
-@dataclass(frozen=True)
-class HostStarter:
-    """The function of the start stage's tasks (``mapInArrow``): each finds or starts its host's
-    node and waits until every server of it is ready; one row, a ``HostReport`` as JSON. A failure
-    is reported in the row rather than raised, so that the driver names every host's problem at
-    once and Spark does not retry the stage."""
-
-    start: NodeStart
-    lock_wait_s: float
-    ready_timeout_s: float
-
-    def __call__(self, batches: Iterator[object]) -> Iterator[object]:
-        import pyarrow as pa
-
-        for _ in batches:
-            pass
-        report = self.run(os.environ, _executor_address())
-        yield pa.RecordBatch.from_pydict({"report": [report.to_json()]})
-
-    def run(self, environ: Mapping[str, str], executor: str) -> HostReport:
-        host = socket.gethostname()
-        report = HostReport(
-            host,
-            executor,
-            str(runtime_dir_of(self.start, environ)),
-            str(discovery_file_of(self.start, environ)),
-        )
-        try:
-            check = ensure_node(self.start, environ, lock_wait_s=self.lock_wait_s)
-            report.action = check.action
-            if check.action == "busy":
-                raise NodeStartError(
-                    f"the start lock {check.runtime_dir / START_LOCK_FILE} stayed taken for "
-                    f"{self.lock_wait_s:g} s (a node stopping, or a task starting one)"
-                )
-            if check.action == "unreachable":
-                raise NodeStartError(
-                    f"this executor cannot reach the lease's holder at {self.start.lease.holder}, the "
-                    f"process that entered node_servers ({check.detail}); every executor must reach it "
-                    "(under Spark Connect, that process is the client): set node_servers(lease_host=..., "
-                    "lease_port=...) to an address they reach, or run `udfserve node` on every host "
-                    "(a DaemonSet or an init script)"
-                )
-            if check.action == "released":
-                raise NodeStartError(f"the lease was released before the node started ({check.detail})")
-            discovery = wait_until_serving(self.start, check, self.ready_timeout_s)
-        except NodeStartError as exc:
-            report.error = str(exc)
-            return report
-        report.node = discovery.node
-        report.supervisor_pid = discovery.supervisor_pid
-        report.server_pids = {s.device: s.pid for s in discovery.servers if s.pid is not None}
-        report.model_repository = discovery.model_repository or ""
-        return report
-
-
-def wait_until_serving(start: NodeStart, check: HostCheck, timeout_s: float) -> NodeDiscovery:
-    """The node's discovery file once every server of it is ready, its repository the one
-    ``start`` asks for. Raises ``NodeStartError`` when the node exits, a server fails its start,
-    the node serves another repository (a node of another application, or installed there), or
-    ``timeout_s`` passes."""
-    host = socket.gethostname()
-    deadline = time.monotonic() + timeout_s
-    seen = "no discovery file yet"
-    while time.monotonic() < deadline:
-        try:
-            discovery = read_live_discovery(check.discovery_file, trusted=trusted_uids())
-        except DiscoveryError as exc:
-            seen = str(exc)
-        else:
-            wanted = Path(start.model_repository).resolve()
-            if discovery.model_repository and Path(discovery.model_repository) != wanted:
-                raise NodeStartError(
-                    f"{host} already runs a node (pid {discovery.supervisor_pid}, runtime folder "
-                    f"{check.runtime_dir}) serving repository {discovery.model_repository}, not {wanted}: a "
-                    "host runs one node, which every application on it shares; use its repository, or "
-                    "another runtime folder (node_servers(runtime_dir=...))"
-                )
-            failed = {s.device: s.problem for s in discovery.servers if s.problem}
-            if failed:
-                raise NodeStartError(
-                    f"the node on {host} (pid {discovery.supervisor_pid}) could not start its servers: "
-                    f"{failed}; its log: {check.runtime_dir / NODE_LOG}"
-                )
-            states = {s.device: s.state for s in discovery.servers}
-            if states and all(state == "ready" for state in states.values()):
-                return discovery
-            seen = f"servers {states}"
-        pid = check.pid
-        if pid is not None and not process_alive(pid):
-            raise NodeStartError(
-                f"the node on {host} (pid {pid}) exited before it served; the end of its log "
-                f"{check.runtime_dir / NODE_LOG}:\n{log_tail(check.runtime_dir)}"
-            )
-        time.sleep(0.2)
-    raise NodeStartError(
-        f"the node on {host} (pid {check.pid}) did not serve within {timeout_s:g} s ({seen}); its log: "
-        f"{check.runtime_dir / NODE_LOG}"
-    )
-
-
-def _executor_address() -> str:
-    """The executor's ``host:port`` from a barrier task's context; "" in a plain task."""
-    from pyspark import BarrierTaskContext, TaskContext
-
-    context = TaskContext.get()
-    if isinstance(context, BarrierTaskContext):
-        return str(context.getTaskInfos()[context.partitionId()].address)
-    return ""

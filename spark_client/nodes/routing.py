@@ -33,7 +33,7 @@ from udfserve.discovery import (
     read_live_discovery,
 )
 from udfserve.node_files import SocketMissing, UntrustedNodeFile, check_node_socket, trusted_uids
-from udfserve.spark_client.config import ClientConfig, check_target
+from udfserve.spark_client.common.config import ClientConfig, check_target
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from udfserve.spark_client.errors import ModelNotFound, ServerUnavailable
-from udfserve.spark_client.model_spec import ModelSpec, spec_from_tensors
+from udfserve.spark_client.common.errors import ModelNotFound, ServerUnavailable
+from udfserve.spark_client.common.model_spec import ModelSpec, spec_from_tensors
 
 if TYPE_CHECKING:
     from udfserve.runtime.model_source import ModelSource
@@ -119,7 +119,7 @@ def predict_on_cpu(
     computed it."""
     from udfserve.runtime.errors import InvalidInput
     from udfserve.runtime.tensor_conversion import batch_to_inputs, outputs_to_batch
-    from udfserve.spark_client.errors import RequestRejected
+    from udfserve.spark_client.common.errors import RequestRejected
 
     loaded, max_batch_size = load_cpu_model(repository, model, version, pinned)
     try:

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from udfserve.shared_memory import DEFAULT_DIRECTORY as DEFAULT_SHARED_MEMORY_DIRECTORY
-from udfserve.spark_client.node_start import NodeStart
+from udfserve.spark_client.common.node_start import NodeStart
 from udfserve.tracing import parse_traceparent
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20

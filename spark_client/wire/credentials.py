@@ -13,8 +13,8 @@ from pathlib import Path
 
 import grpc
 
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.errors import ClientSetupError
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import ClientSetupError
 
 AUTHORIZATION_KEY = "authorization"
 CallMetadata = tuple[tuple[str, str], ...]

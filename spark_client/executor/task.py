@@ -15,11 +15,11 @@ from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 
-from udfserve.spark_client.job_context import SparkJobContext
-from udfserve.spark_client.partition import PredictJob, predict_partition
-from udfserve.spark_client.rechunk import Carry, Pieces, Rechunker
-from udfserve.spark_client.routing import TaskPlacement, placement_from_resources
-from udfserve.spark_client.stats import ClientStats
+from udfserve.spark_client.executor.partition import PredictJob, predict_partition
+from udfserve.spark_client.executor.rechunk import Carry, Pieces, Rechunker
+from udfserve.spark_client.nodes.routing import TaskPlacement, placement_from_resources
+from udfserve.spark_client.observability.job_context import SparkJobContext
+from udfserve.spark_client.observability.stats import ClientStats
 
 
 def task_placement() -> TaskPlacement:
@@ -41,7 +41,7 @@ def answer_partition(
     the job's accumulator however the partition ends. Both UDFs run their partitions here. A UDF
     of a ``node_servers`` context first makes sure its host runs a node, without waiting for it."""
     if job.config.node_start is not None:  # a UDF of a node_servers context: this host's node first
-        from udfserve.spark_client.node_ensure import ensure_for_task
+        from udfserve.spark_client.nodes.node_ensure import ensure_for_task
 
         ensure_for_task(job.config.node_start, os.environ)
     rechunker: Rechunker[Carry] = Rechunker(

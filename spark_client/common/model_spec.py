@@ -89,7 +89,7 @@ class ModelSpec:
         """Zero rows of the outputs, for an empty Spark batch: no call is made for it.
 
         Built with ``pa.nulls``: ``pa.array`` imports pandas, which a ``mapInArrow`` worker never
-        needs (see ``udfserve.spark_client.convert``)."""
+        needs (see ``udfserve.spark_client.executor.convert``)."""
         return pa.RecordBatch.from_arrays(
             [pa.nulls(0, type=t.arrow_type()) for t in self.outputs], names=list(self.output_names)
         )

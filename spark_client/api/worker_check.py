@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from udfserve.spark_client.errors import ClientSetupError
+from udfserve.spark_client.common.errors import ClientSetupError
 
 PROBE_TIMEOUT_S = 120.0
 """Time the worker interpreter has to import the client (about half a second when it can)."""
@@ -56,7 +56,7 @@ def worker_modules(udf_module: str, protocol: str) -> tuple[str, ...]:
     """What a Python worker imports to run a UDF whose function lives in ``udf_module``."""
     modules = ["pyarrow", udf_module]
     if protocol == "kserve":
-        modules.append("udfserve.spark_client.kserve_transport")
+        modules.append("udfserve.spark_client.wire.kserve_transport")
     return tuple(modules)
 
 

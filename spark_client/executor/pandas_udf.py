@@ -11,9 +11,9 @@ from typing import Any, Tuple, Union  # noqa: UP035 (pyspark reads these hints)
 
 import pandas as pd
 
-from udfserve.spark_client.pandas_convert import answer_to_pandas, pandas_pieces
-from udfserve.spark_client.partition import PredictJob
-from udfserve.spark_client.task import answer_partition
+from udfserve.spark_client.executor.pandas_convert import answer_to_pandas, pandas_pieces
+from udfserve.spark_client.executor.partition import PredictJob
+from udfserve.spark_client.executor.task import answer_partition
 
 
 def pandas_function(job: PredictJob, as_struct: bool, fields: Sequence[str] | None = None) -> Any:

@@ -17,8 +17,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from udfserve.spark_client.job_context import SparkJobContext
-from udfserve.spark_client.transport import StreamCounters
+from udfserve.spark_client.observability.job_context import SparkJobContext
+from udfserve.spark_client.wire.transport import StreamCounters
 
 Key = TypeVar("Key", str, int)
 

@@ -22,15 +22,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from udfserve.spark_client.channels import ConnectFailed, forget_channel
-from udfserve.spark_client.circuit import BREAKERS, CircuitBreakers
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.credentials import auth_metadata
-from udfserve.spark_client.errors import RemotePredictError, ServerUnavailable
-from udfserve.spark_client.job_context import SparkJobContext
-from udfserve.spark_client.model_spec import ModelSpec
-from udfserve.spark_client.protocols import open_stream
-from udfserve.spark_client.routing import (
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import RemotePredictError, ServerUnavailable
+from udfserve.spark_client.common.model_spec import ModelSpec
+from udfserve.spark_client.common.versions import empty_versioned, with_version_column
+from udfserve.spark_client.executor.circuit import BREAKERS, CircuitBreakers
+from udfserve.spark_client.nodes.routing import (
     NoServerFound,
     Route,
     TaskPlacement,
@@ -39,10 +36,13 @@ from udfserve.spark_client.routing import (
     fallback_repository,
     resolve_route,
 )
-from udfserve.spark_client.stats import ClientStats
-from udfserve.spark_client.tracing import task_trace_metadata
-from udfserve.spark_client.transport import PINNED_VERSION_GONE, HeldBatch, PredictStream, StreamFailed
-from udfserve.spark_client.versions import empty_versioned, with_version_column
+from udfserve.spark_client.observability.job_context import SparkJobContext
+from udfserve.spark_client.observability.stats import ClientStats
+from udfserve.spark_client.observability.tracing import task_trace_metadata
+from udfserve.spark_client.wire.channels import ConnectFailed, forget_channel
+from udfserve.spark_client.wire.credentials import auth_metadata
+from udfserve.spark_client.wire.protocols import open_stream
+from udfserve.spark_client.wire.transport import PINNED_VERSION_GONE, HeldBatch, PredictStream, StreamFailed
 
 logger = logging.getLogger(__name__)
 
@@ -296,7 +296,7 @@ class _PartitionRunner:
             )
             self._on_cpu = True
             self._cpu_batches = 0
-        from udfserve.spark_client.fallback import predict_on_cpu
+        from udfserve.spark_client.executor.fallback import predict_on_cpu
 
         result, version = predict_on_cpu(
             repository, self._job.model, config.model_version, item.batch, self._job.version_pinned

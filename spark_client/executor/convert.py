@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from udfserve.spark_client.model_spec import ModelSpec
+from udfserve.spark_client.common.model_spec import ModelSpec
 
 
 def match_inputs(names: Sequence[str], spec: ModelSpec, what: str) -> list[int]:

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
 
-from udfserve.spark_client.convert import answer_to_array, array_to_request
-from udfserve.spark_client.partition import PredictJob
-from udfserve.spark_client.task import answer_partition
+from udfserve.spark_client.executor.convert import answer_to_array, array_to_request
+from udfserve.spark_client.executor.partition import PredictJob
+from udfserve.spark_client.executor.task import answer_partition
 
 
 def arrow_function(

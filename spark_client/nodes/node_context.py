@@ -44,12 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.errors import ClientSetupError
-from udfserve.spark_client.node_ensure import HostReport, HostStarter
-from udfserve.spark_client.node_lease import LeaseHolder
-from udfserve.spark_client.node_start import NodeStart
-from udfserve.spark_client.routing import SPARK_CONF_MODEL_REPOSITORY, SPARK_CONF_NODE_START
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import ClientSetupError
+from udfserve.spark_client.common.node_start import NodeStart
+from udfserve.spark_client.nodes.host_start import HostReport, HostStarter
+from udfserve.spark_client.nodes.node_lease import LeaseHolder
+from udfserve.spark_client.nodes.routing import SPARK_CONF_MODEL_REPOSITORY, SPARK_CONF_NODE_START
 
 logger = logging.getLogger(__name__)
 

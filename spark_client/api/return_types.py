@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from udfserve.spark_client.model_spec import ModelSpec, Tensor
-from udfserve.spark_client.versions import VERSION_FIELD, check_version_field, wants_version
+from udfserve.spark_client.common.model_spec import ModelSpec, Tensor
+from udfserve.spark_client.common.versions import VERSION_FIELD, check_version_field, wants_version
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from udfserve.spark_client.model_spec import ModelSpec
+from udfserve.spark_client.common.model_spec import ModelSpec
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import grpc
 import pyarrow as pa
 
-from udfserve.spark_client.config import ClientConfig
-from udfserve.spark_client.errors import AuthenticationFailed, ModelNotFound, RequestRejected
-from udfserve.spark_client.wire import (
+from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.errors import AuthenticationFailed, ModelNotFound, RequestRejected
+from udfserve.spark_client.wire.wire import (
     AUTH_ERROR_CODES,
     CLIENT_TOO_LARGE_TEXT,
     END,

@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from udfserve.spark_client.convert import match_inputs
-from udfserve.spark_client.model_spec import ModelSpec, Tensor
-from udfserve.spark_client.rechunk import Pieces
+from udfserve.spark_client.common.model_spec import ModelSpec, Tensor
+from udfserve.spark_client.executor.convert import match_inputs
+from udfserve.spark_client.executor.rechunk import Pieces
 
 PandasInput: TypeAlias = pd.Series | pd.DataFrame
 
