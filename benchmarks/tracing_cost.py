@@ -93,7 +93,7 @@ def _spark_task(target: str) -> str:
     from pyspark.sql import functions as F
 
     from udfserve.spark_client import ClientConfig, remote_predict
-    from udfserve.spark_client.observability.tracing import job_traceparent
+    from udfserve.spark_client.tracing import job_traceparent
 
     spark = (
         SparkSession.builder.master("local[1]")

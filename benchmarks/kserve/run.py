@@ -8,7 +8,7 @@ on it; ``bash scripts/native.sh`` builds it) and with its python one (``udfserve
 serve ``tabular_mlp`` (64 -> 256 -> 256 -> 8, the example model) from the same
 ``model.keras``, with ``max_batch_size`` 1024 and a 2 ms dynamic-batching delay; Triton runs it
 in its python backend through one ``tf.function``, as udfserve's backend does. First the same
-rows go through both, over KServe gRPC with ``udfserve.spark_client.wire.kserve_messages``, and their
+rows go through both, over KServe gRPC with ``udfserve.spark_client.kserve_messages``, and their
 predictions are compared; then perf_analyzer (gRPC, synchronous requests, random FP32 data)
 measures each point of the grid batch x concurrency. All servers stay up, those not measured idle, and each
 point is measured A B C C B A with the best run of each kept: on a shared machine, load from outside then
@@ -47,7 +47,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from benchmarks.kserve.triton_model import write_triton_repository
 from udfserve.services.model_server.launcher import launch_server
-from udfserve.spark_client.wire.kserve_messages import (
+from udfserve.spark_client.kserve_messages import (
     arrow_batch_to_infer_request,
     infer_response_to_arrow,
     specs_from_config,
@@ -387,7 +387,7 @@ def write_report(
         "why each point is measured interleaved and the spread of the runs is listed below.",
         "",
         (
-            "Same predictions: 256 float64 rows through `udfserve.spark_client.wire.kserve_messages` to each "
+            "Same predictions: 256 float64 rows through `udfserve.spark_client.kserve_messages` to each "
             "udfserve front end "
             f"({', '.join(LABEL[name] for name in cast(list[str], check['compared_servers']))}) and to "
             "Triton, largest "
