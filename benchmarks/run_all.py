@@ -29,6 +29,7 @@ from benchmarks import (
     docs,
     fairness,
     footprint,
+    null_model,
     scaling,
     soak,
     spark_e2e,
@@ -52,6 +53,7 @@ COMPARISONS: dict[str, RunFunction] = {
     "soak": soak.run,
     "fairness": fairness.run,
     "xgboost_scoring": xgboost_scoring.run,
+    "null_model": null_model.run,
 }
 
 
