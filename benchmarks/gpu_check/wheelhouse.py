@@ -3,8 +3,8 @@
 The GPU machine has Python 3.12 with PyTorch (CUDA), onnx, onnxruntime, nvidia-ml-py, grpcio,
 pyarrow, pandas, prometheus-client and tokenizers, and no network. udfserve's base install and
 its ``server`` extra need more (pydantic-settings, FastAPI, uvicorn, the gRPC health service,
-tritonclient's gRPC part, ...), and its generated gRPC code needs grpcio 1.75.1 or later and
-protobuf 6, which that machine may not have. So:
+...), and its generated gRPC code needs grpcio 1.75.1 or later and protobuf 6, which that machine
+may not have. So:
 
     python -m benchmarks.gpu_check.wheelhouse build build/gpu-wheelhouse      # here, with a network
     python -m benchmarks.gpu_check.wheelhouse unpack build/gpu-wheelhouse build/gpu-check/site
@@ -51,7 +51,6 @@ REQUIRED_MODULES = (
     "fastapi",
     "uvicorn",
     "pythonjsonlogger",
-    "tritonclient.grpc",
     "psutil",
     "numpy",
     "pyarrow",
@@ -60,6 +59,7 @@ REQUIRED_MODULES = (
     "onnx",
     "onnxruntime",
     "udfserve.protocol.v1.inference_pb2_grpc",
+    "udfserve.protocol.kserve.grpc_service_pb2_grpc",
 )
 """What the run imports, udfserve's generated gRPC code last (it checks the grpcio version)."""
 

@@ -10,10 +10,11 @@ import b`` counts as an import of the module ``a.b`` when there is one, else of 
 imports are resolved against the importing module's package.
 
 The layers: the shared layer imports neither side (nor ``tritonclient``, which only the KServe
-client's two modules import); ``udfserve.spark_client`` never imports ``udfserve.services`` (its
-CPU fallback runs ``udfserve.runtime``, as the server does); in the model server, the request
-core (``core/``) imports no front end (``frontends/``) and the metrics (``observability/``) import neither;
-and no module takes part in an import cycle.
+client's two modules import: the server speaks KServe through ``udfserve.protocol.kserve``, and
+``udfserve.services`` never imports it); ``udfserve.spark_client`` never imports
+``udfserve.services`` (its CPU fallback runs ``udfserve.runtime``, as the server does); in the
+model server, the request core (``core/``) imports no front end (``frontends/``) and the metrics
+(``observability/``) import neither; and no module takes part in an import cycle.
 """
 
 from __future__ import annotations
@@ -236,6 +237,14 @@ def test_the_shared_layer_never_imports_tritonclient() -> None:
     found = imports_from(SHARED, ["tritonclient"])
 
     assert not found, "expected no import of tritonclient in udfserve:\n" + "\n".join(found)
+
+
+def test_the_server_side_never_imports_tritonclient() -> None:
+    """The ``server`` extra does not install ``tritonclient``: its KServe front ends, statistics and
+    native build use the protocol generated from ``protos/`` (``udfserve.protocol.kserve``)."""
+    found = imports_from(SERVICES, ["tritonclient"])
+
+    assert not found, "expected no import of tritonclient in services:\n" + "\n".join(found)
 
 
 KSERVE_CLIENT_MODULES = {

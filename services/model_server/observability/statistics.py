@@ -37,7 +37,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from tritonclient.grpc import service_pb2 as kpb
+from udfserve.protocol.kserve import grpc_service_pb2 as kpb
 
 NS_PER_S = 1_000_000_000
 

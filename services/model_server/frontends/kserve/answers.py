@@ -15,9 +15,9 @@ from typing import Protocol, TypeAlias
 
 import grpc
 import numpy as np
-from tritonclient.grpc import service_pb2 as kpb
 
 from udfserve.log_text import clip
+from udfserve.protocol.kserve import grpc_service_pb2 as kpb
 from udfserve.services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest
 from udfserve.services.model_server.errors import QueueFull, failure_status
 from udfserve.services.model_server.frontends.kserve.tensors import OutputTensor, outputs_to_tensors

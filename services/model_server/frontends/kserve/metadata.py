@@ -5,10 +5,9 @@ Triton's per-model statistics.
 
 from __future__ import annotations
 
-from tritonclient.grpc import model_config_pb2 as mc
-from tritonclient.grpc import service_pb2 as kpb
-
 from udfserve.log_text import clip
+from udfserve.protocol.kserve import grpc_service_pb2 as kpb
+from udfserve.protocol.kserve import model_config_pb2 as mc
 from udfserve.runtime.errors import InvalidInput
 from udfserve.runtime.model_config import ModelConfig
 from udfserve.runtime.tensor_spec import TensorSpec

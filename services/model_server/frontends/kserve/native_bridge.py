@@ -38,8 +38,8 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from tritonclient.grpc import service_pb2 as kpb
 
+from udfserve.protocol.kserve import grpc_service_pb2 as kpb
 from udfserve.services.model_server.core.job_context import parse_job_context
 from udfserve.services.model_server.core.pending import Pending
 from udfserve.services.model_server.frontends.kserve.answers import DecodedHead, Failure, TensorAnswer

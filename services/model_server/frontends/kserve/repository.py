@@ -24,9 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tritonclient.grpc import service_pb2 as kpb
-
 from udfserve.log_text import clip
+from udfserve.protocol.kserve import grpc_service_pb2 as kpb
 from udfserve.runtime.errors import InvalidInput
 from udfserve.runtime.model_config import ModelConfig
 from udfserve.services.model_server.frontends.model_control_api import ControlCalls, parse_config_json

@@ -1,8 +1,9 @@
 """The KServe v2 (Triton) gRPC face of a model server, on the same port as the Arrow service.
 
 Clients of the Triton ecosystem (``tritonclient``, ``perf_analyzer``, KServe's own clients)
-talk to udfserve without knowing it: ``inference.GRPCInferenceService`` as ``tritonclient``
-ships it is served from the same ``grpc.aio`` server, so one address answers both protocols.
+talk to udfserve without knowing it: ``inference.GRPCInferenceService`` (NVIDIA's
+``grpc_service.proto``, the file ``tritonclient`` ships, generated into ``udfserve.protocol.kserve``)
+is served from the same ``grpc.aio`` server, so one address answers both protocols.
 Requests go through the model's dynamic batcher, metrics and limits exactly as Arrow batches
 do (``request_lifecycle``), so both kinds of clients are merged into the same backend calls.
 
@@ -24,14 +25,14 @@ import asyncio
 import logging
 import weakref
 from collections.abc import AsyncIterator, Sequence
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import grpc
-from tritonclient.grpc import service_pb2 as kpb
-from tritonclient.grpc import service_pb2_grpc as kpb_grpc
 
 import udfserve
 from udfserve.log_text import clip
+from udfserve.protocol.kserve import grpc_service_pb2 as kpb
+from udfserve.protocol.kserve import grpc_service_pb2_grpc as kpb_grpc
 from udfserve.runtime.errors import InvalidInput, ServingError
 from udfserve.services.model_server.core.job_context import JobContext, parse_job_context
 from udfserve.services.model_server.core.model_control import ModelControl
@@ -86,6 +87,13 @@ TRITON_GRPC_ERROR_HEADER = "triton_grpc_error"
 """Header with which a Triton client asks a stream to end with the status of its first error."""
 
 
+async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    """``context.abort``, which raises, said so for the type checker: the handlers return typed
+    messages, and grpc ships no types."""
+    await context.abort(code, message)
+    raise AssertionError("context.abort returned")  # it raises
+
+
 class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` over the models of this process.
 
@@ -129,7 +137,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         try:
             version = parse_version(request.version, request.name)
         except InvalidInput as exc:
-            await context.abort(exc.code, exc.message)
+            await _abort(context, exc.code, exc.message)
         try:
             self._models.ready(request.name, version)
         except ServingError:
@@ -145,7 +153,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         try:
             served = self._models.ready(request.name, parse_version(request.version, request.name))
         except ServingError as exc:
-            await context.abort(exc.code, exc.message)
+            await _abort(context, exc.code, exc.message)
         return model_metadata(
             served, [version.version for version in self._models.served_versions(served.name)]
         )
@@ -154,7 +162,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         try:
             served = self._models.ready(request.name, parse_version(request.version, request.name))
         except ServingError as exc:
-            await context.abort(exc.code, exc.message)
+            await _abort(context, exc.code, exc.message)
         return kpb.ModelConfigResponse(config=model_config(served))
 
     async def ModelStatistics(
@@ -166,7 +174,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         try:
             return model_statistics(self._models, request.name, request.version)
         except ServingError as exc:
-            await context.abort(exc.code, exc.message)
+            await _abort(context, exc.code, exc.message)
 
     # -- model repository (--model-control explicit) ------------------------------------------
     async def RepositoryIndex(
@@ -175,7 +183,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         try:
             return repository.index(self._control, request)
         except ServingError as exc:
-            await context.abort(exc.code, exc.message)
+            await _abort(context, exc.code, exc.message)
 
     async def RepositoryModelLoad(
         self, request: kpb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
@@ -185,7 +193,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             await self._control.load(request.model_name, repository.load_config(request))
         except Exception as exc:
             code, text = failure_status(exc, f"the load of model '{clip(request.model_name)}'")
-            await context.abort(code, text)
+            await _abort(context, code, text)
         return kpb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(
@@ -196,7 +204,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             await self._control.unload(request.model_name)
         except Exception as exc:
             code, text = failure_status(exc, f"the unload of model '{clip(request.model_name)}'")
-            await context.abort(code, text)
+            await _abort(context, code, text)
         return kpb.RepositoryModelUnloadResponse()
 
     # -- inference -------------------------------------------------------------------------
@@ -221,7 +229,7 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         else:
             answer = outcome
         if isinstance(answer, Failure):
-            await context.abort(answer.code, answer.message)
+            await _abort(context, answer.code, answer.message)
         return answer
 
     async def ModelStreamInfer(
@@ -248,10 +256,10 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         )
         async for answer in answers:
             if isinstance(answer, Failure):
-                await context.abort(answer.code, answer.message)
+                await _abort(context, answer.code, answer.message)
             yield answer
         if unreadable:
-            await context.abort(unreadable[0].code, unreadable[0].message)
+            await _abort(context, unreadable[0].code, unreadable[0].message)
 
     def start(
         self, request: kpb.ModelInferRequest, job: JobContext

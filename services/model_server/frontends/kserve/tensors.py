@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 import numpy as np
-from tritonclient.grpc import service_pb2 as kpb
 
 from udfserve import kserve_tensors as codec
 from udfserve.log_text import clip
+from udfserve.protocol.kserve import grpc_service_pb2 as kpb
 from udfserve.runtime.errors import BackendFault, InvalidInput
 from udfserve.runtime.tensor_spec import TensorSpec, numpy_dtype
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import service_pb2 as kpb
 
 from udfserve import kserve_tensors as codec
 from udfserve.log_text import clip
+from udfserve.protocol.kserve import grpc_service_pb2 as kpb
 from udfserve.runtime.errors import InvalidInput
 from udfserve.services.model_server.core.request_lifecycle import InferenceRequest
 from udfserve.services.model_server.frontends.kserve.answers import (

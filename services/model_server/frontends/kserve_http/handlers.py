@@ -22,9 +22,9 @@ import grpc
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
-from tritonclient.grpc import service_pb2 as kpb
 
 from udfserve.log_text import clip
+from udfserve.protocol.kserve import grpc_service_pb2 as kpb
 from udfserve.runtime.errors import InvalidInput
 from udfserve.services.model_server.core.job_context import JobContext, parse_job_context
 from udfserve.services.model_server.frontends.admin_server import SERVING_LOOP_TIMEOUT_S

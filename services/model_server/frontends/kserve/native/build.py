@@ -4,8 +4,9 @@
 
 It is compiled on the machine that runs it, against the system's grpc++ and protobuf (Debian:
 ``libgrpc++-dev libprotobuf-dev protobuf-compiler pkg-config g++``) and pybind11 (the
-``native`` extra). The KServe messages are generated from the descriptors of the ``tritonclient``
-package the Python front end uses, so both front ends speak exactly the same protocol. A build
+``native`` extra). The KServe messages are generated from the descriptors of the modules the
+Python front end uses (``udfserve.protocol.kserve``, installed with the package, where ``protos/``
+is not), so both front ends speak exactly the same protocol. A build
 whose inputs (the source, the descriptors, the compiler's flags, this interpreter) have not
 changed is skipped.
 """
@@ -42,12 +43,13 @@ def module_path() -> Path:
 
 
 def descriptor_set() -> bytes:
-    """tritonclient's KServe messages as a FileDescriptorSet, for protoc."""
+    """The KServe messages of the Python front end as a FileDescriptorSet, for protoc."""
     from google.protobuf import descriptor_pb2
-    from tritonclient.grpc import model_config_pb2, service_pb2
+
+    from udfserve.protocol.kserve import grpc_service_pb2, model_config_pb2
 
     files = descriptor_pb2.FileDescriptorSet()
-    for module in (model_config_pb2, service_pb2):
+    for module in (model_config_pb2, grpc_service_pb2):
         proto = files.file.add()
         module.DESCRIPTOR.CopyToProto(proto)
     return files.SerializeToString()
