@@ -3,61 +3,53 @@
 Scanning never imports a framework and never raises for one bad model: every folder that
 cannot be served becomes a ``failures`` entry naming the file at fault, so the server can start
 with the models that are fine and report the rest. Loading goes through the backend named by
-the model's config.
-
-Whoever can write the repository chooses what the server runs, and nothing else: every file the
-server reads for a model (its config.yaml, every file of the version it serves) must resolve
-inside the repository, so a symlink cannot make the server load (and answer with) a file it can
-read elsewhere. A TensorFlow SavedModel is a graph that may itself read and write files when it
-runs; ``trust_savedmodels=False`` refuses SavedModels for repositories not every writer of which
-is trusted.
+the model's config. One model's folder is read by ``model_folder`` (its config, its versions,
+the versions its policy serves), whose files are checked by ``model_files`` to resolve inside
+the repository: whoever can write the repository chooses what the server runs, and nothing else.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-from pydantic import ValidationError
-
 from udfserve.runtime.backends import LoadedModel, get_backend
 from udfserve.runtime.errors import BackendNotInstalled, ModelLoadError, raise_if_stopping
-from udfserve.runtime.model_config import ModelConfig, validate_model_name
-from udfserve.runtime.model_formats import (
-    MODEL_FILES_TEXT,
-    SAVED_MODEL_FILE,
-    backends_present,
-    detect_backend,
+from udfserve.runtime.model_files import Unservable, files_fingerprint
+from udfserve.runtime.model_folder import (
+    CONFIG_FILE_NAME,
+    ModelVersions,
+    detected_backend,
+    is_version,
+    parse_model_config,
+    read_model,
+    read_model_folder,
+    resolve_model_dir,
 )
+from udfserve.runtime.model_formats import MODEL_FILES_TEXT, backends_present, detect_backend
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.preprocessing import with_preprocessing
 
+__all__ = [
+    "EXPECTED_LAYOUT",
+    "ModelVersions",
+    "RepositoryScan",
+    "load_model",
+    "model_source",
+    "no_servable_model",
+    "parse_model_config",
+    "read_model",
+    "resolve_model_dir",
+    "scan_repository",
+]
+"""What the server, the CPU fallback and the tools import from here; ``read_model``,
+``parse_model_config``, ``resolve_model_dir`` and ``ModelVersions`` are ``model_folder``'s."""
+
 logger = logging.getLogger(__name__)
-
-CONFIG_FILE_NAME = "config.yaml"
-
-
-@dataclass(frozen=True)
-class ModelVersions:
-    """One model of the repository: its config, its version folders, and one source per version
-    its policy serves (ascending; the last answers requests that name no version)."""
-
-    name: str
-    config: ModelConfig
-    available: tuple[int, ...]
-    sources: tuple[ModelSource, ...]
-    config_fingerprint: str
-    """Changes when config.yaml changes: every served version is then loaded again with it."""
-
-    @property
-    def default(self) -> ModelSource:
-        return self.sources[-1]
 
 
 @dataclass(frozen=True)
@@ -73,29 +65,13 @@ class RepositoryScan:
         return tuple(model.default for model in self.models)
 
 
-class _Unservable(ValueError):
-    """One model folder cannot be served; the message names the file and the problem (a
-    ``ValueError`` to callers of ``parse_model_config``)."""
-
-
-def resolve_model_dir(root: Path, name: str) -> Path:
-    """``root / name`` after checking the name is safe and the folder stays inside ``root``."""
-    validate_model_name(name)
-    model_dir = root / name
-    if not model_dir.resolve().is_relative_to(root.resolve()):
-        raise ValueError(
-            f"model folder {model_dir} resolves to {model_dir.resolve()}, outside the repository {root}"
-        )
-    return model_dir
-
-
 def scan_repository(
     root: Path, only: Sequence[str] = (), *, trust_savedmodels: bool = True
 ) -> RepositoryScan:
     """List every servable model under ``root`` (or only the ones named), without loading any.
 
     ``trust_savedmodels=False`` makes a model whose version folder holds a SavedModel a failure:
-    its graph could run file operations with the server's permissions (``SAVEDMODEL_REFUSED``).
+    its graph could run file operations with the server's permissions (``model_folder.SAVEDMODEL_REFUSED``).
     """
     root = Path(root)
     if not root.exists():
@@ -117,8 +93,8 @@ def scan_repository(
     models = []
     for name in names:
         try:
-            models.append(_read_model(root, name, trust_savedmodels))
-        except _Unservable as exc:
+            models.append(read_model_folder(root, name, trust_savedmodels))
+        except Unservable as exc:
             logger.warning("model %s cannot be served: %s", name, exc)
             failures[name] = str(exc)
         except OSError as exc:
@@ -150,8 +126,8 @@ def model_source(
             model.default,
             version=version,
             path=version_dir,
-            backend=model.config.backend or _detected_backend(version_dir),
-            fingerprint=_files_fingerprint(root, version_dir),
+            backend=model.config.backend or detected_backend(version_dir),
+            fingerprint=files_fingerprint(root, version_dir),
         )
     raise ModelLoadError(
         f"model {name!r} version {version} is not served: its version policy serves "
@@ -195,7 +171,7 @@ def _repository_guess(root: Path, entries: Sequence[Path]) -> str:
         )
     marks = [entry.name for entry in entries if entry.name == CONFIG_FILE_NAME and entry.is_file()]
     marks += [
-        f"version folder {entry.name}" for entry in entries if entry.is_dir() and _is_version(entry.name)
+        f"version folder {entry.name}" for entry in entries if entry.is_dir() and is_version(entry.name)
     ]
     if marks:
         repository = root.absolute().parent
@@ -249,199 +225,3 @@ def _model_folder_names(root: Path) -> list[str]:
         else:
             logger.debug("ignoring file %s in the model repository: models are folders", entry)
     return names
-
-
-def read_model(
-    root: Path, name: str, config: ModelConfig, *, trust_savedmodels: bool = True
-) -> ModelVersions:
-    """Model ``name`` of the repository ``root`` with ``config`` in place of its config.yaml (a
-    load call that gives one), checked as a scan checks it; ``ValueError`` naming what is wrong."""
-    return _read_model(Path(root), name, trust_savedmodels, config)
-
-
-def _read_model(
-    root: Path, name: str, trust_savedmodels: bool, given: ModelConfig | None = None
-) -> ModelVersions:
-    try:
-        model_dir = resolve_model_dir(root, name)
-    except ValueError as exc:
-        raise _Unservable(f"{root / name}: {exc}") from exc
-    config_path = model_dir / CONFIG_FILE_NAME
-    if given is None:
-        _refuse_outside(root, config_path)
-        config, config_fingerprint = _read_config(config_path)
-    else:
-        config = given
-        config_fingerprint = (
-            "given:" + hashlib.blake2b(config.model_dump_json().encode(), digest_size=16).hexdigest()
-        )
-        config_path = Path(f"the config given for model {name!r}")
-    if config.name is not None and config.name != name:
-        raise _Unservable(f"{config_path}: name {config.name!r} does not match the folder name {name!r}")
-    versions = _versions(root, model_dir)
-    if not versions:
-        raise _Unservable(
-            f"no version folder in {model_dir}: expected integer-named folders such as {model_dir / '1'}"
-        )
-    served = config.versions.served(versions)
-    if not served:
-        raise _Unservable(
-            f"{config_path}: its version policy ({_policy_text(config)}) serves none of the versions "
-            f"{list(versions)} in {model_dir}"
-        )
-    sources = []
-    for version in served:
-        version_dir = model_dir / str(version)
-        fingerprint = _files_fingerprint(root, version_dir)
-        if not trust_savedmodels and (version_dir / SAVED_MODEL_FILE).exists():
-            raise _Unservable(f"{version_dir / SAVED_MODEL_FILE}: {SAVEDMODEL_REFUSED}")
-        sources.append(
-            ModelSource(
-                name=name,
-                version=version,
-                path=version_dir,
-                config=config,
-                available_versions=versions,
-                backend=config.backend or _detected_backend(version_dir),
-                fingerprint=fingerprint,
-            )
-        )
-    return ModelVersions(
-        name=name,
-        config=config,
-        available=versions,
-        sources=tuple(sources),
-        config_fingerprint=config_fingerprint,
-    )
-
-
-def _detected_backend(version_dir: Path) -> str:
-    """The backend the folder's files call for, or "": a version folder with no model file (or
-    the files of two backends) fails when that version is loaded, as any broken version does,
-    not when the repository is scanned (the versions next to it keep serving)."""
-    try:
-        return detect_backend(version_dir)
-    except ValueError:
-        return ""
-
-
-def _policy_text(config: ModelConfig) -> str:
-    if config.version is not None:
-        return f"version: {config.version}"
-    return "version_policy: " + str(config.versions.model_dump(exclude_defaults=True))
-
-
-SAVEDMODEL_REFUSED = (
-    "a TensorFlow SavedModel, refused because SavedModels are not trusted (--no-trust-savedmodels): "
-    "its graph can read and write files with the server's permissions when it loads and runs; "
-    "expected a Keras file (model.keras), or --trust-savedmodels for a repository whose every "
-    "writer is trusted"
-)
-
-
-def _refuse_outside(root: Path, path: Path) -> None:
-    """Refuse ``path`` when it resolves outside ``root`` (a symlink leaving the repository)."""
-    try:
-        resolved = path.resolve()
-        inside = resolved.is_relative_to(root.resolve())
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
-        raise _Unservable(
-            f"cannot resolve {path}: {exc}; expected a file or folder that resolves inside the repository"
-        ) from exc
-    if not inside:
-        raise _Unservable(
-            f"{path} resolves to {resolved}, outside the repository {root}; expected every file of a "
-            "model inside the repository (symlinks within it are followed)"
-        )
-
-
-def _files_fingerprint(root: Path, version_dir: Path) -> str:
-    """Refuse a version folder any entry of which (a model file, a SavedModel's ``variables/``
-    or ``assets/`` and what they hold) resolves outside ``root``; return a digest of the name,
-    size and modification time of every file in it, which changes while a copy into the folder
-    is under way and when a file of it is replaced. Symlinked folders inside the repository are
-    walked too, so what the backend reads is exactly what was checked here."""
-    folders = [version_dir]
-    seen: set[Path] = set()
-    digest = hashlib.blake2b(digest_size=16)
-    while folders:
-        folder = folders.pop()
-        real = folder.resolve()
-        if real in seen:  # a symlink back to a folder walked already
-            continue
-        seen.add(real)
-        for entry in sorted(folder.iterdir()):
-            _refuse_outside(root, entry)
-            if entry.is_dir():
-                folders.append(entry)
-                continue
-            try:
-                status = entry.stat()
-            except OSError as exc:
-                raise _Unservable(f"cannot read {entry}: {exc}") from exc
-            relative = entry.relative_to(version_dir)
-            digest.update(f"{relative}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
-
-
-def _read_config(path: Path) -> tuple[ModelConfig, str]:
-    """The config and a digest of its text. A missing or empty config.yaml means every default."""
-    if not path.exists():
-        return ModelConfig(), ""
-    try:
-        raw = path.read_bytes()
-        digest = hashlib.blake2b(raw, digest_size=16).hexdigest()
-        data = yaml.safe_load(raw.decode("utf-8"))
-    except yaml.YAMLError as exc:
-        raise _Unservable(f"{path} is not valid YAML: {_yaml_problem(exc)}") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _Unservable(f"cannot read {path}: {exc}") from exc
-    return parse_model_config(data, str(path)), digest
-
-
-def parse_model_config(data: object, where: str) -> ModelConfig:
-    """``data`` (a config.yaml's, or a config given with a load call) as a ``ModelConfig``; the
-    error names ``where`` and every field at fault."""
-    if data is None:
-        return ModelConfig()
-    if not isinstance(data, dict):
-        raise _Unservable(f"{where}: expected a mapping of fields, got {type(data).__name__}")
-    try:
-        return ModelConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or '<root>'}: {error['msg']} "
-            f"(got {error['input']!r})"
-            for error in exc.errors()
-        )
-        raise _Unservable(f"{where}: invalid model config: {problems}") from exc
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """One line: where the parser stopped and why (PyYAML's own text spans several lines)."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = " ".join(filter(None, [getattr(exc, "context", None), getattr(exc, "problem", None)]))
-    if mark is None or not problem:
-        return " ".join(str(exc).split())
-    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
-
-
-def _is_version(name: str) -> bool:
-    return name.isdigit() and str(int(name)) == name and int(name) > 0
-
-
-def _versions(root: Path, model_dir: Path) -> tuple[int, ...]:
-    """Integer-named sub-folders, ascending. Other names (``1.bak``, ``latest``) are ignored."""
-    versions = []
-    for entry in model_dir.iterdir():
-        if not entry.is_dir():
-            continue
-        if not _is_version(entry.name):
-            logger.debug("ignoring %s: version folders are positive integers", entry)
-            continue
-        if not entry.resolve().is_relative_to(root.resolve()):
-            raise _Unservable(
-                f"version folder {entry} resolves to {entry.resolve()}, outside the repository {root}"
-            )
-        versions.append(int(entry.name))
-    return tuple(sorted(versions))
