@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from udfserve.runtime.backends.base import BackendModel
 from udfserve.runtime.backends.onnxruntime.errors import CALL_ERRORS, call_error, load_error
 from udfserve.runtime.backends.onnxruntime.session import (
     OnnxRuntimeSettings,
@@ -74,7 +75,7 @@ def _process_settings(where: str) -> OnnxRuntimeSettings:
         return _settings
 
 
-class OnnxRuntimeModel:
+class OnnxRuntimeModel(BackendModel):
     """A loaded graph. ``predict`` is blocking and safe to call from several threads (ONNX Runtime
     runs concurrent calls of one session)."""
 
@@ -92,11 +93,7 @@ class OnnxRuntimeModel:
         graph_dtypes: Mapping[str, str],
         settings: OnnxRuntimeSettings,
     ) -> None:
-        self.name = name
-        self.version = version
-        self.artifact = artifact
-        self.inputs = inputs
-        self.outputs = outputs
+        super().__init__(name=name, version=version, artifact=artifact, inputs=inputs, outputs=outputs)
         self.providers: tuple[str, ...] = tuple(session.get_providers())
         self._session = session
         self._graph_dtypes = dict(graph_dtypes)
@@ -104,20 +101,14 @@ class OnnxRuntimeModel:
         self._settings = settings
 
     def predict(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        missing = [spec.name for spec in self.inputs if spec.name not in inputs]
-        if missing:
-            raise InvalidInput(
-                f"model {self.name!r}: missing input(s) {missing}; expected {[s.name for s in self.inputs]}, "
-                f"received {sorted(inputs)}"
-            )
+        self.require_inputs(inputs)
         feeds = {spec.name: self._feed(spec, inputs[spec.name]) for spec in self.inputs}
         options = run_options(self._settings)
         on_overrun(functools.partial(_terminate, options))  # the server's bound on one call
         try:
             results = self._session.run(self._output_names, feeds, options)
         except CALL_ERRORS as exc:
-            rows = len(inputs[self.inputs[0].name]) if self.inputs else 0
-            raise call_error(self.name, rows, exc) from exc
+            raise call_error(self.name, self.rows(inputs), exc) from exc
         return {
             spec.name: self._answer(spec, result) for spec, result in zip(self.outputs, results, strict=True)
         }
@@ -133,11 +124,8 @@ class OnnxRuntimeModel:
             return _encoded(result)
         return result if result.dtype == spec.dtype else result.astype(spec.dtype)
 
-    def __repr__(self) -> str:
-        return (
-            f"OnnxRuntimeModel(name={self.name!r}, version={self.version}, artifact={str(self.artifact)!r}, "
-            f"providers={list(self.providers)})"
-        )
+    def described(self) -> dict[str, object]:
+        return {"providers": list(self.providers)}
 
 
 class OnnxRuntimeBackend:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
+from udfserve.runtime.backends.base import BackendModel
 from udfserve.runtime.backends.pytorch.archive import (
     ALLOWED_HIGHER_ORDER,
     FILE_OPERATORS,
@@ -49,7 +50,7 @@ from udfserve.runtime.backends.pytorch.specs import (
     torch_dtype,
 )
 from udfserve.runtime.backends.warmup import warm_up
-from udfserve.runtime.errors import BackendFault, InvalidInput, ModelLoadError, ServingError
+from udfserve.runtime.errors import BackendFault, ModelLoadError, ServingError
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.tensor_spec import TensorSpec, numpy_dtype, zeros
 
@@ -66,7 +67,7 @@ ALLOWED_NAMESPACES = frozenset({"aten", "prims"})
 Call = Callable[[list[torch.Tensor]], Any]
 
 
-class PyTorchModel:
+class PyTorchModel(BackendModel):
     """A loaded model. ``predict`` is blocking and safe to call from several threads."""
 
     def __init__(
@@ -84,12 +85,8 @@ class PyTorchModel:
         device: torch.device,
         example_row_shapes: Mapping[str, tuple[int, ...]] | None = None,
     ) -> None:
-        self.name = name
-        self.version = version
+        super().__init__(name=name, version=version, artifact=artifact, inputs=inputs, outputs=outputs)
         self.platform = platform
-        self.artifact = artifact
-        self.inputs = inputs
-        self.outputs = outputs
         self._model_dtypes = tuple(model_dtypes)
         """Per input, the dtype the model takes when config.yaml declares another (None: as given)."""
         self._output_names = tuple(output_names)
@@ -102,13 +99,8 @@ class PyTorchModel:
         calls need one where the program constrains a free dimension (an even length, at least 4)."""
 
     def predict(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        missing = [spec.name for spec in self.inputs if spec.name not in inputs]
-        if missing:
-            raise InvalidInput(
-                f"model {self.name!r}: missing input(s) {missing}; expected {[s.name for s in self.inputs]}, "
-                f"received {sorted(inputs)}"
-            )
-        rows = len(inputs[self.inputs[0].name]) if self.inputs else 0
+        self.require_inputs(inputs)
+        rows = self.rows(inputs)
         try:
             with torch.inference_mode():
                 tensors = [
@@ -141,9 +133,6 @@ class PyTorchModel:
                 f"{len(self._output_names)} ({list(self._output_names)})"
             )
         return dict(zip(self._output_names, flat, strict=True))
-
-    def __repr__(self) -> str:
-        return f"PyTorchModel(name={self.name!r}, version={self.version}, artifact={str(self.artifact)!r})"
 
 
 class PyTorchBackend:

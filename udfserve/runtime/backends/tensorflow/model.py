@@ -25,13 +25,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from udfserve.runtime.backends.base import BackendModel
 from udfserve.runtime.backends.spec_agreement import SpecMismatch, agreed_specs
 from udfserve.runtime.backends.tensorflow.calls import graph_caller, to_numpy, to_tensor
 from udfserve.runtime.backends.tensorflow.errors import call_error
 from udfserve.runtime.backends.tensorflow.framework import enable_memory_growth
 from udfserve.runtime.backends.tensorflow.keras_ranges import embedding_ranges, with_ranges
 from udfserve.runtime.backends.warmup import warm_up
-from udfserve.runtime.errors import InvalidInput, ModelLoadError
+from udfserve.runtime.errors import ModelLoadError
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.tensor_spec import SUPPORTED_DTYPES, TensorSpec, zeros
 
@@ -95,7 +96,7 @@ class _Signature:
     """The values the model takes per integer input, where it implies them (``keras_ranges``)."""
 
 
-class TensorFlowModel:
+class TensorFlowModel(BackendModel):
     """A loaded model. ``predict`` is blocking and safe to call from several threads."""
 
     platform = PLATFORM
@@ -111,11 +112,7 @@ class TensorFlowModel:
         serve: tf.types.experimental.PolymorphicFunction,
         keepalive: Any,
     ) -> None:
-        self.name = name
-        self.version = version
-        self.artifact = artifact
-        self.inputs = inputs
-        self.outputs = outputs
+        super().__init__(name=name, version=version, artifact=artifact, inputs=inputs, outputs=outputs)
         # The traced graph itself: calling it skips the polymorphic function's dispatch (matching
         # the arguments to a trace), 130-180 us of Python per call, which at a few rows per
         # batch is a third of the call.
@@ -127,12 +124,7 @@ class TensorFlowModel:
         self._keepalive = keepalive
 
     def predict(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        missing = [spec.name for spec in self.inputs if spec.name not in inputs]
-        if missing:
-            raise InvalidInput(
-                f"model {self.name!r}: missing input(s) {missing}; expected {[s.name for s in self.inputs]}, "
-                f"received {sorted(inputs)}"
-            )
+        self.require_inputs(inputs)
         try:
             results = self._call(
                 [
@@ -141,12 +133,8 @@ class TensorFlowModel:
                 ]
             )
         except tf.errors.OpError as exc:
-            rows = len(inputs[self.inputs[0].name]) if self.inputs else 0
-            raise call_error(self.name, rows, exc) from exc
+            raise call_error(self.name, self.rows(inputs), exc) from exc
         return {spec.name: to_numpy(results[spec.name]) for spec in self.outputs}
-
-    def __repr__(self) -> str:
-        return f"TensorFlowModel(name={self.name!r}, version={self.version}, artifact={str(self.artifact)!r})"
 
 
 class TensorFlowBackend:

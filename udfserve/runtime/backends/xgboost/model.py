@@ -32,6 +32,7 @@ import xgboost
 from xgboost.core import XGBoostError
 
 from udfserve.runtime.backend_registry import FORMAT_BY_BACKEND
+from udfserve.runtime.backends.base import BackendModel
 from udfserve.runtime.backends.spec_agreement import SpecMismatch
 from udfserve.runtime.backends.warmup import warm_up
 from udfserve.runtime.backends.xgboost import placement
@@ -72,7 +73,7 @@ def _process_settings(where: str) -> XGBoostSettings:
         return _settings
 
 
-class XGBoostModel:
+class XGBoostModel(BackendModel):
     """A loaded booster. ``predict`` is blocking and safe to call from several threads
     (``inplace_predict`` takes no lock, and nothing else is called on the booster once loaded)."""
 
@@ -90,13 +91,9 @@ class XGBoostModel:
         device: str,
         threads: int,
     ) -> None:
-        self.name = name
-        self.version = version
-        self.artifact = artifact
+        super().__init__(name=name, version=version, artifact=artifact, inputs=inputs, outputs=outputs)
         self.platform = f"{PLATFORM}_{artifact.suffix.lstrip('.')}"
         """``xgboost_ubj`` or ``xgboost_json``, the model types of Triton's FIL backend."""
-        self.inputs = inputs
-        self.outputs = outputs
         self.objective = objective
         self.num_features = num_features
         self.device = device
@@ -131,11 +128,8 @@ class XGBoostModel:
             result = result.reshape(expected)  # an empty batch comes back flat
         return {output.name: result if result.dtype == output.dtype else result.astype(output.dtype)}
 
-    def __repr__(self) -> str:
-        return (
-            f"XGBoostModel(name={self.name!r}, version={self.version}, artifact={str(self.artifact)!r}, "
-            f"objective={self.objective!r}, device={self.device!r})"
-        )
+    def described(self) -> dict[str, object]:
+        return {"objective": self.objective, "device": self.device}
 
 
 class XGBoostBackend:
