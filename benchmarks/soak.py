@@ -17,7 +17,9 @@ of the node's shared-memory folder (named, or held open), the supervisor's resta
 the Spark workers' and JVM's memory. After the warm-up (the first sixth of the run: 10 of 60
 minutes; longer if some model and kind had not finished a job by then) memory must not rise by
 1 MiB per 10 minutes on a least-squares line, and descriptors, threads and files must show no
-rising trend (see ``soak_sampling.trend``). ``--quick`` runs 3 minutes, sampled every 5 s.
+rising trend (see ``soak_sampling.trend``). ``--quick`` checks that the script works: 30 s of
+small jobs, sampled every 2 s, at least two rounds of the six model-and-kind jobs whatever the
+time (the second round's samples come after the warm-up, so every trend is computed).
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class Settings:
     """None: one Spark application for the whole run."""
     rows: dict[str, int]
     files: int = 4
+    min_jobs: int = 0
+    """Jobs to run whatever the time (``soak_jobs.Plan.min_jobs``)."""
 
     @property
     def warm_up_s(self) -> float:
@@ -72,9 +76,12 @@ class Settings:
     @classmethod
     def make(cls, quick: bool) -> Settings:
         """A job of either model takes a few seconds here: hundreds of jobs in an hour."""
-        rows = {"tabular_mlp": 200_000, "sequence_bilstm": 20_000}
         if quick:
-            return cls(quick, minutes=3, sample_s=5, application_minutes=None, rows=rows)
+            rows = {"tabular_mlp": 8_192, "sequence_bilstm": 2_048}
+            # two rounds of the 2 models x 3 kinds: each pair's first job ends the warm-up
+            # (``warm_up_end_s``), the second round runs while the trends' samples are taken
+            return cls(quick, minutes=0.5, sample_s=2, application_minutes=None, rows=rows, min_jobs=12)
+        rows = {"tabular_mlp": 200_000, "sequence_bilstm": 20_000}
         return cls(quick, minutes=60, sample_s=30, application_minutes=None, rows=rows)
 
 
@@ -166,6 +173,7 @@ class _Soak:
             client_settings=self._client,
             application=index,
             first_job=self.jobs_done(),
+            min_jobs=self._settings.min_jobs,
         )
         LOGS_DIR.mkdir(parents=True, exist_ok=True)
         log_path = LOGS_DIR / f"soak-spark-{index}.log"
@@ -491,8 +499,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_common_arguments(parser)
-    parser.add_argument("--minutes", type=float, help="how long the jobs run (default 60; 3 with --quick)")
-    parser.add_argument("--sample-s", type=float, help="seconds between samples (default 30; 5 with --quick)")
+    parser.add_argument("--minutes", type=float, help="how long the jobs run (default 60; 0.5 with --quick)")
+    parser.add_argument("--sample-s", type=float, help="seconds between samples (default 30; 2 with --quick)")
     parser.add_argument(
         "--application-minutes",
         type=float,

@@ -37,7 +37,7 @@ class Plan:
     """What one application runs: jobs cycling over the models and the kinds until ``deadline``."""
 
     deadline: float
-    """Seconds since the epoch: no job starts after it."""
+    """Seconds since the epoch: no job starts after it (but see ``min_jobs``)."""
     datasets: dict[str, str]
     """Model -> parquet folder holding ids 0..rows-1."""
     rows: dict[str, int]
@@ -46,6 +46,9 @@ class Plan:
     application: int = 0
     first_job: int = 0
     """Index of this application's first job in the whole soak, so that the cycle goes on."""
+    min_jobs: int = 0
+    """Jobs still start after ``deadline`` until the soak has run this many in all: a short run
+    (``--quick``) still runs every model and kind, however slowly a loaded machine starts Spark."""
 
 
 @dataclass
@@ -120,12 +123,18 @@ def run_one(spark: Any, plan: Plan, index: int) -> JobCheck:
     return check
 
 
+def _more_jobs(plan: Plan, index: int) -> bool:
+    """Whether the ``index``-th job of the soak starts: before the deadline, or while the soak
+    has run fewer than ``min_jobs``."""
+    return time.time() < plan.deadline or index < plan.min_jobs
+
+
 def run_plan(plan: Plan) -> int:
     """Run jobs until the deadline; the number of jobs run."""
     spark = _session(Job(contender=f"soak-{plan.application}", model=""))
     index, failures_in_a_row = plan.first_job, 0
     with open(plan.results_file, "a", encoding="utf-8") as results:
-        while time.time() < plan.deadline and failures_in_a_row < MAX_FAILURES_IN_A_ROW:
+        while _more_jobs(plan, index) and failures_in_a_row < MAX_FAILURES_IN_A_ROW:
             check = run_one(spark, plan, index)
             results.write(json.dumps(asdict(check)) + "\n")
             results.flush()
