@@ -73,10 +73,11 @@ python -m benchmarks.transport          # one comparison (also: batching, cold_s
 ```
 
 The scripts live in `benchmarks/`; each comparison writes a Markdown table, a JSON file and a PNG
-plot to `benchmarks/results/`, with a description of the machine. They need the `bench` extra
-(`pip install -e '.[bench]'`: the dev extra, matplotlib, py-spy for the sampled profiles). Ray Data,
-a contender of the end-to-end comparison, needs the `bench-ray` extra as well
-(`pip install -e '.[bench-ray]'`); without it that comparison runs without Ray and says so.
+plot to `benchmarks/results/`, with a description of the machine. They need the `bench` dependency group
+(`source scripts/venv.sh bench`: the development environment, matplotlib, py-spy for the sampled
+profiles). Ray Data, a contender of the end-to-end comparison, needs the `bench-ray` group as well
+(`pip install --group bench-ray` in the checkout); without it that comparison runs without Ray and
+says so.
 
 **Read ratios, not absolute figures.** The numbers were measured on a shared machine with two cores
 and no GPU, while other work was running: the load average at the start of each comparison is

@@ -1,6 +1,6 @@
 """Ray Data in the end-to-end comparison: its sweep, its tables and its target, beside Spark's.
 
-Ray is heavy and outside the CI run: it comes with the ``bench-ray`` extra, and the comparison
+Ray is heavy and outside the CI run: it comes with the ``bench-ray`` dependency group, and the comparison
 runs it only where ``ray`` is importable. A fair user tunes Ray Data before comparing, so each
 round starts with a small sweep (the actor pool's size, the batch size) and quotes its best (by
 its steady rate); later rounds run that best setting again. Each application alternates a job of
@@ -34,7 +34,7 @@ from benchmarks.spark_job import JobResult
 logger = logging.getLogger(__name__)
 
 LABEL = "Ray Data, map_batches on an actor pool (model in the actors)"
-INSTALL = "pip install -e '.[bench-ray]'"
+INSTALL = "pip install --group bench-ray (in the checkout: a dependency group of pyproject.toml)"
 TARGET_RATIO = 1.0
 POOL_SIZES = (1, 2)
 BATCH_SIZES = (4096, 16384)
@@ -216,7 +216,7 @@ def targets(
 
 
 METHOD = (
-    "Ray Data (`ray[data]`, the `bench-ray` extra) reads the same parquet files and runs the same "
+    "Ray Data (`ray[data]`, the `bench-ray` group) reads the same parquet files and runs the same "
     "`model.keras` through the same `tf.function` in `map_batches` with a callable class (the model "
     "loaded once in each actor's constructor) on a fixed actor pool "
     "(`compute=ActorPoolStrategy(size=N)`), Arrow batches in and out (`batch_format='pyarrow'`, the "

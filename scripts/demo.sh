@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The server extra brings TensorFlow, which the CPU fallback of the demo's executors uses too.
-source scripts/venv.sh "server,spark"
+# The demo's example models are TensorFlow's: its server and its executors' CPU fallback both use the
+# tensorflow extra.
+source scripts/venv.sh "server,tensorflow,spark"
 exec .venv/bin/udfserve demo "$@"

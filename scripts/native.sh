@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build the native KServe front end (--kserve-frontend native) into the installed package.
 # It compiles against the system's grpc++ and protobuf: when they are missing and this shell may
-# install Debian packages (root, or sudo without a password), they are installed first.
+# install Debian packages (root, or sudo without a password), they are installed first. The package
+# build (pip install) compiles it too where they are present; this script is for a machine where they
+# were not, and skips a build that is up to date.
 # Run by scripts/test.sh; by hand: bash scripts/native.sh (after scripts/venv.sh has made .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,9 @@
 # shellcheck shell=bash
 # Sourced by demo.sh and test.sh: create .venv if absent, make it this shell's environment,
-# and install the project with the extras named in $1 ("server,spark" or "dev"), saying what
-# is installed and how long it takes: the first install downloads TensorFlow and PySpark.
+# and install the project with the extras named in $1 ("server,tensorflow,spark"), or for "dev"
+# and "bench" with every extra that runs on a CPU machine and the dependency group of that name
+# (pyproject.toml), saying what is installed and how long it takes: the first install downloads
+# TensorFlow and PySpark.
 PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   echo "creating .venv with $("$PYTHON" --version 2>&1) ($PYTHON)" >&2
@@ -14,9 +16,17 @@ export PATH="$VIRTUAL_ENV/bin:$PATH"
 export PYSPARK_PYTHON="$VIRTUAL_ENV/bin/python"
 export PYSPARK_DRIVER_PYTHON="$VIRTUAL_ENV/bin/python"
 
+# The development environment: every extra that runs without a GPU (torch and xgboost come as their CPU
+# builds through the dev group), then the group's test, lint and code-generation tools.
+DEV_EXTRAS="server,tensorflow,spark,kserve,native,onnx,tracing,text"
+case "$1" in
+  dev|bench) extras="$DEV_EXTRAS"; group="$1" ;;
+  *) extras="$1"; group="" ;;
+esac
+
 # Sizes measured on Linux x86-64, Python 3.11 (docs/installing.md, "What gets installed").
 case "$1" in
-  server,spark)
+  server,tensorflow,spark)
     what="60 packages, about 2.9 GB: TensorFlow 1.9 GB, PySpark with its jars 491 MB, pyarrow 170 MB, pandas 79 MB, numpy 72 MB, libclang 61 MB (a TensorFlow dependency), Keras, gRPC and 49 smaller ones"
     took="a few minutes (about 3 on a 2-core machine), most of it downloading and unpacking TensorFlow and PySpark" ;;
   dev)
@@ -30,7 +40,7 @@ esac
 # libraries are several GB. On a machine without a GPU the CPU build is installed first, from
 # PyTorch's CPU index (TORCH_CPU_INDEX; pip's own indexes and find-links are searched too), and
 # the project's install then finds torch there. docs/installing.md, "PyTorch".
-TORCH_VERSION="2.13.0"  # the dev extra's pin (pyproject.toml)
+TORCH_VERSION="2.13.0"  # the dev group's pin (pyproject.toml)
 TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
 
 has_gpu() {
@@ -63,13 +73,14 @@ warn_of_cuda_packages() {
 }
 
 # Installed once already with these extras: pip only checks them, quietly.
+installing="udfserve[$extras]${group:+ with the $group group}"
 stamp=".venv/.udfserve-installed-${1//,/-}"
 started=$SECONDS
 if [ -e "$stamp" ]; then
-  echo "checking udfserve[$1] in .venv (installed before)" >&2
+  echo "checking $installing in .venv (installed before)" >&2
   quiet="--quiet"
 else
-  echo "installing udfserve[$1] into .venv: $what." >&2
+  echo "installing $installing into .venv: $what." >&2
   if [ -n "$took" ]; then
     echo "The first install takes $took; pip lists each package as it goes." >&2
   fi
@@ -77,7 +88,7 @@ else
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 install_torch_cpu_build "$1"
-.venv/bin/python -m pip install $quiet -e ".[$1]"
+.venv/bin/python -m pip install $quiet -e ".[$extras]" ${group:+--group "$group"}
 warn_of_cuda_packages
 touch "$stamp"
-echo "udfserve[$1] is installed in .venv ($((SECONDS - started)) s)" >&2
+echo "$installing is installed in .venv ($((SECONDS - started)) s)" >&2

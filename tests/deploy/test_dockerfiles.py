@@ -94,7 +94,7 @@ def test_both_images_share_the_python_base() -> None:
 
 
 def test_server_image_brings_cuda_as_tensorflow_wheels_by_default() -> None:
-    """No CUDA base image: tensorflow[and-cuda] pulls CUDA and cuDNN, within the server extra's pin."""
+    """No CUDA base image: tensorflow[and-cuda] pulls CUDA and cuDNN, within the tensorflow extra's pin."""
     [tensorflow_extra] = [
         i.arguments.partition("=")[2]
         for i in instructions("server", "ARG")
@@ -103,8 +103,8 @@ def test_server_image_brings_cuda_as_tensorflow_wheels_by_default() -> None:
     assert tensorflow_extra == "and-cuda"
     [install] = [r for r in instructions("server", "RUN") if "pip install" in r.arguments]
     assert '"tensorflow[${TENSORFLOW_EXTRA}]"' in install.arguments
-    assert ".[server,native]" in install.arguments, (
-        "the server extra's tensorflow pin applies to the same install"
+    assert ".[server,tensorflow,native]" in install.arguments, (
+        "the tensorflow extra's pin applies to the same install"
     )
 
 

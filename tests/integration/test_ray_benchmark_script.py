@@ -11,7 +11,7 @@ import json
 import pytest
 from benchmark_script import run_module
 
-pytest.importorskip("ray", reason="ray is the bench-ray extra: pip install -e '.[bench-ray]'")
+pytest.importorskip("ray", reason="ray is the bench-ray group: pip install --group bench-ray")
 
 
 @pytest.mark.slow

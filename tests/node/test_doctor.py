@@ -182,7 +182,7 @@ def test_a_framework_missing_from_this_environment_names_the_models_that_need_it
     line = run.line_of("tensorflow")
     assert line.startswith("WARN  tensorflow: not installed ('tensorflow' cannot be imported)")
     assert "model tabular_mlp of the node's repository needs it: the CPU fallback here cannot run it" in line
-    assert "fix: pip install 'udfserve[server]' in this environment" in line
+    assert "fix: pip install 'udfserve[tensorflow]' in this environment" in line
     assert run.line_of("onnxruntime").startswith("ok    onnxruntime: onnxruntime is installed")
 
 

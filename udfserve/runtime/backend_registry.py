@@ -49,7 +49,7 @@ FORMATS = (
         # legacy HDF5 files too: the TensorFlow backend refuses them, saying how to convert them
         ("model.keras", "*.keras", "saved_model.pb", "*.h5", "*.hdf5"),
         "tensorflow",
-        "server",
+        "tensorflow",
         "a Keras file or a SavedModel",
         "model.keras or a SavedModel",
         "TensorFlow",

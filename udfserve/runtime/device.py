@@ -41,7 +41,8 @@ def pin_device(device: str) -> None:
     Must run before ``import tensorflow``: afterwards the device list is fixed for the process.
     """
     visible = visible_devices_for(device)
-    if "tensorflow" in sys.modules:
+    # None in sys.modules marks a module that cannot be imported here, not one that was
+    if sys.modules.get("tensorflow") is not None:
         raise RuntimeError(
             f"cannot pin the process to {device!r}: tensorflow is already imported, so "
             "CUDA_VISIBLE_DEVICES would be ignored; call pin_device before importing tensorflow"

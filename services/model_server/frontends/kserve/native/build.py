@@ -104,14 +104,18 @@ def _toolchain_versions(gxx: str, protoc: str) -> str:
     return "\n".join(versions)
 
 
-def _imports() -> bool:
-    """Whether the built module loads, in a fresh interpreter (a library it links may be gone)."""
+def _imports(target: Path) -> bool:
+    """Whether the built module loads, in a fresh interpreter (a library it links may be gone).
+    It is loaded from its file, so that the check also runs where the package is not installed
+    yet (the package build's own environment)."""
     probe = subprocess.run(
         [
             sys.executable,
             "-c",
-            "from udfserve.services.model_server.frontends.kserve.native import load_frontend_module; "
-            "load_frontend_module()",
+            "import importlib.util, sys; "
+            f"spec = importlib.util.spec_from_file_location({MODULE_NAME!r}, sys.argv[1]); "
+            "spec.loader.exec_module(importlib.util.module_from_spec(spec))",
+            str(target),
         ],
         capture_output=True,
         check=False,
@@ -120,7 +124,8 @@ def _imports() -> bool:
 
 
 def build(work: Path, force: bool = False) -> Path:
-    """Compile the module into this package's folder (unless up to date); its path."""
+    """Compile the module into this package's folder (unless up to date); its path. The package
+    build (setup.py) calls it too, and copies the module into the wheel or editable install."""
     descriptors = descriptor_set()
     include = [
         *(f"-I{path}" for path in (sysconfig.get_paths()["include"], _pybind11_include())),
@@ -130,14 +135,17 @@ def build(work: Path, force: bool = False) -> Path:
     gxx = _tool("g++")
     protoc = _tool("protoc")
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), descriptors, " ".join([*CXX_FLAGS, *include, *libs]).encode()):
+    # pybind11 counts by its version (_toolchain_versions), not its folder: a package build's pybind11
+    # lives in a new temporary environment each time
+    flags = [*CXX_FLAGS, *(flag for flag in include if flag != f"-I{_pybind11_include()}"), *libs]
+    for part in (SOURCE.read_bytes(), descriptors, " ".join(flags).encode()):
         digest.update(part)
     digest.update(_toolchain_versions(gxx, protoc).encode())
     stamp = digest.hexdigest()
     target = module_path()
     stamp_file = target.with_suffix(".stamp")
     up_to_date = target.exists() and stamp_file.exists() and stamp_file.read_text() == stamp
-    if not force and up_to_date and _imports():
+    if not force and up_to_date and _imports(target):
         logger.info("%s is up to date", target.name)
         return target
 
