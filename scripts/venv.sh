@@ -88,7 +88,13 @@ else
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 install_torch_cpu_build "$1"
-.venv/bin/python -m pip install $quiet -e ".[$extras]" ${group:+--group "$group"}
+# The package build compiles the native KServe front end where the system's grpc++ is (about a minute):
+# only for installs that ask for it (the native extra), unless UDFSERVE_NATIVE_BUILD says otherwise.
+case ",$extras," in
+  *,native,*) native_build="${UDFSERVE_NATIVE_BUILD:-auto}" ;;
+  *) native_build="${UDFSERVE_NATIVE_BUILD:-off}" ;;
+esac
+UDFSERVE_NATIVE_BUILD="$native_build" .venv/bin/python -m pip install $quiet -e ".[$extras]" ${group:+--group "$group"}
 warn_of_cuda_packages
 touch "$stamp"
 echo "$installing is installed in .venv ($((SECONDS - started)) s)" >&2
