@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -44,6 +45,32 @@ def running_server(
         yield process
     finally:
         process.terminate()
+
+
+@contextmanager
+def running_server_without(
+    modules: Sequence[str],
+    repository: Path,
+    socket_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+) -> Iterator[ServerProcess]:
+    """A server whose Python cannot import ``modules``, as where their extra is not installed.
+
+    A second environment without them would be a copy of several GB made for one test; instead a
+    ``sitecustomize`` module, which Python imports at start-up from the first folder of
+    ``PYTHONPATH`` holding one, puts ``None`` into ``sys.modules`` for each: Python's own way of
+    making a module unimportable (``import`` raises ImportError, ``importlib.util.find_spec``
+    answers None), exactly what a process without the package sees, before any server code runs.
+    """
+    blocker_dir = tmp_path_factory.mktemp(f"{name}-imports")
+    lines = ["import sys", *(f"sys.modules[{module!r}] = None" for module in modules)]
+    (blocker_dir / "sitecustomize.py").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path = os.pathsep.join(filter(None, [str(blocker_dir), os.environ.get("PYTHONPATH", "")]))
+    with running_server(
+        repository, socket_dir, tmp_path_factory, name, env={**os.environ, "PYTHONPATH": path}
+    ) as process:
+        yield process
 
 
 def module_server(name: str, extra_args: Sequence[str] = (), **launch: Any) -> Any:

@@ -1,18 +1,12 @@
 """A model whose backend is not installed is reported at start-up by name, with the extra that
 installs it, and the server serves its other models.
 
-The server runs in a real child process whose Python cannot import onnxruntime. The test
-environment has onnxruntime installed (the other tests need it), and a second environment
-without it would be a copy of several GB made for one test; instead a ``sitecustomize`` module,
-which Python imports at start-up from the first folder of ``PYTHONPATH`` holding one, puts
-``None`` into ``sys.modules["onnxruntime"]``: Python's own way of making a module unimportable
-(``import`` raises ImportError, ``importlib.util.find_spec`` answers None), exactly what a
-process without the package sees, before any code of the server runs.
+The server runs in a real child process whose Python cannot import onnxruntime
+(``running_server_without``), while this test's environment has it (the other tests need it).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,15 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx_graphs import scored_graph, write_model
-from server_harness import batch_of, http_json, request, running_server, stream_predict
+from server_harness import batch_of, http_json, request, running_server_without, stream_predict
 
 from udfserve.services.model_server.launcher import ServerProcess
-
-BLOCKER = '''"""Makes onnxruntime unimportable here, as where the onnx extra is not installed."""
-import sys
-
-sys.modules["onnxruntime"] = None
-'''
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +26,8 @@ def server_without_onnxruntime(
     repository = tmp_path_factory.mktemp("mixed_backends")
     shutil.copytree(example_repository / "tabular_mlp", repository / "tabular_mlp")
     write_model(repository, "scored", scored_graph())
-    blocker_dir = tmp_path_factory.mktemp("no_onnxruntime")
-    (blocker_dir / "sitecustomize.py").write_text(BLOCKER, encoding="utf-8")
-    path = os.pathsep.join(filter(None, [str(blocker_dir), os.environ.get("PYTHONPATH", "")]))
-    with running_server(
-        repository, socket_dir, tmp_path_factory, "no-onnxruntime", env={**os.environ, "PYTHONPATH": path}
+    with running_server_without(
+        ["onnxruntime"], repository, socket_dir, tmp_path_factory, "no-onnxruntime"
     ) as process:
         yield process
 

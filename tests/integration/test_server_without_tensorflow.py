@@ -4,15 +4,11 @@ extra that installs TensorFlow.
 
 TensorFlow is an extra of its own and the KServe messages are the project's own generated code,
 so an ONNX-only node does not install 1.8 GiB it never imports, nor tritonclient. The server runs
-in a real child process whose Python cannot import either: a ``sitecustomize`` module puts
-``None`` into ``sys.modules`` for both before any code of the server runs (Python's own way of
-making a module unimportable; tests/integration/test_backend_not_installed.py says why this and
-not a second environment of several GB).
+in a real child process whose Python cannot import either (``running_server_without``).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,18 +17,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 from onnx_graphs import SCORED_TABLE_ROWS, scored_graph, write_model
-from server_harness import batch_of, http_json, request, running_server, stream_predict
+from server_harness import batch_of, http_json, request, running_server_without, stream_predict
 
 from udfserve.services.model_server.launcher import ServerProcess
 
 pytestmark = pytest.mark.integration
 
-BLOCKER = '''"""Makes TensorFlow and tritonclient unimportable, as in udfserve[server,onnx]."""
-import sys
-
-sys.modules["tensorflow"] = None
-sys.modules["tritonclient"] = None
-'''
 ROWS = 6
 
 
@@ -43,11 +33,8 @@ def onnx_only_server(
     repository = tmp_path_factory.mktemp("onnx_only")
     shutil.copytree(example_repository / "tabular_mlp", repository / "tabular_mlp")
     write_model(repository, "scored", scored_graph())
-    blocker_dir = tmp_path_factory.mktemp("no_tensorflow")
-    (blocker_dir / "sitecustomize.py").write_text(BLOCKER, encoding="utf-8")
-    path = os.pathsep.join(filter(None, [str(blocker_dir), os.environ.get("PYTHONPATH", "")]))
-    with running_server(
-        repository, socket_dir, tmp_path_factory, "onnx-only", env={**os.environ, "PYTHONPATH": path}
+    with running_server_without(
+        ["tensorflow", "tritonclient"], repository, socket_dir, tmp_path_factory, "onnx-only"
     ) as process:
         yield process
 
