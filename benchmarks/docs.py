@@ -49,6 +49,7 @@ FINAL_SECTIONS = (
     ("text_backpressure", "12. Back-pressure: the demo's text job"),
     ("tracing_cost", "13. Tracing: what spans cost"),
     ("xgboost_scoring", "14. Gradient-boosted trees: XGBoost in Spark"),
+    ("null_model", "15. The serving path's own cost: a null model"),
 )
 """Comparisons rendered after the cluster on paper (section 10). ``text_backpressure`` runs outside
 ``run_all``: it compares this tree with another checkout (``--baseline``). ``tracing_cost`` runs

@@ -7,13 +7,15 @@ On a GPU node the model's arithmetic leaves the host; what stays on its CPU is t
 (Spark's hand-off to its Python workers, Arrow, the transport, the server's decode, batching and
 encode), and for small and medium models that path bounds the node's rows per second. A null
 model (``benchmarks.null_models``: an ONNX ``Slice``) leaves only that path to measure, and its
-model-less floor (the slice in the worker: a pandas UDF for the pandas path, ``mapInArrow`` for
-the Arrow paths, a ``mapInArrow`` reading the files with pyarrow for ``predict_files``) is what
-Spark's own hand-off to Python costs. The ratio of the two is what the serving path keeps of it.
+model-less floor (the slice in the worker: a pandas UDF for the pandas path, an ``arrow_udf`` for
+``remote_predict(udf_type='arrow')``, ``mapInArrow`` for ``predict_arrow``, a ``mapInArrow``
+reading the files with pyarrow for ``predict_files``) is what Spark's own hand-off to Python
+costs. The ratio of the two is what the serving path keeps of it.
 
 One model server (the project's launcher: unix socket, shared memory as the client's defaults)
 and one Spark application (``benchmarks.null_model_job``: local[2], a cached DataFrame, a
-``noop`` sink) run every contender in rounds of alternating order.
+``noop`` sink) run every contender in rounds of alternating order. The full run scores 2,000,000
+rows (``null_wide`` 1/16 of them); ``UDFSERVE_NULL_MODEL_ROWS`` sets another count.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ LABELS = {
     "predict_arrow": "predict_arrow (mapInArrow)",
     "predict_files": "predict_files (pyarrow reads in the workers)",
     "pandas_udf": "floor: pandas UDF, slice in the worker",
+    "arrow_udf": "floor: arrow_udf, slice in the worker",
     "map_in_arrow": "floor: mapInArrow, slice in the worker",
     "map_in_arrow_files": "floor: mapInArrow, pyarrow reads + slice in the worker",
 }
@@ -138,7 +141,7 @@ def payload_bytes(model: NullModel, contender: str, file_bytes_per_row: float) -
     8-byte ``id`` included; validity bitmaps left out): JVM to worker, worker to JVM, to and from
     the server, and parquet read in the worker."""
     features, prediction, row_id = model.input_bytes_per_row + 4, model.output_bytes_per_row + 4, 8
-    if contender in ("remote_predict", "remote_predict_arrow", "pandas_udf"):
+    if contender in ("remote_predict", "remote_predict_arrow", "pandas_udf", "arrow_udf"):
         # a scalar UDF: only its argument goes to the worker, only its answer comes back
         hand_off = (features, prediction)
     elif contender in ("predict_arrow", "map_in_arrow"):
@@ -173,8 +176,9 @@ def _tables(measured: dict[str, Any], file_bytes: dict[str, int], settings: Sett
         ],
     )
     cpu = Table(
-        "CPU seconds per million rows by process, in the run quoted (two cores: at most 2 CPU-s a second)",
-        ["model", "contender", *GROUPS, "total", "server ÷ workers", "cores busy"],
+        "CPU seconds per million rows by process, in the run quoted (two cores: at most 2 CPU-s a second; "
+        "*cores busy* well under 2 means the run waited on other work of the machine)",
+        ["model", "contender", *GROUPS, "total", "total ÷ floor's", "server ÷ workers", "cores busy"],
     )
     bytes_table = Table(
         "payload bytes per row, counted from the schema (Arrow's list offsets and the id included)",
@@ -213,6 +217,10 @@ def _tables(measured: dict[str, Any], file_bytes: dict[str, int], settings: Sett
                     "contender": LABELS[contender],
                     **per_million,
                     "total": sum(per_million.values()),
+                    "total ÷ floor's": sum(per_million.values())
+                    / sum(cpu_per_million(by_model, floor).values())
+                    if floor
+                    else None,
                     "server ÷ workers": per_million["model server"] / per_million["Python workers"]
                     if contender in PATHS
                     else None,
@@ -285,8 +293,8 @@ def _result(
         f"{BATCH_ROWS:,} rows, a cached DataFrame per model: {rows}; `null_wide` has "
         f"1/{WIDE_ROWS_DIVISOR} of the rows, the same bytes) run each udfserve path beside its floor, "
         "the same kind of UDF doing the slice in the worker with no server: a pandas UDF for "
-        "`remote_predict`, `mapInArrow` for "
-        "`remote_predict(udf_type='arrow')` and `predict_arrow`, and for `predict_files` (which reads the "
+        "`remote_predict`, an `arrow_udf` for `remote_predict(udf_type='arrow')` (which is one), "
+        "`mapInArrow` for `predict_arrow`, and for `predict_files` (which reads the "
         f"parquet files, {settings.files} of {BATCH_ROWS:,}-row groups, with pyarrow in its workers) a "
         "`mapInArrow` reading the same files with pyarrow and slicing. The client asks for "
         f"{BATCH_ROWS:,} rows and at most {BYTES_PER_REQUEST >> 20} MiB a request (`null_slice`: whole "

@@ -24,11 +24,23 @@ def first_values(rows: pa.Array, kept: int) -> pa.ListArray:
     return pa.ListArray.from_arrays(offsets, values)
 
 
+def sliced_arrays(kept: int) -> Callable[[Iterator[pa.Array]], Iterator[pa.Array]]:
+    """An iterator ``arrow_udf`` function: each batch's first ``kept`` values of its rows (the floor
+    of ``remote_predict(udf_type='arrow')``, an ``arrow_udf`` of the same form)."""
+
+    # Spark infers the iterator form from these hints
+    def slice_arrays(arrays: Iterator[pa.Array]) -> Iterator[pa.Array]:
+        for rows in arrays:
+            yield first_values(rows, kept)
+
+    return slice_arrays
+
+
 def sliced_batches(
     column: str, kept: int, output: str
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A ``mapInArrow`` function: each batch with ``output`` appended, ``column``'s first ``kept``
-    values (the floor of ``predict_arrow`` and of ``remote_predict(udf_type='arrow')``)."""
+    values (the floor of ``predict_arrow``)."""
 
     def slice_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:

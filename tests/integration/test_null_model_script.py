@@ -10,7 +10,7 @@ import pytest
 from benchmark_script import run_quick
 
 PATHS = {"remote_predict", "remote_predict_arrow", "predict_arrow", "predict_files"}
-FLOORS = {"pandas_udf", "map_in_arrow", "map_in_arrow_files"}
+FLOORS = {"pandas_udf", "arrow_udf", "map_in_arrow", "map_in_arrow_files"}
 KEPT = {"null_slice": 8, "null_wide": 1024}
 
 
