@@ -42,6 +42,10 @@ REMOTE_CONTENDERS = ("remote_predict", "remote_predict_arrow")
 SHORT_NAMES = {**TARGET_NAMES, "predict_batch_udf": "predict_batch_udf"}
 FILES_IN_SMALLEST = 4
 """The smallest size is this many files; a larger size is more files of the same rows."""
+QUICK_SIZES = (8_192, 16_384)
+"""The quick mode's sizes of tabular_mlp, the least that runs every path: the smallest and one
+larger size that the targets compare with it, files of 2,048 rows; six applications (three
+contenders at two sizes) of a few seconds' work each."""
 TARGET_SPEED_HOLD = 0.10
 """rows/s at the largest size at most this fraction under rows/s at the smallest. One-sided: a
 larger job that runs faster has not lost scale, the smallest has spread its fixed costs (planning
@@ -64,7 +68,7 @@ class Settings:
     @classmethod
     def make(cls, quick: bool) -> Settings:
         if quick:
-            return cls(quick, {"tabular_mlp": (20_000, 40_000, 80_000)})
+            return cls(quick, {"tabular_mlp": QUICK_SIZES})
         return cls(
             quick,
             {
@@ -336,8 +340,9 @@ def _result(points: list[Point], settings: Settings, duration_s: float) -> Compa
     sizes = "; ".join(
         f"{model} at {', '.join(f'{s:,}' for s in sizes)} rows" for model, sizes in settings.sizes.items()
     )
+    count = {2: "two", 3: "three"}.get(len(next(iter(settings.sizes.values()))), "several")
     method = (
-        f"The same Spark job at three sizes ({sizes}), through udfserve's `remote_predict` (pandas UDF and "
+        f"The same Spark job at {count} sizes ({sizes}), through udfserve's `remote_predict` (pandas UDF and "
         "`udf_type='arrow'`) and Spark's `predict_batch_udf` (the model in the worker, batch_size 4,096). "
         "Every point is its own Spark application (local[2], Arrow batches of 16,384 rows, `noop` sink) and, "
         "for udfserve, its own model server started fresh for it (the example model, client defaults), so "
