@@ -92,6 +92,18 @@ def text_graph() -> ModelProto:
     return model_of(graph)
 
 
+def casting_graph() -> ModelProto:
+    """A string input ``text`` (batch, 1) cast to float ``value`` (batch, 1): ``"1.5"`` is 1.5, and
+    a string that is no number (the empty string included) fails the call."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["text"], ["value"], to=TensorProto.FLOAT)],
+        "casting",
+        [helper.make_tensor_value_info("text", TensorProto.STRING, ["batch", 1])],
+        [helper.make_tensor_value_info("value", TensorProto.FLOAT, ["batch", 1])],
+    )
+    return model_of(graph)
+
+
 def custom_op_graph() -> ModelProto:
     """A graph whose one node is an operator of a custom domain, which no library registers."""
     graph = helper.make_graph(

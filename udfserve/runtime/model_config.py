@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from udfserve.runtime.backend_registry import FORMAT_BY_BACKEND, MODEL_FILES_TEXT
 from udfserve.runtime.tensor_spec import TensorSpec, WholeNumber
+from udfserve.runtime.warmup_config import WarmupConfig, warmup_of
 
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 DEFAULT_QUEUE_BATCHES = 64
@@ -203,7 +204,10 @@ class ModelConfig(BaseModel):
         "inputs of the model file (the tokenizer's outputs), not the public string input",
     )
     outputs: tuple[TensorSpec, ...] | None = None
-    warmup: bool = True
+    warmup: WarmupConfig = Field(
+        default_factory=WarmupConfig,
+        description="true (synthetic warm-up), false (none), or a section naming sample inputs",
+    )
     preprocess: TextPreprocess | None = Field(
         default=None, description="tokenize a string input on the server before the model runs"
     )
@@ -212,6 +216,11 @@ class ModelConfig(BaseModel):
     @classmethod
     def _safe_name(cls, value: str | None) -> str | None:
         return None if value is None else validate_model_name(value)
+
+    @field_validator("warmup", mode="before")
+    @classmethod
+    def _warmup_flag(cls, value: object) -> object:
+        return warmup_of(value)
 
     @field_validator("backend")
     @classmethod

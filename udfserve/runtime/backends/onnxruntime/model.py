@@ -164,13 +164,13 @@ class OnnxRuntimeBackend:
             graph_dtypes={spec.name: spec.dtype for spec in (*graph_inputs, *graph_outputs)},
             settings=settings,
         )
-        if source.config.warmup:
-            warm_up(
-                model,
-                lambda rows: {spec.name: zeros(spec, rows) for spec in inputs},
-                source.config.max_batch_size,
-                f"{where} ({artifact.name})",
-            )
+        warm_up(
+            model,
+            lambda rows: {spec.name: zeros(spec, rows) for spec in inputs},
+            source.config.warmup,
+            source.config.max_batch_size,
+            f"{where} ({artifact.name})",
+        )
         return model
 
 

@@ -151,13 +151,13 @@ class PyTorchBackend:
                 model = self._load_exported(source, artifact)
             else:
                 model = self._load_script(source, artifact)
-            if source.config.warmup:
-                warm_up(
-                    model,
-                    functools.partial(_warmup_inputs, model.inputs, model.example_row_shapes),
-                    source.config.max_batch_size,
-                    f"{where} ({artifact.name})",
-                )
+            warm_up(
+                model,
+                functools.partial(_warmup_inputs, model.inputs, model.example_row_shapes),
+                source.config.warmup,
+                source.config.max_batch_size,
+                f"{where} ({artifact.name})",
+            )
         except ArchiveRefused as exc:  # its message goes on from the file's name
             raise ModelLoadError(f"{where}: {artifact} {exc}") from exc
         except SpecMismatch as exc:

@@ -167,13 +167,13 @@ class TensorFlowBackend:
                 serve=serve,
                 keepalive=signature.keepalive,
             )
-            if source.config.warmup:
-                warm_up(
-                    model,
-                    functools.partial(_zeros, inputs),
-                    source.config.max_batch_size,
-                    f"{where} ({artifact.name})",
-                )
+            warm_up(
+                model,
+                functools.partial(_zeros, inputs),
+                source.config.warmup,
+                source.config.max_batch_size,
+                f"{where} ({artifact.name})",
+            )
         except SpecMismatch as exc:
             raise ModelLoadError(f"{where} ({artifact}): {exc}") from exc
         except ModelLoadError:

@@ -165,13 +165,13 @@ class XGBoostBackend:
             device=chosen.device,
             threads=threads,
         )
-        if source.config.warmup:
-            warm_up(
-                model,
-                lambda rows: {spec.name: zeros(spec, rows) for spec in specs.inputs},
-                source.config.max_batch_size,
-                f"{where} ({artifact.name})",
-            )
+        warm_up(
+            model,
+            lambda rows: {spec.name: zeros(spec, rows) for spec in specs.inputs},
+            source.config.warmup,
+            source.config.max_batch_size,
+            f"{where} ({artifact.name})",
+        )
         return model
 
 
