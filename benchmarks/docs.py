@@ -62,14 +62,14 @@ udfserve side by side with what data teams use today. Every comparison runs all 
 in one run, on the same model and data, and is regenerated with one command:
 
 ```
-python -m benchmarks.run_all            # everything, about 2 h 20 min (the soak 60 min,
+python -m benchmarks.run_all            # everything, about 2 h 40 min (the soak 60 min,
                                         # end-to-end with Ray Data 34, scaling 19,
-                                        # backends 14); rewrites this page
+                                        # the null model 17, backends 14); rewrites this page
 python -m benchmarks.run_all --quick    # small and short, to check that the scripts work;
                                         # writes to benchmarks/results/tmp/quick/ only
 python -m benchmarks.transport          # one comparison (also: batching, cold_start,
                                         # spark_e2e, footprint, backends, scaling, fairness,
-                                        # xgboost_scoring, soak --minutes N); then
+                                        # xgboost_scoring, null_model, soak --minutes N); then
                                         # python -m benchmarks.docs
 ```
 
