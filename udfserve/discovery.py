@@ -98,6 +98,12 @@ class NodeDiscovery(BaseModel):
         default=None, description="the repository the servers load; the CPU fallback reads it too"
     )
     metrics_targets_file: str | None = None
+    fallback_reports_dir: str | None = Field(
+        default=None,
+        description="the folder where Spark clients report the rows their CPU fallback answered on this "
+        "node, which the supervisor exports (udfserve.fallback_reports); None: a node that does not "
+        "count them",
+    )
     updated_at: float = Field(
         default_factory=time.time,
         description="when the supervisor last wrote the file (seconds since the epoch)",

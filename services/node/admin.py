@@ -4,7 +4,8 @@ accepts it), ``/health/live``, ``/health/ready``.
 A standard-library HTTP server on a thread: the supervisor imports neither TensorFlow nor a
 web framework, so it starts in a fraction of a second and stays small. It exports only what
 the supervisor knows (restarts, which servers are ready, when it last wrote the discovery file);
-each server exports its own figures.
+each server exports its own figures, and the rows the Spark clients' CPU fallback answered on
+the node come from the clients' reports (``fallback_metrics.py``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import gzip_accepted
+
+from udfserve.services.node.fallback_metrics import FallbackRows
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +29,15 @@ logger = logging.getLogger(__name__)
 class SupervisorMetrics:
     """Metrics of the supervisor process, in a registry of their own."""
 
-    def __init__(self, devices: list[str], discovery_stale_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        devices: list[str],
+        discovery_stale_after_s: float | None = None,
+        fallback_reports_dir: Path | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        if fallback_reports_dir is not None:
+            self.registry.register(FallbackRows(fallback_reports_dir))
         self.restarts = Counter(
             "udfserve_server_restarts",
             "Model servers started again after they exited or failed to start, by device.",

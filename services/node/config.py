@@ -28,6 +28,7 @@ from udfserve.discovery import (
     default_discovery_path,
     default_runtime_dir,
 )
+from udfserve.fallback_reports import FALLBACK_REPORTS_DIR_NAME
 from udfserve.runtime.model_config import validate_model_name
 from udfserve.services.model_server.config import ServerConfig, is_loopback
 from udfserve.services.model_server.shared_settings import SHARED_SETTINGS, SharedServerSettings
@@ -277,6 +278,11 @@ class NodeConfig(SharedServerSettings):
         return self.runtime_dir / "prometheus-targets.json"
 
     @property
+    def fallback_reports_dir(self) -> Path:
+        """Where the Spark clients report the rows their CPU fallback answered (``fallback_metrics``)."""
+        return self.runtime_dir / FALLBACK_REPORTS_DIR_NAME
+
+    @property
     def log_dir(self) -> Path:
         return self.runtime_dir / "logs"
 
@@ -287,7 +293,7 @@ class NodeConfig(SharedServerSettings):
     def server_flags(self, device: DeviceSlot) -> list[str]:
         """The flags the node gives the server on ``device`` beyond those of ``launch_server``
         (repository, device, socket, ports, ready file, lifeline); ``--server-args`` follow them."""
-        flags = [word for name in SHARED_SETTINGS for word in (flag_name(name), str(getattr(self, name)))]
+        flags = [word for name in SHARED_SETTINGS for word in shared_flag(name, getattr(self, name))]
         flags += ["--host", self.server_host, "--http-host", self.server_http_host]
         if self.allow_insecure_remote:
             flags.append("--allow-insecure-remote")
@@ -296,3 +302,13 @@ class NodeConfig(SharedServerSettings):
         if self.models:
             flags += ["--models", ",".join(self.models)]
         return flags
+
+
+def shared_flag(name: str, value: object) -> list[str]:
+    """The server's flag for the node's value of a shared setting: none for an unset one (the
+    server's default is the same None), ``--x`` / ``--no-x`` for a switch, else ``--x VALUE``."""
+    if value is None:
+        return []
+    if isinstance(value, bool):
+        return [flag_name(name) if value else "--no-" + flag_name(name).removeprefix("--")]
+    return [flag_name(name), str(value)]

@@ -59,6 +59,7 @@ class NodePublisher:
             supervisor_pid=os.getpid(),
             model_repository=str(config.model_repository),
             metrics_targets_file=str(config.targets_path),
+            fallback_reports_dir=str(config.fallback_reports_dir),
             heartbeat_s=config.discovery_heartbeat_s,
             stale_after_s=config.discovery_stale_after_s,
             servers=entries,

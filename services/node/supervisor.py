@@ -32,6 +32,7 @@ from udfserve.discovery import ServerState
 from udfserve.services.node.admin import AdminServer, SupervisorMetrics
 from udfserve.services.node.config import NodeConfig
 from udfserve.services.node.devices import DeviceSlot, GpuDetection
+from udfserve.services.node.fallback_metrics import prepare_reports_folder
 from udfserve.services.node.leases import LeaseWatch, release_starter_lock
 from udfserve.services.node.lock import NodeLock
 from udfserve.services.node.publishing import NodePublisher
@@ -53,7 +54,7 @@ class Supervisor:
         self.detection = detection
         self.slots = [ServerSlot(device, i, config) for i, device in enumerate(devices)]
         self.metrics = SupervisorMetrics(
-            [s.device.device for s in self.slots], config.discovery_stale_after_s
+            [s.device.device for s in self.slots], config.discovery_stale_after_s, config.fallback_reports_dir
         )
         self.lock = NodeLock(config.lock_path)
         self._stopping = asyncio.Event()
@@ -75,6 +76,7 @@ class Supervisor:
         prepare_runtime_dir(config.runtime_dir, config.runtime_dir_mode)
         if config.discovery_path.parent != config.runtime_dir:
             prepare_runtime_dir(config.discovery_path.parent, SHARED_MODE, "the discovery file's folder")
+        prepare_reports_folder(config.fallback_reports_dir, shared=config.runtime_dir_mode == SHARED_MODE)
         self.lock.acquire()
         release_starter_lock(config.starter_lock_fd)
         try:

@@ -18,6 +18,7 @@ import pyarrow as pa
 from udfserve.spark_client.executor.partition import PredictJob, predict_partition
 from udfserve.spark_client.executor.rechunk import Carry, Pieces, Rechunker
 from udfserve.spark_client.nodes.routing import TaskPlacement, placement_from_resources
+from udfserve.spark_client.observability.fallback_report import report_fallback_rows
 from udfserve.spark_client.observability.job_context import SparkJobContext
 from udfserve.spark_client.observability.stats import ClientStats
 
@@ -38,7 +39,8 @@ def answer_partition(
 ) -> Iterator[tuple[Carry, pa.RecordBatch]]:
     """One partition's Spark batches answered in order, each with what it came with: cut into
     requests of the job's size, sent to the task's server (or the CPU fallback), counted into
-    the job's accumulator however the partition ends. Both UDFs run their partitions here. A UDF
+    the job's accumulator however the partition ends (and the fallback's rows reported to the
+    node's supervisor). Both UDFs run their partitions here. A UDF
     of a ``node_servers`` context first makes sure its host runs a node, without waiting for it."""
     if job.config.node_start is not None:  # a UDF of a node_servers context: this host's node first
         from udfserve.spark_client.nodes.node_ensure import ensure_for_task
@@ -62,10 +64,13 @@ def counted(job: PredictJob) -> Iterator[tuple[SparkJobContext, ClientStats]]:
 
     stats = ClientStats()
     started = time.perf_counter()
+    context = job.application.for_task(TaskContext.get())
     try:
-        yield job.application.for_task(TaskContext.get()), stats
+        yield context, stats
     finally:
         stats.tasks += 1
         stats.task_s += time.perf_counter() - started
         if job.counters is not None:
             job.counters.add(stats)
+        if stats.rows_by_fallback:  # where the node's supervisor exports them (fallback_report.py)
+            report_fallback_rows(job.config, os.environ, context.app_id, job.model, stats.rows_by_fallback)

@@ -5,7 +5,8 @@ real node exports, loaded where compose and Kubernetes put them, and evaluated b
   promtool is installed: Debian's ``prometheus`` package ships it).
 - Every metric and label a rule or a rule test uses appears in a real scrape: the compose
   ``udfserve-node`` service run here, whose repository holds a model that cannot load (so its
-  failure counter exists) and whose server answered a request (so its histograms have series).
+  failure counter exists), whose server answered a request (so its histograms have series), and
+  to whose supervisor a client reported rows its CPU fallback answered (so its counter has series).
   The GPU gauges need NVML and a GPU: they are checked against gpu_metrics.py's declarations.
 - A real Prometheus (Debian's, where installed) scrapes that node through its targets file and
   evaluates the rules: every rule evaluates without error, the failed load raises its alert, and
@@ -15,6 +16,7 @@ real node exports, loaded where compose and Kubernetes put them, and evaluated b
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -41,6 +43,7 @@ from deploy_files import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from udfserve.fallback_reports import add_fallback_rows, report_path
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import encode_batch
@@ -148,6 +151,15 @@ def predict_once(node: ComposeNode) -> None:
     assert not answer.HasField("error"), answer.error.message
 
 
+def report_fallback_rows(node: ComposeNode) -> None:
+    """Report rows as a Spark client whose CPU fallback answered them on the node does, so that
+    the supervisor exports its fallback counter (it has series only once a client reported)."""
+    folder = Path(node.discovery()["fallback_reports_dir"])
+    add_fallback_rows(
+        report_path(folder, os.geteuid(), os.getpid(), {}), "app-alert-rules", "tabular_mlp", 10
+    )
+
+
 def scrape(address: str) -> str:
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
         return response.read().decode()
@@ -158,6 +170,7 @@ def series(node: ComposeNode) -> dict[str, set[str]]:
     """Sample name to label names over the node's scrapes, each with its target's labels (as
     Prometheus adds them), the GPU gauges as declared, and Prometheus's own ``up``."""
     predict_once(node)
+    report_fallback_rows(node)
     target_labels = {t["labels"]["role"]: set(t["labels"]) | SCRAPE_LABELS for t in node.targets()}
     found: dict[str, set[str]] = {name: set().union(*target_labels.values()) for name in PROMETHEUS_OWN}
     scrapes = [(address, "model_server") for address in node.server_http_addresses()]

@@ -2,8 +2,9 @@
 
 The scrapes come from the compose `udfserve-node` service run here (conftest.py): its model
 server, after one good and one bad request carrying a Spark application's metadata, and its
-supervisor. The labels Prometheus adds to every series (node, role, device) are read from the
-targets file that same supervisor wrote.
+supervisor, after a report of rows a Spark client's CPU fallback answered. The labels Prometheus
+adds to every series (node, role, device) are read from the targets file that same supervisor
+wrote.
 
 GPU gauges cannot appear without NVML and an NVIDIA device, which this machine lacks: their
 names and labels are checked against those declared in services/model_server/observability/gpu_metrics.py
@@ -13,7 +14,9 @@ instead (read from its source, so nothing here invents them).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -30,6 +33,7 @@ from deploy_files import (
     promql_metric_names,
 )
 
+from udfserve.fallback_reports import add_fallback_rows, report_path
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import encode_batch
@@ -91,6 +95,9 @@ def series(gpu_compose_node: ComposeNode) -> Iterator[dict[str, set[str]]]:
     bad = predict(target, np.ones((5, 63), np.float32))
     assert not good.HasField("error"), good.error.message
     assert bad.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], bad
+    # as a Spark client whose CPU fallback answered rows on the node: the supervisor's counter of them
+    reports = Path(discovery["fallback_reports_dir"])
+    add_fallback_rows(report_path(reports, os.geteuid(), os.getpid(), {}), "app-dashboard", "tabular_mlp", 10)
     labels_by_role = {
         t["labels"]["role"]: set(t["labels"]) | PROMETHEUS_LABELS for t in gpu_compose_node.targets()
     }

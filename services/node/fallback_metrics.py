@@ -1,0 +1,147 @@
+"""``udfserve_client_fallback_rows_total``: the rows the Spark clients' CPU fallback answered on this
+node, read from their reports (``udfserve.fallback_reports``) when the supervisor is scraped.
+
+Bounded whatever the clients write, since any local user may write a report in a shared runtime
+folder:
+
+- one scrape reads at most ``MAX_REPORT_FILES`` entries of the folder, each at most
+  ``MAX_REPORT_BYTES``; a file that is not a report (its name, type, owner or contents) is
+  removed, as is a report unchanged for ``REPORT_RETENTION_S`` (its counts stay in the totals);
+- the label sets are bounded: at most ``MAX_FALLBACK_SERIES`` (model, application, owner)
+  series, as the servers bound their per-application series (``MAX_TRACKED_APPS``); rows of a
+  series beyond it are counted under ``model="other", application="other"``, so the total by
+  owner stays whole;
+- ``owner`` says whose process wrote the report: ``node`` for the node's own user and root,
+  ``other`` for anyone else. Only the first are the node's to believe; another user's count is
+  exported (their jobs use the node too) but labelled, so an alert can leave it aside.
+
+Counts only grow: what a report gained since the last read is added (a report that shrank was
+started again, and counts whole).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from udfserve.fallback_reports import (
+    PRIVATE_FOLDER_MODE,
+    SHARED_FOLDER_MODE,
+    ReportRefused,
+    read_report,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_REPORT_FILES = 1024
+"""Folder entries one scrape reads: a node's executors write one report per Python worker and
+application, so a few hundred at most; more is a flood, whose excess waits for a later scrape."""
+MAX_FALLBACK_SERIES = 256
+"""Distinct (model, application, owner) series exported; beyond, rows count under "other"."""
+REPORT_RETENTION_S = 86_400.0
+"""A report unchanged this long belongs to a worker long gone: removed once counted."""
+OVERFLOW = "other"
+
+
+def prepare_reports_folder(folder: Path, shared: bool) -> None:
+    """Create the reports folder (or take up this node's own from an earlier run) with its mode:
+    1733 when executors of other users use the node (``shared``), 0700 otherwise. A folder of
+    another user is refused, as the runtime folder is (``runtime_dir.RuntimeDirRefused``)."""
+    from udfserve.services.node.runtime_dir import RuntimeDirRefused
+
+    mode = SHARED_FOLDER_MODE if shared else PRIVATE_FOLDER_MODE
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        found = folder.lstat()
+        if found.st_uid != os.geteuid() or not stat.S_ISDIR(found.st_mode):
+            raise RuntimeDirRefused(
+                f"the fallback reports folder {folder} is not a folder of this user (uid {found.st_uid}); "
+                "expected the node's own: remove it"
+            )
+        os.chmod(folder, mode)  # mkdir's mode passes through the umask
+    except OSError as exc:
+        raise RuntimeDirRefused(f"cannot create the fallback reports folder {folder}: {exc}") from None
+
+
+class FallbackRows(Collector):
+    """Reads the reports folder at each collection and exports the totals."""
+
+    def __init__(self, folder: Path, retention_s: float = REPORT_RETENTION_S) -> None:
+        self.folder = folder
+        self.retention_s = retention_s
+        self._trusted = frozenset({os.geteuid(), 0})
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, str], int] = {}
+        """(file name, model) -> its rows at the last read."""
+        self._totals: dict[tuple[str, str, str], int] = {}
+        """(model, application, owner) -> rows."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        with self._lock:
+            self._read_reports()
+            totals = dict(self._totals)
+        family = CounterMetricFamily(
+            "udfserve_client_fallback_rows",
+            "Rows the Spark clients' CPU fallback answered on this node (reported by the clients), by "
+            "model, Spark application and owner (node: the node's own user or root; other: another user).",
+            labels=["model", "application", "owner"],
+        )
+        for (model, application, owner), rows in sorted(totals.items()):
+            family.add_metric([model, application, owner], rows)
+        yield family
+
+    def _read_reports(self) -> None:
+        now = time.time()
+        present: set[str] = set()
+        try:
+            entries = os.scandir(self.folder)
+        except OSError as exc:
+            logger.debug("cannot read the fallback reports folder %s: %s", self.folder, exc)
+            return
+        with entries:
+            for read, entry in enumerate(entries):
+                if read >= MAX_REPORT_FILES:
+                    break
+                if entry.name.startswith("."):
+                    continue  # a report being written
+                present.add(entry.name)
+                self._read_one(entry.name, now)
+        # forget the files that are gone (their counts stay in the totals)
+        self._seen = {key: rows for key, rows in self._seen.items() if key[0] in present}
+
+    def _read_one(self, name: str, now: float) -> None:
+        path = self.folder / name
+        try:
+            uid, application, counts = read_report(self.folder, name)
+        except FileNotFoundError:
+            return
+        except ReportRefused as exc:
+            logger.warning("removing %s from the fallback reports: %s", path, exc)
+            path.unlink(missing_ok=True)
+            return
+        owner = "node" if uid in self._trusted else "other"
+        for model, rows in counts.items():
+            before = self._seen.get((name, model), 0)
+            gained = rows - before if rows >= before else rows
+            self._seen[(name, model)] = rows
+            if gained:
+                self._add(model, application, owner, gained)
+        try:
+            if now - path.stat().st_mtime > self.retention_s:
+                path.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+    def _add(self, model: str, application: str, owner: str, rows: int) -> None:
+        key = (model, application, owner)
+        if key not in self._totals and len(self._totals) >= MAX_FALLBACK_SERIES:
+            key = (OVERFLOW, OVERFLOW, owner)
+        self._totals[key] = self._totals.get(key, 0) + rows
