@@ -16,7 +16,7 @@ GROUPS: Mapping[str, str] = {
     "limits": "bounds on messages, calls, held bytes and admin requests",
     "models": "the model repository, which models load, and how versions change while serving",
     "batching": "how queued requests are scheduled and run on the backend",
-    "observability": "logs, metrics labels and the admin app's documents",
+    "observability": "logs, tracing, metrics labels and the admin app's documents",
     "process": "the device, the event loop, and how the process stops",
     "supervision": "the node's devices, runtime folder, discovery file, restarts and leases",
 }
@@ -32,6 +32,11 @@ SETTING_GROUPS: Mapping[str, str] = {
     "grace_period_s": "process",
     "log_level": "observability",
     "log_format": "observability",
+    "tracing_otlp_endpoint": "observability",
+    "tracing_otlp_insecure": "observability",
+    "tracing_spans_file": "observability",
+    "tracing_sample_ratio": "observability",
+    "tracing_service_name": "observability",
     # udfserve serve (ServerConfig)
     "model_repository": "models",
     "models": "models",

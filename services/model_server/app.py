@@ -59,7 +59,7 @@ async def serve(config: ServerConfig) -> int:
         stopping()
 
     server.models.on_fault = on_fault
-    server_tracing.install(server_tracing.TracingSettings(), config.device)
+    server_tracing.install(config, config.device)
     with stop_on_signals(on_signal):
         try:
             if config.lifeline_fd is not None:

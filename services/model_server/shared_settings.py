@@ -1,4 +1,5 @@
-"""The settings a model server and the node supervisor both have, declared once.
+"""The settings a model server and the node supervisor both have, declared once: the model
+lifecycle, the drain, the logs, and tracing (``observability.tracing.TracingSettings``).
 
 ``udfserve node`` passes its value of each to every server it starts (``node.server_flags``), so
 the node's settings class and the server's both derive from this one: the two cannot drift apart
@@ -13,10 +14,11 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from udfserve.services.log_format import LogFormat
+from udfserve.services.model_server.observability.tracing import TracingSettings
 
 
-class SharedServerSettings(BaseSettings):
-    """Model lifecycle, drain and logging: one value for a node and all its servers."""
+class _LifecycleAndLogSettings(BaseSettings):
+    """Model lifecycle, drain and logging."""
 
     model_config = SettingsConfigDict(env_prefix="UDFSERVE_", extra="forbid", frozen=True)
 
@@ -69,6 +71,13 @@ class SharedServerSettings(BaseSettings):
         "a line: time, level, logger, message, and the request, model, Spark application and trace ids "
         "where known)",
     )
+
+
+class SharedServerSettings(TracingSettings, _LifecycleAndLogSettings):
+    """Model lifecycle, drain, logging and tracing: one value for a node and all its servers
+    (pydantic lists the fields of the last base first: tracing follows the logs in ``--help``)."""
+
+    model_config = SettingsConfigDict(env_prefix="UDFSERVE_", extra="forbid", frozen=True)
 
 
 SHARED_SETTINGS = tuple(SharedServerSettings.model_fields)

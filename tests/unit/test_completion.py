@@ -72,6 +72,15 @@ def test_bash_completes_a_flag_of_serve(bash_script: Path) -> None:
     assert complete_in_bash(bash_script, "udfserve serve --max-message-b") == ["--max-message-bytes"]
 
 
+@pytest.mark.parametrize("command", ["serve", "node"])
+def test_bash_completes_the_tracing_flags(bash_script: Path, command: str) -> None:
+    assert sorted(complete_in_bash(bash_script, f"udfserve {command} --tracing-s")) == [
+        "--tracing-sample-ratio",
+        "--tracing-service-name",
+        "--tracing-spans-file",
+    ]
+
+
 def test_bash_completes_config_for_the_node(bash_script: Path) -> None:
     assert complete_in_bash(bash_script, "udfserve node --conf") == ["--config"]
 
