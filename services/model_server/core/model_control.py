@@ -41,6 +41,7 @@ from udfserve.runtime.repository import (
 from udfserve.services.model_server.core.model_table import ModelEntry, ModelTable
 from udfserve.services.model_server.core.repository_index import IndexEntry, repository_index
 from udfserve.services.model_server.core.served_model import ServedModel
+from udfserve.services.model_server.core.server_paths import without_server_paths
 from udfserve.services.model_server.core.version_leases import VersionLeases, source_of
 from udfserve.services.model_server.errors import (
     ModelControlRefused,
@@ -168,9 +169,9 @@ class ModelControl:
             try:
                 found = await asyncio.to_thread(self._read_for_load, name, config)
             except OSError as exc:
-                raise ModelLoadFailed(
-                    f"model {name!r}: cannot read the model repository {self._config.model_repository}: {exc}"
-                ) from None
+                logger.error("model %r: cannot read the model repository: %s", name, exc)
+                reason = without_server_paths(str(exc), self._config.model_repository)
+                raise ModelLoadFailed(f"model {name!r}: cannot read the model repository: {reason}") from None
             await self._apply(found, reload=reload)
             self._applied[name] = _fingerprint(found)
             entry = self._models.entry(name)
@@ -193,7 +194,8 @@ class ModelControl:
         if config is None:
             scan = scan_repository(root, [name], trust_savedmodels=self._config.trust_savedmodels)
             if name in scan.failures:
-                raise ModelLoadFailed(f"model {name!r} cannot be loaded: {scan.failures[name]}")
+                reason = without_server_paths(scan.failures[name], root)
+                raise ModelLoadFailed(f"model {name!r} cannot be loaded: {reason}")
             return scan.models[0]
         try:
             resolve_model_dir(root, name)
@@ -251,10 +253,11 @@ class ModelControl:
     def _fail_model(self, name: str, message: str) -> None:
         """The model's folder cannot be served: listed with why; versions serving keep serving."""
         entry = self._models.entry(name)
-        if entry.error != message:
+        shown = without_server_paths(message, self._config.model_repository)  # the log keeps the paths
+        if entry.error != shown:
             logger.error("model %r cannot be served: %s", name, message)
             self._models.metrics.version_load_failed(name, 0)
-        entry.error = message
+        entry.error = shown
         self._models.on_state_change(name)
 
     async def _apply(self, found: ModelVersions, *, reload: bool = False) -> None:

@@ -30,6 +30,7 @@ from udfserve.services import log_context
 from udfserve.services.model_server.config import ServerConfig
 from udfserve.services.model_server.core.batching import DynamicBatcher
 from udfserve.services.model_server.core.cpu_parallel import CallsInFlight, CoreParallelPredict
+from udfserve.services.model_server.core.server_paths import without_server_paths
 from udfserve.services.model_server.observability.metrics import ModelMetrics, ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ class VersionLoader:
             logger.exception("unexpected failure loading model %r version %d", source.name, source.version)
         if served.state == "failed":
             logger.error("%s", served.error)
+            served.error = without_server_paths(served.error, self._config.model_repository)
             return served
         self._start_batching(served)
         served.state = "ready"

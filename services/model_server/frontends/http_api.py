@@ -14,10 +14,6 @@ only when asked for (``--http-docs``), behind the token too.
 
 from __future__ import annotations
 
-import os
-import re
-from pathlib import Path
-
 from fastapi import Depends, FastAPI, HTTPException, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -28,6 +24,7 @@ from starlette.requests import Request
 import udfserve
 from udfserve.runtime.errors import InvalidInput
 from udfserve.services.model_server.core.model_table import ModelInfo, ModelTable
+from udfserve.services.model_server.core.server_paths import without_server_paths
 from udfserve.services.model_server.errors import ModelNotFound
 from udfserve.services.model_server.frontends.admin_limits import AdminRateLimit
 from udfserve.services.model_server.frontends.admin_server import ServingLoop, ServingLoopUnresponsive
@@ -63,20 +60,6 @@ class AdminLimits(BaseModel):
     requests_per_client_per_s: float = 10.0
     total_requests_per_s: float = 50.0
     metrics_min_interval_s: float = 0.0
-
-
-_ABSOLUTE_PATH = re.compile(r"(?<![^\s'\"(=\[])/(?:[^\s'\"/:,;()]+/)+([^\s'\"/:,;()]*)")
-"""An absolute path: a ``/`` at the start or after a space, quote, bracket or ``=`` (never inside
-a word, so the layout ``<repo>/<model>/config.yaml`` of a message stays as it is)."""
-
-
-def without_server_paths(text: str, repository: Path) -> str:
-    """``text`` with paths inside the repository made relative to it and any other absolute path
-    cut to its last name: an unauthenticated reader learns which file failed, not the server's
-    layout."""
-    for root in dict.fromkeys((str(repository.resolve()), str(repository.absolute()))):
-        text = text.replace(root + os.sep, "").replace(root, ".")
-    return _ABSOLUTE_PATH.sub(r"\1", text)
 
 
 def create_admin_app(
