@@ -1,9 +1,10 @@
 """Models that cast strings to numbers load and answer through both protocols: an ONNX graph
 (``Cast`` from string) and a TensorFlow SavedModel (``tf.strings.to_number``), served by a real
-server process and called through the Arrow protocol, KServe v2 gRPC (tritonclient, BYTES) and
-KServe v2 HTTP (tritonclient.http, JSON and binary tensors). Their synthetic warm-up fails on
-empty strings and is a warning; samples named in config.yaml warm one up. What a client reads of
-a load failure names files from the repository down, never the server's absolute paths."""
+server process and called through the Arrow protocol, KServe v2 gRPC (tritonclient, BYTES; the
+python and the native front end) and KServe v2 HTTP (tritonclient.http, JSON and binary tensors).
+Their synthetic warm-up fails on empty strings and is a warning; samples named in config.yaml
+warm one up. What a client reads of a load failure names files from the repository down, never
+the server's absolute paths."""
 
 from __future__ import annotations
 
@@ -55,16 +56,21 @@ def server(repository: Path, socket_dir: Path) -> Iterator[ServerProcess]:
         repository,
         socket=socket_dir / "string-models.sock",
         log_path=repository.parent / "server.log",
-        extra_args=["--kserve-http-port", "0"],
+        extra_args=["--kserve-http-port", "0", "--kserve-frontend", "native", "--kserve-port", "0"],
     )
     yield process
     process.terminate()
 
 
-@pytest.fixture(scope="module")
-def grpc_client(server: ServerProcess) -> Iterator[triton_grpc.InferenceServerClient]:
-    assert server.tcp_address is not None
-    with triton_grpc.InferenceServerClient(server.tcp_address) as client:
+@pytest.fixture(scope="module", params=["python", "native"])
+def grpc_client(
+    request: pytest.FixtureRequest, server: ServerProcess
+) -> Iterator[triton_grpc.InferenceServerClient]:
+    """tritonclient on the KServe gRPC front end of each kind: the python one shares the Arrow
+    protocol's port, the native one (``--kserve-frontend native``) listens on its own."""
+    address = server.tcp_address if request.param == "python" else server.kserve_address
+    assert address is not None
+    with triton_grpc.InferenceServerClient(address) as client:
         yield client
 
 
