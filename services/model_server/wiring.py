@@ -31,6 +31,10 @@ from udfserve.services.model_server.frontends.kserve.native_bridge import (
     NativeKServeFrontend,
 )
 from udfserve.services.model_server.frontends.kserve.servicer import KServeServicer, add_kserve_service
+from udfserve.services.model_server.frontends.kserve.system_shared_memory import (
+    RegionBounds,
+    SystemSharedMemory,
+)
 from udfserve.services.model_server.frontends.kserve.unary_budget import UnaryAdmission, UnaryBudget
 from udfserve.services.model_server.frontends.kserve_http.listener import answer_at_once, uvicorn_tls
 from udfserve.services.model_server.frontends.readable_requests import add_service
@@ -90,12 +94,14 @@ def build_grpc_frontends(
         options=options, interceptors=interceptors, maximum_concurrent_rpcs=config.max_concurrent_calls
     )
     add_service(pb_grpc.add_InferenceServicer_to_server, servicer, server, STREAM_METHODS)
+    regions = _system_shared_memory(config, shared_memory)
     kserve_servicer = add_kserve_service(
         server,
         requests,
         stream_bounds,
         control,
-        server_extensions(http=config.kserve_http_port is not None),
+        server_extensions(http=config.kserve_http_port is not None, system_shared_memory=regions is not None),
+        regions,
     )
     kserve_native: NativeKServeFrontend | None = None
     if config.kserve_frontend == "native":
@@ -112,6 +118,21 @@ def build_grpc_frontends(
         metrics.register([NativeBoundsCollector(kserve_native)])
     add_service(health_pb2_grpc.add_HealthServicer_to_server, health_servicer, server)
     return GrpcFrontends(server, servicer, kserve_servicer, kserve_native)
+
+
+def _system_shared_memory(config: ServerConfig, folder: Path | None) -> SystemSharedMemory | None:
+    """The KServe system shared-memory regions, in the shared-memory ``folder`` (resolved); None when
+    it is off."""
+    if folder is None:
+        return None
+    bounds = RegionBounds(
+        max_regions=config.kserve_shared_memory_max_regions,
+        max_bytes=config.kserve_shared_memory_max_bytes,
+        max_regions_per_client=config.kserve_shared_memory_max_regions_per_client,
+        max_bytes_per_client=config.kserve_shared_memory_max_bytes_per_client,
+        max_request_bytes=config.shared_memory_max_request_bytes,
+    )
+    return SystemSharedMemory(folder, bounds, frozenset(config.shared_memory_uids))
 
 
 def open_admin_app(

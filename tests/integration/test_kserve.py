@@ -159,11 +159,14 @@ def test_a_served_model_is_ready_and_an_unknown_one_is_not(client: triton.Infere
 
 
 def test_server_metadata_names_udfserve_and_exactly_the_extensions_it_serves(
-    client: triton.InferenceServerClient,
+    kserve_server: ServerProcess, client: triton.InferenceServerClient
 ) -> None:
     metadata = client.get_server_metadata()
     assert metadata.name == "udfserve"
-    assert list(metadata.extensions) == ["model_configuration", "model_repository", "statistics"]
+    served = ["model_configuration", "model_repository", "statistics"]
+    if kserve_server.kserve_address is None:  # the python front end serves system shared memory
+        served.append("system_shared_memory")
+    assert list(metadata.extensions) == served
 
 
 def test_model_metadata_gives_datatypes_and_shapes_with_a_batch_dimension(
@@ -382,7 +385,7 @@ def test_a_method_udfserve_does_not_serve_answers_unimplemented(kserve_server: S
     with grpc.insecure_channel(kserve_server.kserve_target()) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as raised:
-            stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest(), timeout=30)
+            stub.TraceSetting(service_pb2.TraceSettingRequest(), timeout=30)
     assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 

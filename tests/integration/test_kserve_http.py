@@ -398,20 +398,10 @@ def test_a_full_queue_is_503_in_triton_s_words_and_the_rest_is_answered(
     assert retried.as_numpy("class_probabilities").shape == (SMALL_QUEUE_ROWS, 4)
 
 
-@pytest.mark.parametrize(
-    "call",
-    [
-        lambda c: c.get_system_shared_memory_status(),
-        lambda c: c.register_system_shared_memory("region", "/udfserve-region", 64),
-        lambda c: c.unregister_system_shared_memory(),
-    ],
-    ids=["status", "register", "unregister"],
-)
-def test_system_shared_memory_is_refused_501_until_it_is_served(
-    client: triton_http.InferenceServerClient, call: Any
+def test_system_shared_memory_is_served_its_status_listing_the_registered_regions(
+    client: triton_http.InferenceServerClient,
 ) -> None:
-    error = http_refusal(lambda: call(client))
-    assert error.status() == "501" and "system shared memory is not served" in error.message()
+    assert client.get_system_shared_memory_status() == []  # test_kserve_shared_memory.py: the rest
 
 
 @pytest.mark.parametrize(

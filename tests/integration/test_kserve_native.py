@@ -153,6 +153,29 @@ def test_a_stream_on_the_native_port_is_refused_naming_the_main_port(native_serv
     assert "main gRPC port" in (raised.value.details() or "")
 
 
+def test_system_shared_memory_on_the_native_port_is_refused_naming_the_python_front_end(
+    native_server: ServerProcess,
+) -> None:
+    assert native_server.kserve_address is not None
+    with triton.InferenceServerClient(native_server.kserve_address) as client:
+        assert "system_shared_memory" not in client.get_server_metadata().extensions
+        for call in (
+            lambda: client.register_system_shared_memory("region", "/udfserve-native-region", 64),
+            lambda: client.get_system_shared_memory_status(),
+            lambda: client.unregister_system_shared_memory(),
+        ):
+            with pytest.raises(InferenceServerException) as raised:
+                call()
+            assert raised.value.status() == "StatusCode.UNIMPLEMENTED"
+            assert "python KServe front end" in raised.value.message()
+        tensor = triton.InferInput("features", [2, 64], "FP32")
+        tensor.set_shared_memory("region", 2 * 64 * 4)
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer("tabular_mlp", [tensor])
+        assert raised.value.status() == "StatusCode.UNIMPLEMENTED"
+        assert "main gRPC port" in raised.value.message()
+
+
 @pytest.fixture(scope="module")
 def token_server(
     example_repository: Path, tmp_path_factory: pytest.TempPathFactory

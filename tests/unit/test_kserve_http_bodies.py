@@ -215,7 +215,7 @@ def test_json_data_that_is_not_of_its_datatype_and_shape_is_refused_naming_the_i
     assert "input 'x'" in message and expected in message
 
 
-def test_an_input_naming_a_shared_memory_region_is_refused_until_shared_memory_is_served() -> None:
+def test_an_input_naming_a_shared_memory_region_goes_to_the_request_as_its_parameters() -> None:
     body = json.dumps(
         {
             "inputs": [
@@ -228,7 +228,30 @@ def test_an_input_naming_a_shared_memory_region_is_refused_until_shared_memory_i
             ]
         }
     )
-    assert "shared-memory region, which this server does not serve" in refusal(body)
+    read_body = read(body)
+    assert read_body.decoded is None  # type: ignore[attr-defined]
+    message = read_body.message()  # type: ignore[attr-defined]
+    parameters = message.inputs[0].parameters
+    assert parameters["shared_memory_region"].string_param == "r"
+    assert parameters["shared_memory_byte_size"].int64_param == 8
+    assert list(message.raw_input_contents) == []
+
+
+def test_an_input_naming_a_shared_memory_region_and_carrying_data_is_refused() -> None:
+    body = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "FP32",
+                    "shape": [2],
+                    "data": [1.0, 2.0],
+                    "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8},
+                }
+            ]
+        }
+    )
+    assert "names a shared-memory region and carries data; expected one" in refusal(body)
 
 
 # -- answers ---------------------------------------------------------------------------------

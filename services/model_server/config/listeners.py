@@ -143,6 +143,30 @@ class SharedMemorySettings(BaseModel):
         "request out of the client's file into its own memory, and refuses a larger one with "
         "INVALID_ARGUMENT before copying",
     )
+    kserve_shared_memory_max_regions: int = Field(
+        default=256,
+        ge=1,
+        le=1 << 16,
+        description="KServe system shared-memory regions registered at once on the server; one more "
+        "is refused RESOURCE_EXHAUSTED (each holds a file descriptor)",
+    )
+    kserve_shared_memory_max_bytes: int = Field(
+        default=64 << 30,
+        ge=1,
+        description="total size of the KServe system shared-memory regions registered at once on the server",
+    )
+    kserve_shared_memory_max_regions_per_client: int = Field(
+        default=64,
+        ge=1,
+        le=1 << 16,
+        description="KServe system shared-memory regions one client (a peer address, without its port) "
+        "may hold registered at once",
+    )
+    kserve_shared_memory_max_bytes_per_client: int = Field(
+        default=16 << 30,
+        ge=1,
+        description="total size of the KServe system shared-memory regions one client may hold registered",
+    )
 
     @field_validator("shared_memory_uids", mode="before")
     @classmethod

@@ -10,7 +10,8 @@ there): clients of Triton recognise back-pressure by these words.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
 import grpc
@@ -20,6 +21,13 @@ from udfserve.log_text import clip
 from udfserve.protocol.kserve import grpc_service_pb2 as kpb
 from udfserve.services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest
 from udfserve.services.model_server.errors import QueueFull, failure_status
+from udfserve.services.model_server.frontends.kserve.shared_memory_tensors import (
+    WrittenOutput,
+    add_written_parameters,
+    output_ranges,
+    write_outputs,
+)
+from udfserve.services.model_server.frontends.kserve.system_shared_memory import SystemSharedMemory
 from udfserve.services.model_server.frontends.kserve.tensors import OutputTensor, outputs_to_tensors
 
 QUEUE_FULL_PREFIX = "Exceeds maximum queue size"
@@ -63,6 +71,8 @@ class TensorAnswer:
     model_version: str
     id: str
     tensors: list[OutputTensor]
+    shared: Mapping[str, WrittenOutput] = field(default_factory=dict)
+    """The outputs written into system shared memory (their tensors' contents are not sent)."""
 
 
 MessageAnswer: TypeAlias = "kpb.ModelInferResponse | Failure"
@@ -73,22 +83,45 @@ StreamAnswer: TypeAlias = "kpb.ModelStreamInferResponse | Failure"
 """A ``ModelStreamInfer`` answer; a ``Failure`` ends the stream."""
 
 
-def _tensors(request: InferenceRequest, outputs: dict[str, np.ndarray]) -> TensorAnswer:
+def _tensors(
+    request: InferenceRequest, outputs: dict[str, np.ndarray], regions: SystemSharedMemory | None = None
+) -> TensorAnswer:
     """One request's answer as tensors, checked against the message limit; every front end sends
-    this, the python one as a message (``_as_message``)."""
+    this, the python one as a message (``_as_message``). Outputs the request asked for in system
+    shared memory are written into their regions (``regions``) and only counted here."""
     served = request.served
     assert served.source is not None
     tensors, size_bytes = outputs_to_tensors(outputs, request.outputs, request.rows)
+    message = request.message
+    ranges = {}
+    if regions is not None and isinstance(message, kpb.ModelInferRequest) and message.outputs:
+        ranges = output_ranges(message, None, served.name)
+        size_bytes -= sum(_size(raw) for name, _, _, raw in tensors if name in ranges)
     request.check_answer_size(size_bytes)
-    return TensorAnswer(served.name, str(served.source.version), request.message.id, tensors)
+    written: dict[str, WrittenOutput] = {}
+    if ranges:
+        assert regions is not None
+        written = write_outputs(tensors, ranges, regions, served.name)
+    return TensorAnswer(served.name, str(served.source.version), message.id, tensors, written)
+
+
+def _size(raw: np.ndarray | bytes) -> int:
+    return raw.nbytes if isinstance(raw, np.ndarray) else len(raw)
 
 
 def _as_message(answer: TensorAnswer) -> kpb.ModelInferResponse:
     response = kpb.ModelInferResponse(
         model_name=answer.model_name, model_version=answer.model_version, id=answer.id
     )
+    inline = len(answer.shared) < len(answer.tensors)
     for name, datatype, shape, raw in answer.tensors:
-        response.outputs.add(name=name, datatype=datatype, shape=shape)
+        output = response.outputs.add(name=name, datatype=datatype, shape=shape)
+        written = answer.shared.get(name)
+        if written is not None:
+            add_written_parameters(output, written)
+            if inline:  # an empty entry keeps every output's index into raw_output_contents
+                response.raw_output_contents.append(b"")
+            continue
         response.raw_output_contents.append(raw.tobytes() if isinstance(raw, np.ndarray) else raw)
     return response
 
@@ -103,12 +136,16 @@ def _failure(head: RequestHead, exc: Exception) -> Failure:
 
 class MessageAnswers(FrontEnd[RequestHead, MessageAnswer]):
     """``ModelInfer`` answered with a message: the python front end's calls, and the native front
-    end's requests it did not decode."""
+    end's requests it did not decode. ``regions``: where outputs asked for in system shared memory
+    are written (None where it is not served)."""
+
+    def __init__(self, regions: SystemSharedMemory | None = None) -> None:
+        self.regions = regions
 
     def answer(
         self, request: InferenceRequest[RequestHead, MessageAnswer], outputs: dict[str, np.ndarray]
     ) -> MessageAnswer:
-        return _as_message(_tensors(request, outputs))
+        return _as_message(_tensors(request, outputs, self.regions))
 
     def refusal(
         self, request: InferenceRequest[RequestHead, MessageAnswer], exc: Exception
@@ -118,12 +155,16 @@ class MessageAnswers(FrontEnd[RequestHead, MessageAnswer]):
 
 
 class TensorAnswers(FrontEnd[RequestHead, NativeAnswer]):
-    """``ModelInfer`` answered with its tensors, for the native front end to encode."""
+    """``ModelInfer`` answered with its tensors, for the native front end to encode (and the HTTP
+    one, whose ``regions`` are those of system shared memory)."""
+
+    def __init__(self, regions: SystemSharedMemory | None = None) -> None:
+        self.regions = regions
 
     def answer(
         self, request: InferenceRequest[RequestHead, NativeAnswer], outputs: dict[str, np.ndarray]
     ) -> NativeAnswer:
-        return _tensors(request, outputs)
+        return _tensors(request, outputs, self.regions)
 
     def refusal(
         self, request: InferenceRequest[RequestHead, NativeAnswer], exc: Exception
@@ -137,13 +178,15 @@ class StreamAnswers(FrontEnd[RequestHead, StreamAnswer]):
     ``error_message`` and the stream goes on, unless ``end_on_error`` (the client's
     ``triton_grpc_error`` header): then it is the ``Failure`` that ends the stream."""
 
-    def __init__(self, end_on_error: bool) -> None:
+    def __init__(self, end_on_error: bool, regions: SystemSharedMemory | None = None) -> None:
         self._end_on_error = end_on_error
+        self._regions = regions
 
     def answer(
         self, request: InferenceRequest[RequestHead, StreamAnswer], outputs: dict[str, np.ndarray]
     ) -> StreamAnswer:
-        return kpb.ModelStreamInferResponse(infer_response=_as_message(_tensors(request, outputs)))
+        answer = _tensors(request, outputs, self._regions)
+        return kpb.ModelStreamInferResponse(infer_response=_as_message(answer))
 
     def refusal(
         self, request: InferenceRequest[RequestHead, StreamAnswer], exc: Exception

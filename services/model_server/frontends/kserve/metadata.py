@@ -24,17 +24,24 @@ EXTENSIONS = ("model_configuration", "model_repository", "statistics")
 ModelConfig, the RepositoryIndex / RepositoryModelLoad / RepositoryModelUnload calls, and
 ModelStatistics, with their HTTP routes ``.../config``, ``/v2/repository/...`` and ``.../stats``).
 Not listed, since not served: ``classification``, ``sequence``, ``schedule_policy``,
-``system_shared_memory``, ``cuda_shared_memory``, ``parameters``, ``trace``, ``logging``, nor
-``model_repository(unload_dependents)`` (accepted and meaningless: no model depends on another)."""
+``cuda_shared_memory``, ``parameters``, ``trace``, ``logging``, nor
+``model_repository(unload_dependents)`` (accepted and meaningless: no model depends on another).
+``system_shared_memory`` is listed where it is served (``server_extensions``)."""
+
+SYSTEM_SHARED_MEMORY = "system_shared_memory"
+"""Served by the python front end on both protocols unless ``--shared-memory-dir off``; the native
+front end's port leaves it out of its list (``native_bridge``)."""
 
 HTTP_EXTENSIONS = ("binary_tensor_data",)
 """Extensions of the HTTP binding alone: listed when the server serves it (``--kserve-http-port``)."""
 
 
-def server_extensions(http: bool) -> tuple[str, ...]:
+def server_extensions(http: bool, system_shared_memory: bool = False) -> tuple[str, ...]:
     """The extensions a server lists in its metadata, the same on both protocols as Triton's list is
-    the server's: ``http`` when it serves the protocol over HTTP too."""
-    return tuple(sorted(EXTENSIONS + (HTTP_EXTENSIONS if http else ())))
+    the server's: ``http`` when it serves the protocol over HTTP too, ``system_shared_memory`` when
+    it serves that."""
+    shared = (SYSTEM_SHARED_MEMORY,) if system_shared_memory else ()
+    return tuple(sorted(EXTENSIONS + (HTTP_EXTENSIONS if http else ()) + shared))
 
 
 _PROTO_TYPE_OF_DTYPE = {

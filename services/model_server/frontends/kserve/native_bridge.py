@@ -13,7 +13,9 @@ with the same ``KServeServicer`` as the Python front end:
 - every other unary method (health, metadata, config, statistics, the model repository calls)
   calls the servicer's own handler with a small stand-in for gRPC's servicer context;
 - ModelStreamInfer is refused (UNIMPLEMENTED) by the module, naming the main port, where it is
-  served.
+  served; so are the system shared-memory calls and requests naming shared memory, here (served by
+  the python front end on the main port), and ``system_shared_memory`` is not among the extensions
+  this port's ``ServerMetadata`` lists.
 
 Metrics, statistics, in-flight accounting and draining are the servicer's, as for the Python
 front end. The module itself applies the port's bounds before it reads a call's message: the
@@ -45,11 +47,14 @@ from udfserve.services.model_server.core.pending import Pending
 from udfserve.services.model_server.frontends.kserve.answers import DecodedHead, Failure, TensorAnswer
 from udfserve.services.model_server.frontends.kserve.native import load_frontend_module
 from udfserve.services.model_server.frontends.kserve.servicer import KServeServicer
+from udfserve.services.model_server.frontends.kserve.shared_memory_calls import NATIVE_REFUSAL
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
 MODEL_INFER = f"/{SERVICE}/ModelInfer"
+SYSTEM_SHARED_MEMORY_METHOD = f"/{SERVICE}/SystemSharedMemory"
+SYSTEM_SHARED_MEMORY_EXTENSION = "system_shared_memory"
 UNREADABLE = "the request cannot be parsed as inference.{}; expected a serialized message of that type"
 
 FastCall = tuple[int, str, str, str, list[Any], list[str], list[tuple[str, str]]]
@@ -230,7 +235,12 @@ class NativeKServeFrontend:
             except DecodeError:
                 self._fail(call_id, grpc.StatusCode.INVALID_ARGUMENT, UNREADABLE.format("ModelInferRequest"))
                 return
-            self._answer_outcome(call_id, self._servicer.start(request, parse_job_context(metadata)))
+            self._answer_outcome(
+                call_id, self._servicer.start(request, parse_job_context(metadata), native=True)
+            )
+            return
+        if method.startswith(SYSTEM_SHARED_MEMORY_METHOD):
+            self._fail(call_id, grpc.StatusCode.UNIMPLEMENTED, NATIVE_REFUSAL)
             return
         handler = self._methods.get(method)
         if handler is None:
@@ -279,6 +289,12 @@ class NativeKServeFrontend:
             logger.exception("native KServe front end: %s failed", name)
             self._fail(call_id, grpc.StatusCode.INTERNAL, f"{name} failed; see the server log")
             return
+        if name == "ServerMetadata" and SYSTEM_SHARED_MEMORY_EXTENSION in response.extensions:
+            kept = [
+                extension for extension in response.extensions if extension != SYSTEM_SHARED_MEMORY_EXTENSION
+            ]
+            del response.extensions[:]
+            response.extensions.extend(kept)
         self._frontend.answer_bytes(call_id, response.SerializeToString())
 
     def _cancellation(self, call_id: int) -> tuple[grpc.StatusCode, str]:

@@ -40,7 +40,7 @@ from udfserve.services.model_server.core.model_table import LoadedModel
 from udfserve.services.model_server.core.pending import Pending
 from udfserve.services.model_server.core.request_lifecycle import FrontEnd, InferenceRequest, RequestLifecycle
 from udfserve.services.model_server.errors import failure_status
-from udfserve.services.model_server.frontends.kserve import repository
+from udfserve.services.model_server.frontends.kserve import repository, shared_memory_calls
 from udfserve.services.model_server.frontends.kserve.answers import (
     Failure,
     MessageAnswer,
@@ -58,6 +58,17 @@ from udfserve.services.model_server.frontends.kserve.metadata import (
     model_metadata,
     model_statistics,
 )
+from udfserve.services.model_server.frontends.kserve.shared_memory_calls import (
+    CUDA_SHARED_MEMORY_REFUSED,
+    NATIVE_REFUSAL,
+    SharedMemoryNotServed,
+)
+from udfserve.services.model_server.frontends.kserve.shared_memory_tensors import (
+    output_ranges,
+    read_inputs,
+    uses_shared_memory,
+)
+from udfserve.services.model_server.frontends.kserve.system_shared_memory import SystemSharedMemory, client_of
 from udfserve.services.model_server.frontends.kserve.tensors import (
     DecodedTensor,
     InputPlan,
@@ -97,8 +108,9 @@ async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, messa
 class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` over the models of this process.
 
-    RPCs not overridden here (shared memory, trace and log settings) answer UNIMPLEMENTED, as the
-    generated base class does.
+    RPCs not overridden here (trace and log settings) answer UNIMPLEMENTED, as the generated base
+    class does; CUDA shared memory is refused with UNIMPLEMENTED and its reason. System shared memory
+    is served when ``shared_memory`` is given (``system_shared_memory``).
     """
 
     def __init__(
@@ -107,14 +119,16 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         stream_bounds: StreamBounds,
         control: ModelControl,
         extensions: Sequence[str] = EXTENSIONS,
+        shared_memory: SystemSharedMemory | None = None,
     ) -> None:
         self._lifecycle = lifecycle
+        self.shared_memory = shared_memory
         self._extensions = list(extensions)
         self._control = ControlCalls(control, lifecycle.models)
         self._stream_bounds = stream_bounds
         self._models = lifecycle.models
         self._plans: weakref.WeakKeyDictionary[LoadedModel, InputPlan] = weakref.WeakKeyDictionary()
-        self._messages = MessageAnswers()
+        self._messages = MessageAnswers(shared_memory)
         self._tensors = TensorAnswers()
 
     # -- health and metadata ---------------------------------------------------------------
@@ -207,6 +221,43 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             await _abort(context, code, text)
         return kpb.RepositoryModelUnloadResponse()
 
+    # -- system shared memory (CUDA shared memory refused) ------------------------------------
+    async def SystemSharedMemoryRegister(
+        self, request: kpb.SystemSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.SystemSharedMemoryRegisterResponse:
+        """Registered for the whole server; bounded per client by the peer's address."""
+        try:
+            return shared_memory_calls.register(self.shared_memory, request, client_of(context.peer()))
+        except ServingError as exc:
+            await _abort(context, exc.code, exc.message)
+
+    async def SystemSharedMemoryStatus(
+        self, request: kpb.SystemSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.SystemSharedMemoryStatusResponse:
+        try:
+            return shared_memory_calls.status(self.shared_memory, request)
+        except ServingError as exc:
+            await _abort(context, exc.code, exc.message)
+
+    async def SystemSharedMemoryUnregister(
+        self, request: kpb.SystemSharedMemoryUnregisterRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.SystemSharedMemoryUnregisterResponse:
+        try:
+            return shared_memory_calls.unregister(self.shared_memory, request)
+        except ServingError as exc:
+            await _abort(context, exc.code, exc.message)
+
+    async def CudaSharedMemoryRegister(self, request: object, context: grpc.aio.ServicerContext) -> NoReturn:
+        await _abort(context, grpc.StatusCode.UNIMPLEMENTED, CUDA_SHARED_MEMORY_REFUSED)
+
+    async def CudaSharedMemoryStatus(self, request: object, context: grpc.aio.ServicerContext) -> NoReturn:
+        await _abort(context, grpc.StatusCode.UNIMPLEMENTED, CUDA_SHARED_MEMORY_REFUSED)
+
+    async def CudaSharedMemoryUnregister(
+        self, request: object, context: grpc.aio.ServicerContext
+    ) -> NoReturn:
+        await _abort(context, grpc.StatusCode.UNIMPLEMENTED, CUDA_SHARED_MEMORY_REFUSED)
+
     # -- inference -------------------------------------------------------------------------
     async def ModelInfer(
         self, request: kpb.ModelInferRequest, context: grpc.aio.ServicerContext
@@ -240,7 +291,9 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         the request. The requests come as the bytes gRPC read (``streaming.RawStreamRequests``)."""
         invocation = context.invocation_metadata()
         metadata = dict(invocation or ())
-        stream = StreamAnswers(str(metadata.get(TRITON_GRPC_ERROR_HEADER, "")).lower() == "true")
+        stream = StreamAnswers(
+            str(metadata.get(TRITON_GRPC_ERROR_HEADER, "")).lower() == "true", self.shared_memory
+        )
         job = parse_job_context(invocation)
 
         def start(item: tuple[kpb.ModelInferRequest, int]) -> StreamAnswer | Pending[StreamAnswer]:
@@ -262,12 +315,13 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             await _abort(context, unreadable[0].code, unreadable[0].message)
 
     def start(
-        self, request: kpb.ModelInferRequest, job: JobContext
+        self, request: kpb.ModelInferRequest, job: JobContext, native: bool = False
     ) -> MessageAnswer | Pending[MessageAnswer]:
         """Check, decode and queue one ``ModelInfer``; the answer, or the batcher's future and what
         makes the answer from it. Never raises: failures are answered with their status. ``job``
-        is the Spark job the request came from, when its metadata says (as the Arrow protocol's)."""
-        return self._start(request, job, self._messages)
+        is the Spark job the request came from, when its metadata says (as the Arrow protocol's).
+        ``native``: the request came to the native front end, which refuses shared memory."""
+        return self._start(request, job, self._messages, native)
 
     def start_decoded(
         self,
@@ -313,14 +367,28 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
         return InferenceRequest(self._lifecycle, front_end, head, head.model_name, head.id, job).refuse(exc)
 
     def _start(
-        self, message: kpb.ModelInferRequest, job: JobContext, front_end: FrontEnd[RequestHead, _A]
+        self,
+        message: kpb.ModelInferRequest,
+        job: JobContext,
+        front_end: FrontEnd[RequestHead, _A],
+        native: bool = False,
     ) -> _A | Pending[_A]:
-        """``start``, answering through ``front_end``: a ``ModelInfer`` call's, or a stream's."""
+        """``start``, answering through ``front_end``: a ``ModelInfer`` call's, or a stream's.
+        Inputs in system shared memory are read here, outputs' regions checked (and written by the
+        answer, ``answers``)."""
         request = InferenceRequest(self._lifecycle, front_end, message, message.model_name, message.id, job)
         try:
             served = request.admit(parse_version(message.model_version, message.model_name))
             model = served.model
             assert model is not None
+            if uses_shared_memory(message):
+                regions = self.shared_memory
+                if native or regions is None:
+                    raise SharedMemoryNotServed(
+                        NATIVE_REFUSAL if native else shared_memory_calls.SYSTEM_SHARED_MEMORY_OFF
+                    )
+                output_ranges(message, regions, served.name)
+                message = read_inputs(message, regions, served.name)
             request.outputs = requested_outputs(message, served.name, model.outputs)
             inputs, rows = request_to_inputs(message, served.name, model.inputs, self._plan(model))
         except Exception as exc:
@@ -340,9 +408,11 @@ def add_kserve_service(
     stream_bounds: StreamBounds,
     control: ModelControl,
     extensions: Sequence[str] = EXTENSIONS,
+    shared_memory: SystemSharedMemory | None = None,
 ) -> KServeServicer:
     """Serve the KServe v2 protocol from ``server``, beside the Arrow service; ``extensions``: those
-    the server implements (``metadata.server_extensions``), which ``ServerMetadata`` lists."""
-    servicer = KServeServicer(lifecycle, stream_bounds, control, extensions)
+    the server implements (``metadata.server_extensions``), which ``ServerMetadata`` lists;
+    ``shared_memory``: the system shared-memory regions, None where they are off."""
+    servicer = KServeServicer(lifecycle, stream_bounds, control, extensions, shared_memory)
     add_service(kpb_grpc.add_GRPCInferenceServiceServicer_to_server, servicer, server, STREAM_METHODS)
     return servicer

@@ -260,7 +260,8 @@ def requested_outputs(
     request: kpb.ModelInferRequest, model: str, specs: tuple[TensorSpec, ...]
 ) -> tuple[TensorSpec, ...]:
     """The outputs the request asks for (all of them for none), refusing an unknown one and what
-    asks for shared memory or classification, which only Triton serves."""
+    asks for classification, which only Triton serves (an output in system shared memory is
+    ``shared_memory_tensors``'s, checked before this)."""
     if not request.outputs:
         return specs
     by_name = {spec.name: spec for spec in specs}
@@ -269,10 +270,10 @@ def requested_outputs(
         what = f"model {model!r}: requested output {output.name!r}"
         if output.name not in by_name:
             raise InvalidInput(f"{what} is not an output of the model; expected one of {list(by_name)}")
-        if any(key.startswith("shared_memory") or key == "classification" for key in output.parameters):
+        if "classification" in output.parameters:
             raise InvalidInput(
-                f"{what}: parameters {sorted(output.parameters)} ask for shared memory or classification, "
-                "which udfserve does not serve; expected plain tensors"
+                f"{what}: parameters {sorted(output.parameters)} ask for classification, which udfserve "
+                "does not serve; expected plain tensors"
             )
         chosen.append(by_name[output.name])
     return tuple(chosen)

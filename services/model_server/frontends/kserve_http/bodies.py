@@ -15,6 +15,12 @@ among an output's parameters, or ``"binary_data_output": true`` among the reques
 output not named with ``"binary_data": false``. Binary outputs follow the JSON in the order of the
 outputs, each as the gRPC front end's raw contents (a BYTES element is a 4-byte little-endian length
 and its bytes), and their size is the output's ``binary_data_size``.
+
+An input or a requested output may name a system shared-memory region instead (its
+``shared_memory_region``, ``shared_memory_offset`` and ``shared_memory_byte_size`` parameters):
+they go to the gRPC request as parameters, and the servicer reads and writes the region
+(``kserve.shared_memory_tensors``); an output written there is answered with those parameters, the
+byte size it took, and no data.
 """
 
 from __future__ import annotations
@@ -39,6 +45,16 @@ from udfserve.services.model_server.frontends.kserve.answers import (
     TensorAnswer,
     TensorAnswers,
 )
+from udfserve.services.model_server.frontends.kserve.shared_memory_tensors import (
+    BYTE_SIZE as SHARED_MEMORY_BYTE_SIZE,
+)
+from udfserve.services.model_server.frontends.kserve.shared_memory_tensors import (
+    OFFSET as SHARED_MEMORY_OFFSET,
+)
+from udfserve.services.model_server.frontends.kserve.shared_memory_tensors import (
+    REGION as SHARED_MEMORY_REGION,
+)
+from udfserve.services.model_server.frontends.kserve.system_shared_memory import SystemSharedMemory
 from udfserve.services.model_server.frontends.kserve.tensors import DecodedTensor
 
 BINARY_DATA_SIZE = "binary_data_size"
@@ -67,6 +83,8 @@ class _Input:
     shape: list[int]
     data: Any = None
     binary: memoryview | None = None
+    shared: dict[str, Any] | None = None
+    """The ``shared_memory_*`` parameters of an input in system shared memory."""
 
 
 @dataclass
@@ -90,8 +108,12 @@ class InferBody:
             model_name=head.model_name, model_version=head.model_version, id=head.id
         )
         for tensor in self._inputs:
-            message.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-            if tensor.binary is not None:
+            added = message.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+            if tensor.shared is not None:  # read out of its region by the servicer
+                for key, value in tensor.shared.items():
+                    what = f"input {clip(tensor.name, 100)!r} parameter {key!r}"
+                    _set_parameter(added.parameters[key], value, what)
+            elif tensor.binary is not None:
                 message.raw_input_contents.append(bytes(tensor.binary))
             else:
                 what = f"{_model_text(head.model_name)}: input {clip(tensor.name, 100)!r}"
@@ -184,12 +206,12 @@ def _inputs(raw_inputs: list[Any], binary: memoryview, model: str) -> list[_Inpu
         ):
             raise InvalidInput(f"{what}: 'shape' is {clip(shape, 80)}; expected a list of integers")
         parameters = _object(raw.get("parameters"), f"{what}: 'parameters'")
-        shared = sorted(key for key in parameters if key.startswith(SHARED_MEMORY_PREFIX))
+        shared = {key: value for key, value in parameters.items() if key.startswith(SHARED_MEMORY_PREFIX)}
         if shared:
-            raise InvalidInput(
-                f"{what}: parameters {shared} name a shared-memory region, which this server does not "
-                "serve (its shared-memory routes answer 501); expected the data in the body"
-            )
+            if "data" in raw or BINARY_DATA_SIZE in parameters:
+                raise InvalidInput(f"{what} names a shared-memory region and carries data; expected one")
+            inputs.append(_Input(name, datatype, shape, shared=shared))
+            continue
         size = parameters.get(BINARY_DATA_SIZE)
         if size is None:
             if "data" not in raw:
@@ -332,7 +354,8 @@ class HttpAnswers(TensorAnswers):
     outputs answered in JSON read here (``texts_of``), before the request counts as answered: JSON
     carries only text, so an output that is not UTF-8 refuses the request (INVALID_ARGUMENT)."""
 
-    def __init__(self, form: OutputFormat) -> None:
+    def __init__(self, form: OutputFormat, regions: SystemSharedMemory | None = None) -> None:
+        super().__init__(regions)
         self.form = form
         self.texts: dict[str, list[str]] = {}
 
@@ -350,7 +373,7 @@ def texts_of(answer: TensorAnswer, form: OutputFormat) -> dict[str, list[str]]:
     is not UTF-8, naming the output and how to ask for it instead."""
     texts = {}
     for name, datatype, shape, raw in answer.tensors:
-        if datatype != "BYTES" or form.binary(name):
+        if datatype != "BYTES" or form.binary(name) or name in answer.shared:
             continue
         elements = codec.deserialize_bytes(bytes(raw), math.prod(shape), name)
         try:
@@ -373,7 +396,14 @@ def answer_body(
     binary: list[Any] = []
     for name, datatype, shape, raw in answer.tensors:
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
-        if form.binary(name):
+        written = answer.shared.get(name)
+        if written is not None:  # in the client's region: said where, and its size
+            tensor["parameters"] = {
+                SHARED_MEMORY_REGION: written.region,
+                **({SHARED_MEMORY_OFFSET: written.offset} if written.offset else {}),
+                SHARED_MEMORY_BYTE_SIZE: written.byte_size,
+            }
+        elif form.binary(name):
             data = raw if isinstance(raw, bytes) else raw.data.cast("B")
             tensor["parameters"] = {BINARY_DATA_SIZE: len(data)}
             binary.append(data)

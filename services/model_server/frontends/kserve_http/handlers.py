@@ -155,6 +155,10 @@ class KServeHandlers:
         await self._ask("RepositoryModelUnload", message, request)
         return Response(status_code=200)
 
+    async def json_body(self, request: Request) -> dict[str, Any]:
+        """The request's body as a JSON object (``{}`` for none), read within the port's bounds."""
+        return await self._json_body(request)
+
     async def _json_body(self, request: Request) -> dict[str, Any]:
         async with self._bounds.body(request) as body:
             if not body.strip():
@@ -208,7 +212,7 @@ class KServeHandlers:
     ) -> tuple[InferBody, HttpAnswers, Callable[[], Any]]:
         """The request read, who answers it, and what starts it on the serving loop."""
         read = read_request(body, header, model, version)
-        front_end = HttpAnswers(read.form)
+        front_end = HttpAnswers(read.form, self._servicer.shared_memory)
         return read, front_end, self._starter(read, job, front_end)
 
     def _starter(self, read: InferBody, job: JobContext, front_end: HttpAnswers) -> Callable[[], Any]:

@@ -1,9 +1,9 @@
 """The route table of the KServe v2 protocol over HTTP, and the port's ASGI app.
 
 The table (``kserve_routes``) is the protocol's, Triton's extensions included. What this server
-does not serve answers 501 with the reason: system and CUDA shared memory, trace and log
-settings, and Triton's generate extension. A route served later replaces its ``refused`` entry
-(system shared memory: the five routes of ``_shared_memory_routes``). Every served route's
+does not serve answers 501 with the reason: CUDA shared memory, trace and log settings, and
+Triton's generate extension; system shared memory is served (``shared_memory``), and refused
+only where the server's shared-memory folder is off. Every served route's
 refusals are answered as the protocol's errors (``_answering``): ``{"error": message}`` with the
 HTTP status of the servicer's gRPC status.
 """
@@ -24,6 +24,10 @@ from udfserve.log_text import clip
 from udfserve.runtime.errors import InvalidInput
 from udfserve.services.model_server.frontends.admin_server import ServingLoopUnresponsive
 from udfserve.services.model_server.frontends.kserve.servicer import KServeServicer
+from udfserve.services.model_server.frontends.kserve.shared_memory_calls import (
+    CUDA_SHARED_MEMORY_REFUSED,
+    SYSTEM_SHARED_MEMORY_OFF,
+)
 from udfserve.services.model_server.frontends.kserve_http.bounds import HttpRefused, PortBounds
 from udfserve.services.model_server.frontends.kserve_http.dispatch import ServingCalls
 from udfserve.services.model_server.frontends.kserve_http.handlers import (
@@ -32,6 +36,10 @@ from udfserve.services.model_server.frontends.kserve_http.handlers import (
     error_response,
 )
 from udfserve.services.model_server.frontends.kserve_http.json_views import http_status
+from udfserve.services.model_server.frontends.kserve_http.shared_memory import (
+    SharedMemoryHandlers,
+    system_shared_memory_routes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +56,7 @@ def refused(reason: str) -> Endpoint:
 
 
 # -- the table ---------------------------------------------------------------------------------
-SYSTEM_SHARED_MEMORY = (
-    "system shared memory is not served by this server (its gRPC calls answer UNIMPLEMENTED too); "
-    "send tensors in the request body, as binary tensor data for speed"
-)
-CUDA_SHARED_MEMORY = (
-    "CUDA shared memory is not served by this server (it needs the client and the server on one "
-    "GPU); send tensors in the request body"
-)
+CUDA_SHARED_MEMORY = CUDA_SHARED_MEMORY_REFUSED
 NOT_SERVED = "{} is not served by this server (its gRPC calls answer UNIMPLEMENTED too)"
 
 
@@ -102,8 +103,9 @@ def _shared_memory_routes(kind: str, reason: str) -> list[Route]:
     ]
 
 
-def kserve_routes(handlers: KServeHandlers) -> list[Route]:
-    """The protocol's routes, served or refused (see the module's docstring)."""
+def kserve_routes(handlers: KServeHandlers, shared_memory: SharedMemoryHandlers | None = None) -> list[Route]:
+    """The protocol's routes, served or refused (see the module's docstring); system shared memory
+    is served by ``shared_memory``, refused without it."""
     trace = refused(NOT_SERVED.format("trace settings"))
     generate = refused(
         "the generate extension is not served by this server; expected .../infer with the model's tensors"
@@ -121,9 +123,14 @@ def kserve_routes(handlers: KServeHandlers) -> list[Route]:
         Route("/v2/repository/index", handlers.repository_index, methods=["POST"]),
         Route("/v2/repository/models/{model}/load", handlers.repository_load, methods=["POST"]),
         Route("/v2/repository/models/{model}/unload", handlers.repository_unload, methods=["POST"]),
+        *(system_shared_memory_routes(shared_memory) if shared_memory is not None else ()),
     ]
     not_served = [
-        *_shared_memory_routes("systemsharedmemory", SYSTEM_SHARED_MEMORY),
+        *(
+            ()
+            if shared_memory is not None
+            else _shared_memory_routes("systemsharedmemory", SYSTEM_SHARED_MEMORY_OFF)
+        ),
         *_shared_memory_routes("cudasharedmemory", CUDA_SHARED_MEMORY),
         Route("/v2/trace/setting", trace, methods=["GET", "POST"]),
         Route("/v2/models/{model}/trace/setting", trace, methods=["GET", "POST"]),
@@ -150,8 +157,12 @@ def kserve_app(servicer: KServeServicer, serving: ServingCalls, bounds: PortBoun
             {"Allow": allow},
         )
 
+    handlers = KServeHandlers(servicer, serving, bounds)
+    shared_memory = (
+        SharedMemoryHandlers(servicer, serving, handlers) if servicer.shared_memory is not None else None
+    )
     app = Starlette(
-        routes=kserve_routes(KServeHandlers(servicer, serving, bounds)),
+        routes=kserve_routes(handlers, shared_memory),
         exception_handlers={404: not_found, 405: not_allowed},
     )
     return bounds.guard(app)

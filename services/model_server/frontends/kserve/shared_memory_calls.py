@@ -1,0 +1,69 @@
+"""The system shared-memory calls of the KServe v2 protocol (register, status, unregister), as
+the servicer answers them on both transports; and the words of what is not served.
+
+The CUDA shared-memory calls stay refused: a CUDA region is device memory that the client's
+process exported with ``cudaIpcGetMemHandle``, which only a server on the same GPU can open, and
+this server copies every request it reads (see ``system_shared_memory``); serving them needs a
+GPU to design and test it on.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from udfserve.protocol.kserve import grpc_service_pb2 as kpb
+from udfserve.runtime.errors import ServingError
+from udfserve.services.model_server.frontends.kserve.system_shared_memory import SystemSharedMemory
+
+CUDA_SHARED_MEMORY_REFUSED = (
+    "CUDA shared memory is not served by this server: it needs the client and the server on one "
+    "GPU, and udfserve reads every request by copy; expected tensors in the request, or in system "
+    "shared memory"
+)
+SYSTEM_SHARED_MEMORY_OFF = (
+    "system shared memory is off on this server (--shared-memory-dir off); expected tensors in the request"
+)
+NATIVE_REFUSAL = (
+    "system shared memory is not served by the native KServe front end (--kserve-port); it is served by "
+    "the python KServe front end, on the server's main gRPC port (--port or --socket), where the regions "
+    "are registered and used"
+)
+
+
+class SharedMemoryNotServed(ServingError):
+    """A call or request naming shared memory where this front end does not serve it."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+def register(
+    regions: SystemSharedMemory | None, request: kpb.SystemSharedMemoryRegisterRequest, client: str
+) -> kpb.SystemSharedMemoryRegisterResponse:
+    _served(regions).register(request.name, request.key, request.offset, request.byte_size, client)
+    return kpb.SystemSharedMemoryRegisterResponse()
+
+
+def status(
+    regions: SystemSharedMemory | None, request: kpb.SystemSharedMemoryStatusRequest
+) -> kpb.SystemSharedMemoryStatusResponse:
+    response = kpb.SystemSharedMemoryStatusResponse()
+    for region in _served(regions).status(request.name):
+        response.regions[region.name].CopyFrom(
+            kpb.SystemSharedMemoryStatusResponse.RegionStatus(
+                name=region.name, key=region.key, offset=region.offset, byte_size=region.byte_size
+            )
+        )
+    return response
+
+
+def unregister(
+    regions: SystemSharedMemory | None, request: kpb.SystemSharedMemoryUnregisterRequest
+) -> kpb.SystemSharedMemoryUnregisterResponse:
+    _served(regions).unregister(request.name)
+    return kpb.SystemSharedMemoryUnregisterResponse()
+
+
+def _served(regions: SystemSharedMemory | None) -> SystemSharedMemory:
+    if regions is None:
+        raise SharedMemoryNotServed(SYSTEM_SHARED_MEMORY_OFF)
+    return regions
