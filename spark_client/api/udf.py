@@ -43,6 +43,7 @@ from udfserve.spark_client.nodes.routing import (
 )
 from udfserve.spark_client.observability.job_context import application_context
 from udfserve.spark_client.observability.stats import ClientStats, counters_unavailable, new_accumulator
+from udfserve.spark_client.observability.tracing import SPARK_CONF_TRACE_KEYS, apply_trace_conf
 from udfserve.spark_client.wire.channels import ConnectFailed
 from udfserve.spark_client.wire.credentials import auth_metadata
 from udfserve.spark_client.wire.protocols import DescribedModel, describe_model
@@ -269,7 +270,8 @@ def build_job(model: str, config: ClientConfig | None, overrides: Mapping[str, A
     if overrides:
         base = ClientConfig.model_validate({**base.model_dump(exclude_unset=True), **overrides})
     spark = _active_session()
-    full = apply_spark_conf(base, _spark_conf(spark))
+    conf = _spark_conf(spark)
+    full = apply_trace_conf(apply_spark_conf(base, conf), conf)
     described = describe_in_driver(model, full)
     bytes_per_row = described.spec.input_bytes_per_row()
     rows = planned_request_rows(
@@ -370,7 +372,7 @@ def _spark_conf(spark: Any) -> dict[str, str]:
     if spark is None:
         return {}
     conf = {}
-    for key in SPARK_CONF_KEYS:
+    for key in (*SPARK_CONF_KEYS, *SPARK_CONF_TRACE_KEYS):
         value = spark.conf.get(key, None)
         if value:
             conf[key] = value

@@ -17,8 +17,8 @@ import pyarrow as pa
 
 from udfserve.spark_client.executor.partition import PredictJob, predict_partition
 from udfserve.spark_client.executor.rechunk import Carry, Pieces, Rechunker
+from udfserve.spark_client.nodes.fallback_report import report_fallback_rows
 from udfserve.spark_client.nodes.routing import TaskPlacement, placement_from_resources
-from udfserve.spark_client.observability.fallback_report import report_fallback_rows
 from udfserve.spark_client.observability.job_context import SparkJobContext
 from udfserve.spark_client.observability.stats import ClientStats
 

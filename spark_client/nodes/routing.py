@@ -57,9 +57,6 @@ SPARK_CONF_VERSION_CONSISTENCY = "spark.udfserve.versionConsistency"
 SPARK_CONF_WHEN_PINNED_VERSION_GONE = "spark.udfserve.whenPinnedVersionGone"
 SPARK_CONF_FALLBACK_REPOSITORY_FROM_NODE = "spark.udfserve.fallbackRepositoryFromNode"
 SPARK_CONF_NODE_START = "spark.udfserve.nodeStart"
-SPARK_CONF_TRACE_SAMPLE_RATIO = "spark.udfserve.trace.sampleRatio"
-SPARK_CONF_TRACE_PARENT = "spark.udfserve.trace.parent"
-SPARK_CONF_TRACE_JOB = "spark.udfserve.trace.job"
 
 _SPARK_CONF_PATHS = {
     SPARK_CONF_DISCOVERY_FILE: "discovery_file",
@@ -81,17 +78,9 @@ _SPARK_CONF_SETTINGS = {
     SPARK_CONF_WHEN_PINNED_VERSION_GONE: "when_pinned_version_gone",
     SPARK_CONF_FALLBACK_REPOSITORY_FROM_NODE: "fallback_repository_from_node",
     SPARK_CONF_NODE_START: "node_start",
-    SPARK_CONF_TRACE_SAMPLE_RATIO: "trace_sample_ratio",
-    SPARK_CONF_TRACE_PARENT: "traceparent",
 }
 """Settings with a default of their own: the conf applies unless the UDF's config set them."""
-SPARK_CONF_KEYS = (
-    SPARK_CONF_ADDRESS,
-    SPARK_CONF_AUTH_TOKEN,
-    SPARK_CONF_TRACE_JOB,
-    *_SPARK_CONF_SETTINGS,
-    *_SPARK_CONF_PATHS,
-)
+SPARK_CONF_KEYS = (SPARK_CONF_ADDRESS, SPARK_CONF_AUTH_TOKEN, *_SPARK_CONF_SETTINGS, *_SPARK_CONF_PATHS)
 """Every Spark conf key the driver reads when a UDF is built."""
 
 
@@ -153,9 +142,7 @@ def apply_spark_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientCon
     """Fill what the config leaves open from the Spark conf, in the driver, once.
 
     The explicit config wins; the conf's values are frozen into the config that ships with the UDF.
-    A token file or a token in the UDF's config beats both token keys of the conf. A traceparent,
-    the config's or ``spark.udfserve.trace.parent``, beats ``spark.udfserve.trace.job`` (a new
-    trace for the UDF's job, made here).
+    A token file or a token in the UDF's config beats both token keys of the conf.
     """
     update: dict[str, object] = {}
     used: list[str] = []
@@ -176,13 +163,6 @@ def apply_spark_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientCon
     if not has_token and "auth_token_file" not in update and conf.get(SPARK_CONF_AUTH_TOKEN):
         update["auth_token"] = conf[SPARK_CONF_AUTH_TOKEN]
         used.append(SPARK_CONF_AUTH_TOKEN)
-    if "traceparent" not in config.model_fields_set and "traceparent" not in update:
-        from udfserve.spark_client.observability.tracing import conf_job_traceparent
-
-        traceparent = conf_job_traceparent(conf.get(SPARK_CONF_TRACE_JOB, ""), SPARK_CONF_TRACE_JOB)
-        if traceparent is not None:
-            update["traceparent"] = traceparent
-            used.append(SPARK_CONF_TRACE_JOB)
     if not update:
         return config
     try:

@@ -10,9 +10,9 @@ no header and the server records nothing for it. Otherwise:
   probability; the server records the requests of a sampled task, and of no other.
 
 A job can be traced without code: the Spark conf ``spark.udfserve.trace.job=true`` gives the UDF's
-job a trace of its own, made in the driver when the UDF is built (``conf_job_traceparent``);
+job a trace of its own, made in the driver when the UDF is built;
 ``spark.udfserve.trace.parent`` names one, ``spark.udfserve.trace.sampleRatio`` samples tasks
-(``nodes.routing.apply_spark_conf`` reads them).
+(``apply_trace_conf``, in the driver with the other ``spark.udfserve`` keys).
 
 Nothing here imports OpenTelemetry: the header is made by ``udfserve.tracing``.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping
 
 from udfserve.spark_client.common.config import ClientConfig
 from udfserve.spark_client.wire.credentials import CallMetadata
@@ -64,20 +65,49 @@ def _active_span_context() -> TraceParent | None:
     )
 
 
-def conf_job_traceparent(value: str, key: str) -> str | None:
-    """For the Spark conf ``key`` (``spark.udfserve.trace.job``): a job traceparent when its
-    ``value`` is true (``job_traceparent()``, logged so that the trace can be found), None when
-    false or unset; ValueError naming the key for anything else."""
+SPARK_CONF_TRACE_JOB = "spark.udfserve.trace.job"
+SPARK_CONF_TRACE_PARENT = "spark.udfserve.trace.parent"
+SPARK_CONF_TRACE_SAMPLE_RATIO = "spark.udfserve.trace.sampleRatio"
+SPARK_CONF_TRACE_KEYS = (SPARK_CONF_TRACE_JOB, SPARK_CONF_TRACE_PARENT, SPARK_CONF_TRACE_SAMPLE_RATIO)
+"""The Spark conf keys that trace a job without a change to its code, read in the driver."""
+
+
+def apply_trace_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientConfig:
+    """Fill the config's tracing from the Spark conf, in the driver, when the UDF is built: a
+    field the config sets beats its key, ``spark.udfserve.trace.parent`` beats
+    ``spark.udfserve.trace.job`` (a new trace for the UDF's job, made here and logged).
+    ValueError naming the key for a value that is not a switch, a traceparent or a ratio."""
+    update: dict[str, object] = {}
+    used: list[str] = []
+    if "trace_sample_ratio" not in config.model_fields_set and conf.get(SPARK_CONF_TRACE_SAMPLE_RATIO):
+        update["trace_sample_ratio"] = conf[SPARK_CONF_TRACE_SAMPLE_RATIO].strip()
+        used.append(SPARK_CONF_TRACE_SAMPLE_RATIO)
+    if "traceparent" not in config.model_fields_set:
+        if conf.get(SPARK_CONF_TRACE_PARENT):
+            update["traceparent"] = conf[SPARK_CONF_TRACE_PARENT].strip()
+            used.append(SPARK_CONF_TRACE_PARENT)
+        elif _switch(conf.get(SPARK_CONF_TRACE_JOB, ""), SPARK_CONF_TRACE_JOB):
+            update["traceparent"] = job_traceparent()
+            used.append(SPARK_CONF_TRACE_JOB)
+            logger.info(
+                "udfserve: the job's requests are traced under trace %s (%s)",
+                str(update["traceparent"]).split("-")[1],
+                SPARK_CONF_TRACE_JOB,
+            )
+    if not update:
+        return config
+    try:
+        return ClientConfig.model_validate({**config.model_dump(exclude_unset=True), **update})
+    except ValueError as exc:
+        raise ValueError(
+            f"the Spark conf ({', '.join(used)}) does not make a valid ClientConfig: {exc}"
+        ) from None
+
+
+def _switch(value: str, key: str) -> bool:
     word = value.strip().lower()
+    if word in _TRUE:
+        return True
     if word in _FALSE:
-        return None
-    if word not in _TRUE:
-        raise ValueError(f"the Spark conf {key}={value!r} is not a switch; expected true or false")
-    traceparent = job_traceparent()
-    context = parse_traceparent(traceparent)
-    logger.info(
-        "udfserve: the job's requests are traced under trace %s (%s)",
-        context.trace_id_hex if context is not None else traceparent,
-        key,
-    )
-    return traceparent
+        return False
+    raise ValueError(f"the Spark conf {key}={value!r} is not a switch; expected true or false")
