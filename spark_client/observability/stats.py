@@ -153,6 +153,7 @@ def counters_unavailable(application: SparkJobContext) -> CountersUnavailable:
         "tasks' counts. The model servers count the rows they answer per application instead: read "
         f'GET /v1/spark/applications or udfserve_app_rows_total{{app_id="{app_id}"}} on each server; '
         "rows the CPU fallback answered are not counted there (each partition that moves to the CPU "
-        "logs a WARNING in its executor's log), and with_version=True answers each row's model "
-        "version as a column"
+        "logs a WARNING in its executor's log; on a node with a supervisor, its /metrics counts them as "
+        f'udfserve_client_fallback_rows_total{{application="{app_id}"}}), and with_version=True '
+        "answers each row's model version as a column"
     )

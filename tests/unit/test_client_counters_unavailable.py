@@ -16,6 +16,7 @@ def test_a_connect_application_is_pointed_at_the_servers_counts_of_its_id() -> N
     assert "Spark Connect session (application 'local-17', name 'scoring')" in message
     assert 'udfserve_app_rows_total{app_id="local-17"}' in message and "/v1/spark/applications" in message
     assert "CPU fallback answered are not counted there" in message
+    assert 'udfserve_client_fallback_rows_total{application="local-17"}' in message
 
 
 def test_a_udf_built_without_a_session_is_told_to_start_one_first() -> None:
