@@ -136,6 +136,7 @@ def test_server_metadata_lists_the_same_extensions_on_both_protocols(
             "model_configuration",
             "model_repository",
             "statistics",
+            "system_shared_memory",
         ]
     )
 

@@ -163,7 +163,7 @@ def write_outputs(
         wanted = ranges.get(name)
         if wanted is None:
             continue
-        data = memoryview(raw).cast("B") if isinstance(raw, np.ndarray) else memoryview(raw)
+        data = raw.data.cast("B") if isinstance(raw, np.ndarray) else memoryview(raw)
         what = f"model {clip(model)!r}: output {clip(name, 100)!r}"
         regions.write(wanted.region, wanted.offset, wanted.byte_size, data, what)
         written[name] = WrittenOutput(wanted.region, wanted.offset, len(data))

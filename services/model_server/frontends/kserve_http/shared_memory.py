@@ -93,7 +93,7 @@ def _field(body: dict[str, Any], key: str, kind: type, default: Any = None) -> A
             f"the register body's {key!r} is {clip(value, 40)}; expected a {kind.__name__} "
             "(a body of 'key', 'offset' and 'byte_size')"
         )
-    if kind is int and not 0 <= value < 1 << 64:
+    if isinstance(value, int) and not 0 <= value < 1 << 64:
         raise InvalidInput(f"the register body's {key!r} is {value}; expected a uint64")
     return value
 
