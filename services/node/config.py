@@ -17,10 +17,9 @@ from __future__ import annotations
 import shlex
 import socket
 from pathlib import Path
-from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import NoDecode, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from udfserve.discovery import (
     DISCOVERY_FILE_ENV,
@@ -29,8 +28,8 @@ from udfserve.discovery import (
     default_runtime_dir,
 )
 from udfserve.fallback_reports import FALLBACK_REPORTS_DIR_NAME
-from udfserve.runtime.model_config import validate_model_name
 from udfserve.services.model_server.config import ServerConfig, is_loopback
+from udfserve.services.model_server.config.models import ModelNames
 from udfserve.services.model_server.shared_settings import SHARED_SETTINGS, SharedServerSettings
 from udfserve.services.node.devices import DeviceError, DeviceSlot, check_devices_syntax
 from udfserve.services.node.runtime_dir import PRIVATE_MODE, SHARED_MODE
@@ -67,7 +66,7 @@ class NodeConfig(SharedServerSettings):
         return None
 
     model_repository: Path = Field(description="model repository every server loads")
-    models: Annotated[tuple[str, ...], NoDecode] = Field(
+    models: ModelNames = Field(
         default=(), description="load only these models, comma separated (default: all)"
     )
     devices: str = Field(
@@ -164,18 +163,6 @@ class NodeConfig(SharedServerSettings):
         "holds locked; closed once the node holds its own lock, so that no second node starts meanwhile "
         "(set by the Spark jobs that start nodes; default: none)",
     )
-
-    @field_validator("models", mode="before")
-    @classmethod
-    def _split_models(cls, value: object) -> object:
-        if isinstance(value, str):
-            return tuple(v.strip() for v in value.split(",") if v.strip())
-        return value
-
-    @field_validator("models")
-    @classmethod
-    def _model_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(validate_model_name(v) for v in value)
 
     @field_validator("devices")
     @classmethod

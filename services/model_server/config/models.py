@@ -6,19 +6,33 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 from pydantic_settings import NoDecode
 
 from udfserve.runtime.model_config import validate_model_name
+
+
+def _split_commas(value: object) -> object:
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    return value
+
+
+ModelNames = Annotated[
+    tuple[str, ...],
+    NoDecode,  # "a,b" from a flag or a variable is split here, not read as JSON
+    BeforeValidator(_split_commas),
+    AfterValidator(lambda names: tuple(validate_model_name(name) for name in names)),
+]
+"""Names of models to load: comma-separated in a flag or a variable, each a valid model name. The
+server's and the node's ``--models`` both take it."""
 
 
 class ModelSettings(BaseModel):
     """The repository and the versions kept leased (``core.version_leases``)."""
 
     model_repository: Path = Field(description="folder of <model>/config.yaml and <model>/<version>/")
-    models: Annotated[tuple[str, ...], NoDecode] = Field(
-        default=(), description="load only these models (default: all)"
-    )
+    models: ModelNames = Field(default=(), description="load only these models (default: all)")
     version_lease_s: float = Field(
         default=60.0,
         ge=0.0,
@@ -40,15 +54,3 @@ class ModelSettings(BaseModel):
         description="bytes of model files (on disk) of the versions kept for leases, over every model; "
         "a version that would take it past is unloaded at once",
     )
-
-    @field_validator("models", mode="before")
-    @classmethod
-    def _split_models(cls, value: object) -> object:
-        if isinstance(value, str):
-            return tuple(v.strip() for v in value.split(",") if v.strip())
-        return value
-
-    @field_validator("models")
-    @classmethod
-    def _model_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(validate_model_name(v) for v in value)
