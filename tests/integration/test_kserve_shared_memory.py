@@ -11,6 +11,7 @@ only), the bounds (RESOURCE_EXHAUSTED naming them), and the token.
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -189,6 +190,33 @@ def test_grpc_inference_from_a_region_answers_outputs_inline_when_not_asked_in_o
     grpc_client.register_system_shared_memory(name, key, INPUT_BYTES, headers=AUTHORIZED)
     result = grpc_shm_infer(grpc_client, name, None)
     np.testing.assert_array_equal(result.as_numpy("probabilities"), inline_answer(grpc_client, x))
+
+
+def test_a_stream_reads_inputs_from_a_region_and_writes_outputs_into_one(
+    grpc_client: triton_grpc.InferenceServerClient, regions: list
+) -> None:
+    x = features(ROWS)
+    input_name, input_key, input_handle = new_region(regions, INPUT_BYTES)
+    output_name, output_key, output_handle = new_region(regions, OUTPUT_BYTES)
+    shm.set_shared_memory_region(input_handle, [x])
+    grpc_client.register_system_shared_memory(input_name, input_key, INPUT_BYTES, headers=AUTHORIZED)
+    grpc_client.register_system_shared_memory(output_name, output_key, OUTPUT_BYTES, headers=AUTHORIZED)
+    tensor = triton_grpc.InferInput("features", [ROWS, 64], "FP32")
+    tensor.set_shared_memory(input_name, INPUT_BYTES)
+    output = triton_grpc.InferRequestedOutput("probabilities")
+    output.set_shared_memory(output_name, OUTPUT_BYTES)
+    answers: queue.Queue[Any] = queue.Queue()
+
+    grpc_client.start_stream(callback=lambda result, error: answers.put((result, error)), headers=AUTHORIZED)
+    try:
+        grpc_client.async_stream_infer("tabular_mlp", [tensor], outputs=[output], request_id="shm")
+        result, error = answers.get(timeout=60)
+    finally:
+        grpc_client.stop_stream()
+
+    assert error is None and result.get_response().id == "shm"
+    written = shm.get_contents_as_numpy(output_handle, np.float32, [ROWS, 8])
+    np.testing.assert_array_equal(written, inline_answer(grpc_client, x))
 
 
 def test_http_inference_reads_inputs_from_a_region_and_writes_outputs_into_one(

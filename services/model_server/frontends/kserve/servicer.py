@@ -59,8 +59,8 @@ from udfserve.services.model_server.frontends.kserve.metadata import (
     model_statistics,
 )
 from udfserve.services.model_server.frontends.kserve.shared_memory_calls import (
-    CUDA_SHARED_MEMORY_REFUSED,
     NATIVE_REFUSAL,
+    SharedMemoryCalls,
     SharedMemoryNotServed,
 )
 from udfserve.services.model_server.frontends.kserve.shared_memory_tensors import (
@@ -68,7 +68,7 @@ from udfserve.services.model_server.frontends.kserve.shared_memory_tensors impor
     read_inputs,
     uses_shared_memory,
 )
-from udfserve.services.model_server.frontends.kserve.system_shared_memory import SystemSharedMemory, client_of
+from udfserve.services.model_server.frontends.kserve.system_shared_memory import SystemSharedMemory
 from udfserve.services.model_server.frontends.kserve.tensors import (
     DecodedTensor,
     InputPlan,
@@ -105,12 +105,12 @@ async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, messa
     raise AssertionError("context.abort returned")  # it raises
 
 
-class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
+class KServeServicer(SharedMemoryCalls, kpb_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` over the models of this process.
 
     RPCs not overridden here (trace and log settings) answer UNIMPLEMENTED, as the generated base
-    class does; CUDA shared memory is refused with UNIMPLEMENTED and its reason. System shared memory
-    is served when ``shared_memory`` is given (``system_shared_memory``).
+    class does. The shared-memory calls are ``SharedMemoryCalls``': system shared memory served when
+    ``shared_memory`` is given, CUDA shared memory refused with UNIMPLEMENTED and its reason.
     """
 
     def __init__(
@@ -220,43 +220,6 @@ class KServeServicer(kpb_grpc.GRPCInferenceServiceServicer):
             code, text = failure_status(exc, f"the unload of model '{clip(request.model_name)}'")
             await _abort(context, code, text)
         return kpb.RepositoryModelUnloadResponse()
-
-    # -- system shared memory (CUDA shared memory refused) ------------------------------------
-    async def SystemSharedMemoryRegister(
-        self, request: kpb.SystemSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
-    ) -> kpb.SystemSharedMemoryRegisterResponse:
-        """Registered for the whole server; bounded per client by the peer's address."""
-        try:
-            return shared_memory_calls.register(self.shared_memory, request, client_of(context.peer()))
-        except ServingError as exc:
-            await _abort(context, exc.code, exc.message)
-
-    async def SystemSharedMemoryStatus(
-        self, request: kpb.SystemSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
-    ) -> kpb.SystemSharedMemoryStatusResponse:
-        try:
-            return shared_memory_calls.status(self.shared_memory, request)
-        except ServingError as exc:
-            await _abort(context, exc.code, exc.message)
-
-    async def SystemSharedMemoryUnregister(
-        self, request: kpb.SystemSharedMemoryUnregisterRequest, context: grpc.aio.ServicerContext
-    ) -> kpb.SystemSharedMemoryUnregisterResponse:
-        try:
-            return shared_memory_calls.unregister(self.shared_memory, request)
-        except ServingError as exc:
-            await _abort(context, exc.code, exc.message)
-
-    async def CudaSharedMemoryRegister(self, request: object, context: grpc.aio.ServicerContext) -> NoReturn:
-        await _abort(context, grpc.StatusCode.UNIMPLEMENTED, CUDA_SHARED_MEMORY_REFUSED)
-
-    async def CudaSharedMemoryStatus(self, request: object, context: grpc.aio.ServicerContext) -> NoReturn:
-        await _abort(context, grpc.StatusCode.UNIMPLEMENTED, CUDA_SHARED_MEMORY_REFUSED)
-
-    async def CudaSharedMemoryUnregister(
-        self, request: object, context: grpc.aio.ServicerContext
-    ) -> NoReturn:
-        await _abort(context, grpc.StatusCode.UNIMPLEMENTED, CUDA_SHARED_MEMORY_REFUSED)
 
     # -- inference -------------------------------------------------------------------------
     async def ModelInfer(

@@ -9,11 +9,16 @@ GPU to design and test it on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
 import grpc
 
 from udfserve.protocol.kserve import grpc_service_pb2 as kpb
 from udfserve.runtime.errors import ServingError
-from udfserve.services.model_server.frontends.kserve.system_shared_memory import SystemSharedMemory
+from udfserve.services.model_server.frontends.kserve.system_shared_memory import SystemSharedMemory, client_of
+
+_R = TypeVar("_R")
 
 CUDA_SHARED_MEMORY_REFUSED = (
     "CUDA shared memory is not served by this server: it needs the client and the server on one "
@@ -67,3 +72,53 @@ def _served(regions: SystemSharedMemory | None) -> SystemSharedMemory:
     if regions is None:
         raise SharedMemoryNotServed(SYSTEM_SHARED_MEMORY_OFF)
     return regions
+
+
+async def _answered(context: grpc.aio.ServicerContext, call: Callable[[], _R]) -> _R:
+    """``call``'s answer, or the call ended with the status of its ``ServingError``."""
+    try:
+        return call()
+    except ServingError as exc:
+        await context.abort(exc.code, exc.message)
+        raise AssertionError("context.abort returned") from None  # it raises
+
+
+async def _cuda_refused(context: grpc.aio.ServicerContext) -> NoReturn:
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, CUDA_SHARED_MEMORY_REFUSED)
+    raise AssertionError("context.abort returned")  # it raises
+
+
+class SharedMemoryCalls:
+    """The shared-memory methods of ``KServeServicer`` (``GRPCInferenceService``'s six), over
+    ``shared_memory``: the server's regions, None where system shared memory is off."""
+
+    shared_memory: SystemSharedMemory | None
+
+    async def SystemSharedMemoryRegister(
+        self, request: kpb.SystemSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.SystemSharedMemoryRegisterResponse:
+        """Registered for the whole server; bounded per client by the peer's address."""
+        return await _answered(
+            context, lambda: register(self.shared_memory, request, client_of(context.peer()))
+        )
+
+    async def SystemSharedMemoryStatus(
+        self, request: kpb.SystemSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.SystemSharedMemoryStatusResponse:
+        return await _answered(context, lambda: status(self.shared_memory, request))
+
+    async def SystemSharedMemoryUnregister(
+        self, request: kpb.SystemSharedMemoryUnregisterRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.SystemSharedMemoryUnregisterResponse:
+        return await _answered(context, lambda: unregister(self.shared_memory, request))
+
+    async def CudaSharedMemoryRegister(self, request: object, context: grpc.aio.ServicerContext) -> NoReturn:
+        await _cuda_refused(context)
+
+    async def CudaSharedMemoryStatus(self, request: object, context: grpc.aio.ServicerContext) -> NoReturn:
+        await _cuda_refused(context)
+
+    async def CudaSharedMemoryUnregister(
+        self, request: object, context: grpc.aio.ServicerContext
+    ) -> NoReturn:
+        await _cuda_refused(context)

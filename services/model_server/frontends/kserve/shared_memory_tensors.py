@@ -170,9 +170,17 @@ def write_outputs(
     return written
 
 
+def written_parameters(written: WrittenOutput) -> dict[str, str | int]:
+    """The parameters by which a response says where an output was written, and its size (the
+    offset only when not 0)."""
+    offset: dict[str, str | int] = {OFFSET: written.offset} if written.offset else {}
+    return {REGION: written.region, **offset, BYTE_SIZE: written.byte_size}
+
+
 def add_written_parameters(output: kpb.ModelInferResponse.InferOutputTensor, written: WrittenOutput) -> None:
-    """The parameters by which a response says where an output was written, and its size."""
-    output.parameters[REGION].string_param = written.region
-    if written.offset:
-        output.parameters[OFFSET].int64_param = written.offset
-    output.parameters[BYTE_SIZE].int64_param = written.byte_size
+    """``written_parameters`` among a gRPC response's output's parameters."""
+    for key, value in written_parameters(written).items():
+        if isinstance(value, str):
+            output.parameters[key].string_param = value
+        else:
+            output.parameters[key].int64_param = value

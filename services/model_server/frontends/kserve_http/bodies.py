@@ -45,15 +45,7 @@ from udfserve.services.model_server.frontends.kserve.answers import (
     TensorAnswer,
     TensorAnswers,
 )
-from udfserve.services.model_server.frontends.kserve.shared_memory_tensors import (
-    BYTE_SIZE as SHARED_MEMORY_BYTE_SIZE,
-)
-from udfserve.services.model_server.frontends.kserve.shared_memory_tensors import (
-    OFFSET as SHARED_MEMORY_OFFSET,
-)
-from udfserve.services.model_server.frontends.kserve.shared_memory_tensors import (
-    REGION as SHARED_MEMORY_REGION,
-)
+from udfserve.services.model_server.frontends.kserve.shared_memory_tensors import written_parameters
 from udfserve.services.model_server.frontends.kserve.system_shared_memory import SystemSharedMemory
 from udfserve.services.model_server.frontends.kserve.tensors import DecodedTensor
 
@@ -398,11 +390,7 @@ def answer_body(
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
         written = answer.shared.get(name)
         if written is not None:  # in the client's region: said where, and its size
-            tensor["parameters"] = {
-                SHARED_MEMORY_REGION: written.region,
-                **({SHARED_MEMORY_OFFSET: written.offset} if written.offset else {}),
-                SHARED_MEMORY_BYTE_SIZE: written.byte_size,
-            }
+            tensor["parameters"] = written_parameters(written)
         elif form.binary(name):
             data = raw if isinstance(raw, bytes) else raw.data.cast("B")
             tensor["parameters"] = {BINARY_DATA_SIZE: len(data)}
