@@ -68,9 +68,11 @@ def region_range(parameters: Mapping[str, kpb.InferParameter], what: str) -> Reg
 
 def uses_shared_memory(message: kpb.ModelInferRequest) -> bool:
     """Whether any input or requested output of ``message`` names shared memory."""
-    return any(
-        key.startswith(PREFIX) for tensor in (*message.inputs, *message.outputs) for key in tensor.parameters
-    )
+    for tensors in (message.inputs, message.outputs):
+        for tensor in tensors:
+            if tensor.parameters and any(key.startswith(PREFIX) for key in tensor.parameters):
+                return True
+    return False
 
 
 def read_inputs(
