@@ -5,7 +5,8 @@ One server with a token, the HTTP port, and small bounds on registered regions: 
 status and unregistration through both protocols, inputs read from a region and outputs written
 into one (answers equal to the inline ones), the regions the server refuses (outside its folder,
 a symbolic link), a region that shrank after registration (INVALID_ARGUMENT for that request
-only), the bounds (RESOURCE_EXHAUSTED naming them), and the token.
+only), the bounds (RESOURCE_EXHAUSTED naming them, one client's regions counted through both
+protocols), and the token. Last, a server whose shared-memory folder is off refuses it.
 """
 
 from __future__ import annotations
@@ -318,6 +319,42 @@ def test_registrations_beyond_a_clients_bounds_are_resource_exhausted_naming_the
     assert "--kserve-shared-memory-max-bytes-per-client" in error.message()
 
 
+def test_a_clients_regions_count_against_its_bound_through_both_protocols(
+    grpc_client: triton_grpc.InferenceServerClient,
+    http_client: triton_http.InferenceServerClient,
+    regions: list,
+) -> None:
+    for _ in range(MAX_REGIONS_PER_CLIENT):
+        name, key, _ = new_region(regions, 64)
+        grpc_client.register_system_shared_memory(name, key, 64, headers=AUTHORIZED)
+    name, key, _ = new_region(regions, 64)
+    error = refusal(lambda: http_client.register_system_shared_memory(name, key, 64, headers=AUTHORIZED))
+    assert error.status() == "429" and "--kserve-shared-memory-max-regions-per-client" in error.message()
+
+
+def test_an_output_larger_than_its_range_is_invalid_argument_and_the_next_request_is_served(
+    grpc_client: triton_grpc.InferenceServerClient, regions: list
+) -> None:
+    x = features(ROWS)
+    input_name, input_key, input_handle = new_region(regions, INPUT_BYTES)
+    output_name, output_key, _ = new_region(regions, OUTPUT_BYTES)
+    shm.set_shared_memory_region(input_handle, [x])
+    grpc_client.register_system_shared_memory(input_name, input_key, INPUT_BYTES, headers=AUTHORIZED)
+    grpc_client.register_system_shared_memory(output_name, output_key, OUTPUT_BYTES, headers=AUTHORIZED)
+    tensor = triton_grpc.InferInput("features", [ROWS, 64], "FP32")
+    tensor.set_shared_memory(input_name, INPUT_BYTES)
+    output = triton_grpc.InferRequestedOutput("probabilities")
+    output.set_shared_memory(output_name, OUTPUT_BYTES // 2)
+
+    error = refusal(lambda: grpc_client.infer("tabular_mlp", [tensor], outputs=[output], headers=AUTHORIZED))
+
+    assert error.status() == "StatusCode.INVALID_ARGUMENT"
+    assert f"output 'probabilities' is {OUTPUT_BYTES} bytes" in error.message()
+    np.testing.assert_array_equal(
+        grpc_shm_infer(grpc_client, input_name, None).as_numpy("probabilities"), inline_answer(grpc_client, x)
+    )
+
+
 def test_shared_memory_calls_need_the_token_on_both_protocols(
     grpc_client: triton_grpc.InferenceServerClient,
     http_client: triton_http.InferenceServerClient,
@@ -346,3 +383,35 @@ def test_cuda_shared_memory_is_refused_naming_why(
     assert error.status() == "StatusCode.UNIMPLEMENTED" and "GPU" in error.message()
     error = refusal(lambda: http_client.get_cuda_shared_memory_status(headers=AUTHORIZED))
     assert error.status() == "501" and "GPU" in error.message()
+
+
+@pytest.fixture(scope="module")
+def server_without_shared_memory(
+    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    repository = tmp_path_factory.mktemp("kserve-shm-off-repo")
+    shutil.copytree(example_repository / "tabular_mlp", repository / "tabular_mlp")
+    process = launch_server(
+        repository,
+        socket=socket_dir / "kserve-shm-off.sock",
+        log_path=repository.parent / "kserve-shm-off.log",
+        extra_args=["--kserve-http-port", "0", "--shared-memory-dir", "off"],
+    )
+    yield process
+    process.terminate()
+
+
+def test_with_the_shared_memory_folder_off_system_shared_memory_is_refused_and_not_listed(
+    server_without_shared_memory: ServerProcess,
+) -> None:
+    assert server_without_shared_memory.tcp_address is not None
+    assert server_without_shared_memory.kserve_http_address is not None
+    with (
+        triton_grpc.InferenceServerClient(server_without_shared_memory.tcp_address) as grpc_client,
+        triton_http.InferenceServerClient(server_without_shared_memory.kserve_http_address) as http_client,
+    ):
+        assert "system_shared_memory" not in grpc_client.get_server_metadata().extensions
+        error = refusal(lambda: grpc_client.register_system_shared_memory("r", "/udfserve-off", 64))
+        assert error.status() == "StatusCode.UNIMPLEMENTED" and "--shared-memory-dir off" in error.message()
+        error = refusal(lambda: http_client.get_system_shared_memory_status())
+        assert error.status() == "501" and "--shared-memory-dir off" in error.message()
