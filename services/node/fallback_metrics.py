@@ -4,9 +4,13 @@ node, read from their reports (``udfserve.fallback_reports``) when the superviso
 Bounded whatever the clients write, since any local user may write a report in a shared runtime
 folder:
 
-- one scrape reads at most ``MAX_REPORT_FILES`` entries of the folder, each at most
-  ``MAX_REPORT_BYTES``; a file that is not a report (its name, type, owner or contents) is
-  removed, as is a report unchanged for ``REPORT_RETENTION_S`` (its counts stay in the totals);
+- one scrape looks at most at ``MAX_SCANNED_ENTRIES`` names and reads at most
+  ``MAX_REPORT_FILES`` reports, the node user's first, each at most ``MAX_REPORT_BYTES``; a user
+  other than the node's keeps at most ``MAX_REPORTS_PER_OTHER_USER`` reports (the rest are
+  removed unread); a file that is not a report (its name, type, owner or contents) is
+  removed, as is a report unchanged for ``REPORT_RETENTION_S`` (its counts stay in the totals)
+  and a temporary file older than ``TEMPORARY_RETENTION_S``, so files put there to take up a
+  scrape's reads are gone after a few scrapes;
 - the label sets are bounded: at most ``MAX_FALLBACK_SERIES`` (model, application, owner)
   series, as the servers bound their per-application series (``MAX_TRACKED_APPS``); rows of a
   series beyond it are counted under ``model="other", application="other"``, so the total by
@@ -21,6 +25,7 @@ started again, and counts whole).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import stat
@@ -34,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from udfserve.fallback_reports import (
     PRIVATE_FOLDER_MODE,
+    REPORT_NAME,
     SHARED_FOLDER_MODE,
     ReportRefused,
     read_report,
@@ -42,12 +48,21 @@ from udfserve.fallback_reports import (
 logger = logging.getLogger(__name__)
 
 MAX_REPORT_FILES = 1024
-"""Folder entries one scrape reads: a node's executors write one report per Python worker and
-application, so a few hundred at most; more is a flood, whose excess waits for a later scrape."""
+"""Reports one scrape reads, the node user's first: a node's executors write one report per Python
+worker and application, so a few hundred at most; more waits for a later scrape."""
+MAX_SCANNED_ENTRIES = 16_384
+"""Folder entries one scrape looks at (names only: a few milliseconds)."""
+MAX_REPORTS_PER_OTHER_USER = 256
+"""Reports kept of any one user other than the node's; beyond, removed unread, so that one user's
+files cannot crowd out the others'."""
+MAX_REMEMBERED = 65_536
+"""(report, model) counts remembered between scrapes, whatever the scans saw."""
 MAX_FALLBACK_SERIES = 256
 """Distinct (model, application, owner) series exported; beyond, rows count under "other"."""
 REPORT_RETENTION_S = 86_400.0
 """A report unchanged this long belongs to a worker long gone: removed once counted."""
+TEMPORARY_RETENTION_S = 60.0
+"""A report's temporary file (a name starting with a dot) older than this is removed."""
 OVERFLOW = "other"
 
 
@@ -83,6 +98,8 @@ class FallbackRows(Collector):
         """(file name, model) -> its rows at the last read."""
         self._totals: dict[tuple[str, str, str], int] = {}
         """(model, application, owner) -> rows."""
+        self._last_read: dict[str, str] = {}
+        """The name of the last report read, of the node's user and of the others."""
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         with self._lock:
@@ -100,22 +117,61 @@ class FallbackRows(Collector):
 
     def _read_reports(self) -> None:
         now = time.time()
-        present: set[str] = set()
+        names, complete = self._scan(now)
+        ours = sorted(name for name, uid in names.items() if uid in self._trusted)
+        theirs: list[str] = []
+        per_user: dict[int, int] = {}
+        for name in sorted(set(names) - set(ours)):
+            uid = names[name]
+            per_user[uid] = per_user.get(uid, 0) + 1
+            if per_user[uid] > MAX_REPORTS_PER_OTHER_USER:
+                logger.warning(
+                    "removing %s: uid %d has more than %d fallback reports",
+                    name,
+                    uid,
+                    MAX_REPORTS_PER_OTHER_USER,
+                )
+                (self.folder / name).unlink(missing_ok=True)
+            else:
+                theirs.append(name)
+        budget = MAX_REPORT_FILES
+        for group, group_names in (("node", ours), ("other", theirs)):
+            # each scrape goes on after the last report it read, so that every report is read in turn
+            turn = _after(group_names, self._last_read.get(group, ""))[:budget]
+            for name in turn:
+                self._read_one(name, now)
+            if turn:
+                self._last_read[group] = turn[-1]
+            budget -= len(turn)
+        # forget the files that are gone (their counts stay in the totals); a scan cut short saw
+        # only some names, and forgets nothing unless what it remembers outgrew its bound
+        if complete or len(self._seen) > MAX_REMEMBERED:
+            self._seen = {key: rows for key, rows in self._seen.items() if key[0] in names}
+
+    def _scan(self, now: float) -> tuple[dict[str, int], bool]:
+        """The report names of the folder and the uid each names (at most ``MAX_SCANNED_ENTRIES``
+        entries looked at, and whether that was all of them); a name that is not a report's is
+        removed, and a temporary file left over a minute."""
+        names: dict[str, int] = {}
         try:
             entries = os.scandir(self.folder)
         except OSError as exc:
             logger.debug("cannot read the fallback reports folder %s: %s", self.folder, exc)
-            return
+            return names, False
         with entries:
-            for read, entry in enumerate(entries):
-                if read >= MAX_REPORT_FILES:
-                    break
+            for scanned, entry in enumerate(entries):
+                if scanned >= MAX_SCANNED_ENTRIES:
+                    return names, False
                 if entry.name.startswith("."):
-                    continue  # a report being written
-                present.add(entry.name)
-                self._read_one(entry.name, now)
-        # forget the files that are gone (their counts stay in the totals)
-        self._seen = {key: rows for key, rows in self._seen.items() if key[0] in present}
+                    self._remove_if_abandoned(entry.path, now)  # a report being written, or left
+                    continue
+                matched = REPORT_NAME.fullmatch(entry.name)
+                if matched is None:
+                    logger.warning("removing %s: not a fallback report's name", entry.path)
+                    Path(entry.path).unlink(missing_ok=True)
+                    continue
+                names[entry.name] = int(matched["uid"])
+        return names, True
 
     def _read_one(self, name: str, now: float) -> None:
         path = self.folder / name
@@ -140,8 +196,24 @@ class FallbackRows(Collector):
         except OSError:
             pass
 
+    @staticmethod
+    def _remove_if_abandoned(path: str, now: float) -> None:
+        """A temporary file is replaced within milliseconds; one older than a minute was left by a
+        writer that died, or put there to take up a scrape's reads: removed."""
+        try:
+            if now - os.lstat(path).st_mtime > TEMPORARY_RETENTION_S:
+                os.unlink(path)
+        except OSError:
+            pass
+
     def _add(self, model: str, application: str, owner: str, rows: int) -> None:
         key = (model, application, owner)
         if key not in self._totals and len(self._totals) >= MAX_FALLBACK_SERIES:
             key = (OVERFLOW, OVERFLOW, owner)
         self._totals[key] = self._totals.get(key, 0) + rows
+
+
+def _after(names: list[str], last: str) -> list[str]:
+    """``names`` (sorted) from the first after ``last``, then round to the start."""
+    cut = bisect.bisect_right(names, last)
+    return names[cut:] + names[:cut]

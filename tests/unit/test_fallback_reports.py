@@ -153,12 +153,17 @@ def test_series_beyond_the_bound_are_counted_under_other(
     assert sum(found.values()) == 50
 
 
-def test_one_scrape_reads_at_most_the_bound_of_files(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_scrape_reads_at_most_the_bound_of_files_and_the_next_goes_on_from_there(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(fallback_metrics, "MAX_REPORT_FILES", 10)
     for i in range(25):
         write_report(folder, os.geteuid(), f"{i:016x}", {"application": APP, "rows": {"m": 1}})
     collector = FallbackRows(folder)
     assert exported(collector) == {("m", APP, "node"): 10}
+    assert exported(collector) == {("m", APP, "node"): 20}  # the next ten, in turn
+    assert exported(collector) == {("m", APP, "node"): 25}
+    assert exported(collector) == {("m", APP, "node"): 25}  # none counted twice
 
 
 def test_a_report_unchanged_past_the_retention_is_removed_after_it_is_counted(folder: Path) -> None:
@@ -176,3 +181,47 @@ def test_the_client_refuses_a_folder_others_may_write_without_the_sticky_bit(tmp
         UntrustedNodeFile, match=r"mode 0777: others may replace its files; expected 0700 or 1733"
     ):
         check_reports_folder(folder, frozenset({os.geteuid(), 0}))
+
+
+def test_a_temporary_file_left_for_over_a_minute_is_removed_and_a_fresh_one_kept(folder: Path) -> None:
+    left, fresh = folder / ".left.tmp", folder / ".fresh.tmp"
+    left.write_text("{}")
+    fresh.write_text("{}")
+    os.utime(left, (1_000_000, 1_000_000))
+    assert exported(FallbackRows(folder)) == {}
+    assert not left.exists() and fresh.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_reports_of_one_other_user_beyond_the_bound_are_removed_unread(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fallback_metrics, "MAX_REPORTS_PER_OTHER_USER", 3)
+    for i in range(5):
+        path = write_report(folder, OTHER_UID, f"{i:016x}", {"application": APP, "rows": {"m": 1}})
+        os.chown(path, OTHER_UID, OTHER_UID)
+    ours = write_report(folder, os.geteuid(), f"{9:016x}", {"application": APP, "rows": {"m": 7}})
+
+    assert exported(FallbackRows(folder)) == {("m", APP, "other"): 3, ("m", APP, "node"): 7}
+    assert len(list(folder.iterdir())) == 4 and ours.exists()
+
+
+def test_the_node_users_reports_are_read_before_the_others(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    monkeypatch.setattr(fallback_metrics, "MAX_REPORT_FILES", 2)
+    for i in range(3):
+        path = write_report(folder, OTHER_UID, f"{i:016x}", {"application": APP, "rows": {"m": 1}})
+        os.chown(path, OTHER_UID, OTHER_UID)
+    write_report(folder, os.geteuid(), f"{9:016x}", {"application": APP, "rows": {"m": 7}})
+
+    assert exported(FallbackRows(folder)) == {("m", APP, "node"): 7, ("m", APP, "other"): 1}
+
+
+def test_a_name_that_is_not_a_reports_is_removed(folder: Path) -> None:
+    stray = folder / "notes.txt"
+    stray.write_text("hello")
+    assert exported(FallbackRows(folder)) == {}
+    assert not stray.exists()
