@@ -100,6 +100,8 @@ class FallbackRows(Collector):
         """(model, application, owner) -> rows."""
         self._last_read: dict[str, str] = {}
         """The name of the last report read, of the node's user and of the others."""
+        self._removed: list[tuple[Path, str]] = []
+        """Files removed during this collection, and why: logged once at its end."""
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         with self._lock:
@@ -125,13 +127,9 @@ class FallbackRows(Collector):
             uid = names[name]
             per_user[uid] = per_user.get(uid, 0) + 1
             if per_user[uid] > MAX_REPORTS_PER_OTHER_USER:
-                logger.warning(
-                    "removing %s: uid %d has more than %d fallback reports",
-                    name,
-                    uid,
-                    MAX_REPORTS_PER_OTHER_USER,
+                self._remove(
+                    self.folder / name, f"uid {uid} has more than {MAX_REPORTS_PER_OTHER_USER} reports"
                 )
-                (self.folder / name).unlink(missing_ok=True)
             else:
                 theirs.append(name)
         budget = MAX_REPORT_FILES
@@ -147,6 +145,12 @@ class FallbackRows(Collector):
         # only some names, and forgets nothing unless what it remembers outgrew its bound
         if complete or len(self._seen) > MAX_REMEMBERED:
             self._seen = {key: rows for key, rows in self._seen.items() if key[0] in names}
+        if self._removed:  # one line a scrape, however many files a user put there
+            (path, why), count = self._removed[0], len(self._removed)
+            logger.warning(
+                "removed %d file(s) from the fallback reports folder (first: %s: %s)", count, path, why
+            )
+            self._removed = []
 
     def _scan(self, now: float) -> tuple[dict[str, int], bool]:
         """The report names of the folder and the uid each names (at most ``MAX_SCANNED_ENTRIES``
@@ -167,8 +171,7 @@ class FallbackRows(Collector):
                     continue
                 matched = REPORT_NAME.fullmatch(entry.name)
                 if matched is None:
-                    logger.warning("removing %s: not a fallback report's name", entry.path)
-                    Path(entry.path).unlink(missing_ok=True)
+                    self._remove(Path(entry.path), "not named <uid>-<16 hex digits>.json")
                     continue
                 names[entry.name] = int(matched["uid"])
         return names, True
@@ -180,8 +183,7 @@ class FallbackRows(Collector):
         except FileNotFoundError:
             return
         except ReportRefused as exc:
-            logger.warning("removing %s from the fallback reports: %s", path, exc)
-            path.unlink(missing_ok=True)
+            self._remove(path, str(exc))
             return
         owner = "node" if uid in self._trusted else "other"
         for model, rows in counts.items():
@@ -195,6 +197,10 @@ class FallbackRows(Collector):
                 path.unlink(missing_ok=True)
         except OSError:
             pass
+
+    def _remove(self, path: Path, why: str) -> None:
+        path.unlink(missing_ok=True)
+        self._removed.append((path, why))
 
     @staticmethod
     def _remove_if_abandoned(path: str, now: float) -> None:

@@ -4,6 +4,7 @@ by its supervisor: counted once, labelled by whose file it was, and bounded what
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -225,3 +226,16 @@ def test_a_name_that_is_not_a_reports_is_removed(folder: Path) -> None:
     stray.write_text("hello")
     assert exported(FallbackRows(folder)) == {}
     assert not stray.exists()
+
+
+def test_a_flood_of_stray_files_is_logged_in_one_line_a_scrape(
+    folder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for i in range(50):
+        (folder / f"stray-{i}").write_text("x")
+    with caplog.at_level(logging.WARNING, logger=fallback_metrics.__name__):
+        exported(FallbackRows(folder))
+
+    [line] = [record.getMessage() for record in caplog.records]
+    assert line.startswith("removed 50 file(s) from the fallback reports folder (first: ")
+    assert "not named <uid>-<16 hex digits>.json" in line
