@@ -2,7 +2,8 @@
 and a file of JSON lines. Imported only when tracing is configured (the ``tracing`` extra).
 
 Spans leave the event loop in batches (``BatchSpanProcessor``): exporting costs the request path
-a queue append, and a collector that is down costs dropped spans, never a slower answer.
+a queue append, and a collector that is down costs dropped spans, never a slower answer, and a
+few lines of log (``export_log``), not a line per export.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from udfserve import __version__
+from udfserve.services.model_server.observability.export_log import bound_export_failure_log
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -54,6 +56,7 @@ def tracer_provider(
     if otlp_endpoint is not None:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
+        bound_export_failure_log()
         exporter = OTLPSpanExporter(endpoint=otlp_endpoint, insecure=otlp_insecure)
         provider.add_span_processor(BatchSpanProcessor(exporter))
     if spans_file is not None:
