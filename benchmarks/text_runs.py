@@ -57,7 +57,9 @@ def linked_tree(tree: Path, folder: Path) -> Path:
 
 
 def tree_env(linked: Path) -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(linked))
+    """``PYTHONSAFEPATH``: ``python -m`` puts its working folder first on the path, which from this
+    checkout would import this checkout's ``udfserve``, not the linked tree's."""
+    return dict(os.environ, PYTHONPATH=str(linked), PYTHONSAFEPATH="1")
 
 
 async def closed_loop(target: str, duration_s: float) -> tuple[int, float]:
