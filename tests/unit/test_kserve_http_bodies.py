@@ -15,12 +15,8 @@ from tritonclient.utils import serialize_byte_tensor
 from udfserve import kserve_tensors as codec
 from udfserve.runtime.errors import InvalidInput
 from udfserve.services.model_server.frontends.kserve.answers import TensorAnswer
-from udfserve.services.model_server.frontends.kserve_http.bodies import (
-    OutputFormat,
-    answer_body,
-    read_request,
-    texts_of,
-)
+from udfserve.services.model_server.frontends.kserve_http.answer_bodies import answer_body, texts_of
+from udfserve.services.model_server.frontends.kserve_http.bodies import OutputFormat, read_request
 
 
 def tritonclient_body(

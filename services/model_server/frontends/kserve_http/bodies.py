@@ -10,17 +10,13 @@ check after this module is the gRPC front end's, word for word; a request whose 
 binary in a fixed-size datatype is offered first as arrays over the body itself (no copy), as the
 native gRPC front end offers its decoded requests.
 
-An answer's outputs are JSON ``data``, unless the request asks for binary: ``"binary_data": true``
-among an output's parameters, or ``"binary_data_output": true`` among the request's, for every
-output not named with ``"binary_data": false``. Binary outputs follow the JSON in the order of the
-outputs, each as the gRPC front end's raw contents (a BYTES element is a 4-byte little-endian length
-and its bytes), and their size is the output's ``binary_data_size``.
+Which outputs an answer carries as binary data is read here too (``OutputFormat``); the answer's
+body is written by ``answer_bodies``.
 
 An input or a requested output may name a system shared-memory region instead (its
 ``shared_memory_region``, ``shared_memory_offset`` and ``shared_memory_byte_size`` parameters):
 they go to the gRPC request as parameters, and the servicer reads and writes the region
-(``kserve.shared_memory_tensors``); an output written there is answered with those parameters, the
-byte size it took, and no data.
+(``kserve.shared_memory_tensors``).
 """
 
 from __future__ import annotations
@@ -37,16 +33,9 @@ from udfserve import kserve_tensors as codec
 from udfserve.log_text import clip
 from udfserve.protocol.kserve import grpc_service_pb2 as kpb
 from udfserve.runtime.errors import InvalidInput
-from udfserve.services.model_server.core.request_lifecycle import InferenceRequest
 from udfserve.services.model_server.frontends.kserve.answers import (
     DecodedHead,
-    NativeAnswer,
-    RequestHead,
-    TensorAnswer,
-    TensorAnswers,
 )
-from udfserve.services.model_server.frontends.kserve.shared_memory_tensors import written_parameters
-from udfserve.services.model_server.frontends.kserve.system_shared_memory import SystemSharedMemory
 from udfserve.services.model_server.frontends.kserve.tensors import DecodedTensor
 
 BINARY_DATA_SIZE = "binary_data_size"
@@ -108,7 +97,7 @@ class InferBody:
             elif tensor.binary is not None:
                 message.raw_input_contents.append(bytes(tensor.binary))
             else:
-                what = f"{_model_text(head.model_name)}: input {clip(tensor.name, 100)!r}"
+                what = f"{model_text(head.model_name)}: input {clip(tensor.name, 100)!r}"
                 message.raw_input_contents.append(
                     json_data_to_raw(tensor.data, tensor.datatype, tensor.shape, what)
                 )
@@ -122,7 +111,7 @@ class InferBody:
         return message
 
 
-def _model_text(model: str) -> str:
+def model_text(model: str) -> str:
     return f"model '{clip(model, 100)}'"
 
 
@@ -130,7 +119,7 @@ def read_request(body: bytes, header_length: str | None, model: str, version: st
     """``body`` (decompressed) of an inference request for ``model`` and ``version`` (from the
     path); ``header_length`` is the ``Inference-Header-Content-Length`` header, if sent.
     ``InvalidInput`` naming what is wrong and what was expected."""
-    prefix = f"{_model_text(model)}: the request body"
+    prefix = f"{model_text(model)}: the request body"
     json_length = len(body)
     if header_length is not None:
         if not header_length.isascii() or not header_length.isdigit() or int(header_length) > len(body):
@@ -160,8 +149,8 @@ def read_request(body: bytes, header_length: str | None, model: str, version: st
     raw_inputs = request.get("inputs")
     if not isinstance(raw_inputs, list):
         raise InvalidInput(f"{prefix}: 'inputs' is {type(raw_inputs).__name__}; expected a list of tensors")
-    inputs = _inputs(raw_inputs, view[json_length:], _model_text(model))
-    outputs = _outputs(request.get("outputs", []), _model_text(model))
+    inputs = _inputs(raw_inputs, view[json_length:], model_text(model))
+    outputs = _outputs(request.get("outputs", []), model_text(model))
     form = OutputFormat(
         binary_default, {name: bool(p.get(BINARY_DATA, binary_default)) for name, p in outputs}
     )
@@ -339,75 +328,3 @@ def _set_parameter(parameter: kpb.InferParameter, value: Any, what: str) -> None
         parameter.string_param = value
     else:
         raise InvalidInput(f"{what} is {clip(value, 40)}; expected a boolean, an int64, a number or a string")
-
-
-class HttpAnswers(TensorAnswers):
-    """The answer of one HTTP request: its tensors (``TensorAnswers``), with the text of the BYTES
-    outputs answered in JSON read here (``texts_of``), before the request counts as answered: JSON
-    carries only text, so an output that is not UTF-8 refuses the request (INVALID_ARGUMENT)."""
-
-    def __init__(self, form: OutputFormat, regions: SystemSharedMemory | None = None) -> None:
-        super().__init__(regions)
-        self.form = form
-        self.texts: dict[str, list[str]] = {}
-
-    def answer(
-        self, request: InferenceRequest[RequestHead, NativeAnswer], outputs: dict[str, np.ndarray]
-    ) -> NativeAnswer:
-        answer = super().answer(request, outputs)
-        assert isinstance(answer, TensorAnswer)
-        self.texts = texts_of(answer, self.form)
-        return answer
-
-
-def texts_of(answer: TensorAnswer, form: OutputFormat) -> dict[str, list[str]]:
-    """The elements of each BYTES output answered in JSON, as text; ``InvalidInput`` for one that
-    is not UTF-8, naming the output and how to ask for it instead."""
-    texts = {}
-    for name, datatype, shape, raw in answer.tensors:
-        if datatype != "BYTES" or form.binary(name) or name in answer.shared:
-            continue
-        elements = codec.deserialize_bytes(bytes(raw), math.prod(shape), name)
-        try:
-            texts[name] = [element.decode("utf-8") for element in elements]
-        except UnicodeDecodeError:
-            raise InvalidInput(
-                f"{_model_text(answer.model_name)}: output {name!r} holds bytes that are not UTF-8 text, "
-                f"which JSON cannot carry; expected it asked for as binary data (its parameter "
-                f"{BINARY_DATA}: true)"
-            ) from None
-    return texts
-
-
-def answer_body(
-    answer: TensorAnswer, form: OutputFormat, texts: Mapping[str, list[str]]
-) -> tuple[bytes, int | None]:
-    """The body of an answer, and the length of its JSON when binary data follows it (the value
-    of ``Inference-Header-Content-Length``), else None."""
-    outputs = []
-    binary: list[Any] = []
-    for name, datatype, shape, raw in answer.tensors:
-        tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
-        written = answer.shared.get(name)
-        if written is not None:  # in the client's region: said where, and its size
-            tensor["parameters"] = written_parameters(written)
-        elif form.binary(name):
-            data = raw if isinstance(raw, bytes) else raw.data.cast("B")
-            tensor["parameters"] = {BINARY_DATA_SIZE: len(data)}
-            binary.append(data)
-        elif datatype == "BYTES":
-            tensor["data"] = texts[name]
-        else:
-            values = (
-                raw if isinstance(raw, np.ndarray) else np.frombuffer(raw, codec.NUMPY_DTYPE_OF[datatype])
-            )
-            tensor["data"] = values.reshape(-1).tolist()
-        outputs.append(tensor)
-    head: dict[str, Any] = {"model_name": answer.model_name, "model_version": answer.model_version}
-    if answer.id:
-        head["id"] = answer.id
-    head["outputs"] = outputs
-    text = json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    if not binary:
-        return text, None
-    return b"".join([text, *binary]), len(text)

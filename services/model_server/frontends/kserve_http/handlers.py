@@ -30,13 +30,8 @@ from udfserve.services.model_server.core.job_context import JobContext, parse_jo
 from udfserve.services.model_server.frontends.admin_server import SERVING_LOOP_TIMEOUT_S
 from udfserve.services.model_server.frontends.kserve.answers import DecodedHead, Failure, TensorAnswer
 from udfserve.services.model_server.frontends.kserve.servicer import KServeServicer
-from udfserve.services.model_server.frontends.kserve_http.bodies import (
-    HttpAnswers,
-    InferBody,
-    OutputFormat,
-    answer_body,
-    read_request,
-)
+from udfserve.services.model_server.frontends.kserve_http.answer_bodies import HttpAnswers, answer_body
+from udfserve.services.model_server.frontends.kserve_http.bodies import InferBody, OutputFormat, read_request
 from udfserve.services.model_server.frontends.kserve_http.bounds import (
     THREAD_FROM_BYTES,
     PortBounds,
