@@ -110,9 +110,16 @@ def _tree_env(workspace: Workspace, commit: str) -> dict[str, str]:
     ``PYTHONSAFEPATH`` so the working folder (this checkout, when run from it) does not come first."""
     tree = workspace.path(f"tree-{commit[:12]}")
     tree.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", commit], check=True, capture_output=True
-    ).stdout
+    done = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", commit], check=False, capture_output=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"cannot read commit {commit[:12]} from {REPO_ROOT} "
+            f"({done.stderr.decode(errors='replace').strip()}); "
+            "expected a git checkout of udfserve with its history (not a shallow clone)"
+        )
+    archive = done.stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as files:
         files.extractall(tree, filter="data")
     env = {"PYTHONPATH": str(linked_tree(tree, workspace.path("linked"))), "PYTHONSAFEPATH": "1"}
