@@ -111,7 +111,9 @@ def _server(tree: Path, repository: Path, socket_dir: Path, name: str, args: Seq
         port=None,
         http_port=None,
         extra_args=["--models", "tabular_mlp", *args],
-        env=dict(os.environ, PYTHONPATH=str(linked)),
+        # PYTHONSAFEPATH: python -m would put its working folder first, and from this checkout import
+        # this checkout's udfserve instead of the linked tree's
+        env=dict(os.environ, PYTHONPATH=str(linked), PYTHONSAFEPATH="1"),
     )
 
 
