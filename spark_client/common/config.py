@@ -285,3 +285,16 @@ class ClientConfig(BaseModel):
                 self.tls_server_name,
             )
         )
+
+
+def with_conf_values(config: ClientConfig, update: dict[str, object], used: list[str]) -> ClientConfig:
+    """``config`` with the values the driver read from the Spark conf keys ``used`` (the routing
+    keys and the tracing keys alike); a ValueError names the keys when the result is not valid."""
+    if not update:
+        return config
+    try:
+        return ClientConfig.model_validate({**config.model_dump(exclude_unset=True), **update})
+    except ValueError as exc:
+        raise ValueError(
+            f"the Spark conf ({', '.join(used)}) does not make a valid ClientConfig: {exc}"
+        ) from None

@@ -33,7 +33,7 @@ from udfserve.discovery import (
     read_live_discovery,
 )
 from udfserve.node_files import SocketMissing, UntrustedNodeFile, check_node_socket, trusted_uids
-from udfserve.spark_client.common.config import ClientConfig, check_target
+from udfserve.spark_client.common.config import ClientConfig, check_target, with_conf_values
 
 logger = logging.getLogger(__name__)
 
@@ -163,14 +163,7 @@ def apply_spark_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientCon
     if not has_token and "auth_token_file" not in update and conf.get(SPARK_CONF_AUTH_TOKEN):
         update["auth_token"] = conf[SPARK_CONF_AUTH_TOKEN]
         used.append(SPARK_CONF_AUTH_TOKEN)
-    if not update:
-        return config
-    try:
-        return ClientConfig.model_validate({**config.model_dump(exclude_unset=True), **update})
-    except ValueError as exc:
-        raise ValueError(
-            f"the Spark conf ({', '.join(used)}) does not make a valid ClientConfig: {exc}"
-        ) from None
+    return with_conf_values(config, update, used)
 
 
 def discovery_path(config: ClientConfig, environ: Mapping[str, str]) -> Path:

@@ -23,7 +23,7 @@ import logging
 import sys
 from collections.abc import Mapping
 
-from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.config import ClientConfig, with_conf_values
 from udfserve.spark_client.wire.credentials import CallMetadata
 from udfserve.tracing import TRACEPARENT_KEY, TraceParent, new_traceparent, parse_traceparent, sampled_with
 
@@ -94,14 +94,7 @@ def apply_trace_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientCon
                 str(update["traceparent"]).split("-")[1],
                 SPARK_CONF_TRACE_JOB,
             )
-    if not update:
-        return config
-    try:
-        return ClientConfig.model_validate({**config.model_dump(exclude_unset=True), **update})
-    except ValueError as exc:
-        raise ValueError(
-            f"the Spark conf ({', '.join(used)}) does not make a valid ClientConfig: {exc}"
-        ) from None
+    return with_conf_values(config, update, used)
 
 
 def _switch(value: str, key: str) -> bool:
