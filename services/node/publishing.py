@@ -36,11 +36,15 @@ class NodePublisher:
         self.closed = False
 
     def publish(self) -> None:
-        """Rewrite the discovery file and the Prometheus targets file from the slots' states."""
+        """Rewrite the Prometheus targets file, then the discovery file, from the slots' states.
+
+        Targets first: whoever reads a state change in the discovery file (a client, a test, an
+        operator) finds the targets file already showing it, so nothing that learnt of a dead
+        server from the discovery file sees it still scraped."""
         if self.closed:
             return
         config = self.config
-        entries = self.write_discovery()
+        entries = [slot.entry() for slot in self.slots]
         targets = [
             server_target(entry, config.node, config.advertise_host)
             for entry in entries
@@ -49,11 +53,14 @@ class NodePublisher:
         if self.supervisor_address is not None:
             targets.append(supervisor_target(self.supervisor_address, config.node, config.advertise_host))
         write_targets(config.targets_path, targets)
+        self.write_discovery(entries)
 
-    def write_discovery(self) -> list[ServerEntry]:
-        """Rewrite the discovery file, stamped with the time now; the entries written."""
+    def write_discovery(self, entries: list[ServerEntry] | None = None) -> None:
+        """Rewrite the discovery file with ``entries`` (default: the slots' entries now), stamped
+        with the time now."""
         config = self.config
-        entries = [slot.entry() for slot in self.slots]
+        if entries is None:
+            entries = [slot.entry() for slot in self.slots]
         discovery = NodeDiscovery(
             node=config.node,
             supervisor_pid=os.getpid(),
@@ -66,7 +73,6 @@ class NodePublisher:
         )
         write_discovery(config.discovery_path, discovery)
         self.metrics.discovery_written.set(discovery.updated_at)
-        return entries
 
     async def heartbeat(self) -> None:
         """Rewrite the discovery file every heartbeat, so that its age tells readers the
