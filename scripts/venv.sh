@@ -30,7 +30,7 @@ case "$1" in
     what="60 packages, about 2.9 GB: TensorFlow 1.9 GB, PySpark with its jars 491 MB, pyarrow 170 MB, pandas 79 MB, numpy 72 MB, libclang 61 MB (a TensorFlow dependency), Keras, gRPC and 49 smaller ones"
     took="a few minutes (about 3 on a 2-core machine), most of it downloading and unpacking TensorFlow and PySpark" ;;
   dev)
-    what="132 packages, about 4.6 GB: what the demo installs (2.9 GB: TensorFlow, PySpark, ...), torch's CPU build (0.9 GB with sympy and networkx), ONNX Runtime, transformers, plus the test and lint tools (kubernetes-validate 110 MB, mypy 61 MB, schemathesis, grpcio-tools, ...)"
+    what="158 packages, about 4.6 GB: what the demo installs (2.9 GB: TensorFlow, PySpark, ...), torch's CPU build (0.9 GB with sympy and networkx), ONNX Runtime, transformers, plus the test and lint tools (kubernetes-validate 110 MB, mypy 61 MB, schemathesis, grpcio-tools, ...)"
     took="a few minutes (about 5 on a busy 2-core machine; less after the demo's install), most of it downloading and unpacking TensorFlow, torch and PySpark" ;;
   *)
     what="the packages of these extras (docs/installing.md lists what each brings)"
