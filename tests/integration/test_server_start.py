@@ -139,7 +139,7 @@ def test_a_models_own_folder_given_as_the_repository_is_named_with_the_repositor
         assert explained in text and LAYOUT in text
         assert hint in text
     # /health/ready is open to anyone: the same words, with the server's paths left out
-    assert "model repository . holds no servable model: found '1' (no version folder in 1" in reason
+    assert "model repository holds no servable model: found '1' (no version folder in 1" in reason
     assert f"its parent {example_repository.name} is probably the repository" in reason
     assert LAYOUT in reason
     assert str(example_repository) not in reason
@@ -156,7 +156,7 @@ def test_an_empty_repository_says_it_is_empty_and_which_layout_it_expects(
         f"model repository {empty} holds no servable model: found nothing, it is empty; expected a folder"
     )
     assert explained in refused
-    assert "model repository . holds no servable model: found nothing, it is empty" in reason
+    assert "model repository holds no servable model: found nothing, it is empty" in reason
     assert str(empty) not in reason
     assert any(" WARNING " in line and explained in line for line in log.splitlines())
     assert "is probably the repository" not in reason

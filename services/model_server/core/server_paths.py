@@ -19,7 +19,9 @@ a word, so the layout ``<repo>/<model>/config.yaml`` of a message stays as it is
 
 def without_server_paths(text: str, repository: Path) -> str:
     """``text`` with paths inside the repository made relative to it and any other absolute path
-    cut to its last name."""
+    cut to its last name; "the repository <root>" reads "the repository"."""
     for root in dict.fromkeys((str(repository.resolve()), str(repository.absolute()))):
+        named = f"repository {root}"
+        text = text.replace(named + os.sep, "repository ").replace(named, "repository")
         text = text.replace(root + os.sep, "").replace(root, ".")
     return _ABSOLUTE_PATH.sub(r"\1", text)
