@@ -58,6 +58,8 @@ def run_generate_models(args: argparse.Namespace) -> int:
 
     if args.onnx and onnx_missing():
         raise SettingsError(onnx_missing())
+    if args.triton_examples and onnx_missing():
+        raise SettingsError(onnx_missing().replace("--onnx", "--triton-examples"))
     if backend_examples_missing(args.backend_examples):
         raise SettingsError(backend_examples_missing(args.backend_examples))
     configure_logging("INFO")
@@ -84,6 +86,10 @@ def run_generate_models(args: argparse.Namespace) -> int:
         from udfserve.services.examples.torch_models import generate_torch_examples
 
         names += generate_torch_examples(args.output, overwrite=args.overwrite)
+    if args.triton_examples:
+        from udfserve.services.examples.triton_examples import generate_triton_examples
+
+        names += generate_triton_examples(args.output, overwrite=args.overwrite)
     names += generate_backend_examples(args.output, args.backend_examples, overwrite=args.overwrite)
     logger.info("example model repository at %s: %s", args.output, ", ".join(names))
     return 0
@@ -200,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_publish_arguments,
     )
     from udfserve.services.examples.torch_models import TORCH_HELP
+    from udfserve.services.examples.triton_examples import TRITON_EXAMPLES_HELP
 
     generate = models_commands.add_parser(
         "generate", help="write the example model repository", description=GENERATE_DESCRIPTION
@@ -211,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--onnx", action="store_true", help=ONNX_HELP)
     generate.add_argument("--torch", action="store_true", help=TORCH_HELP)
+    generate.add_argument("--triton-examples", action="store_true", help=TRITON_EXAMPLES_HELP)
     generate.add_argument(
         "--text-classifier",
         action="store_true",

@@ -205,8 +205,9 @@ class ModelTable:
         entry = self._entries.get(name)
         if entry is not None:
             return entry
-        raise ModelNotFound(
-            f"model {name!r} is not served here; available models: {', '.join(self.names()) or 'none'}"
+        raise ModelNotFound(  # Triton's first words, which clients written against Triton look for
+            f"Request for unknown model: {name!r} is not served here; available models: "
+            f"{', '.join(self.names()) or 'none'}"
         )
 
     def get(self, name: str) -> ServedModel:

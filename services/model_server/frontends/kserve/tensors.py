@@ -175,6 +175,13 @@ def _checked_inputs(
     if sorted(received) != sorted(expected) or len(set(received)) != len(received):
         raise InvalidInput(f"{prefix}expected exactly the inputs {expected}, received {received}")
     raw = request.raw_input_contents
+    typed = next((tensor.name for tensor in request.inputs if tensor.HasField("contents")), None)
+    if raw and typed is not None:
+        # Triton's words, which clients written against Triton look for.
+        raise InvalidInput(
+            f"contents field must not be specified when using raw_input_contents for {typed!r} for model "
+            f"{model!r}: expected typed contents or raw_input_contents for the whole request, not both"
+        )
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput(
             f"{prefix}received {len(raw)} raw_input_contents for {len(request.inputs)} inputs; expected one "
@@ -191,11 +198,6 @@ def _checked_inputs(
             raise InvalidInput(
                 f"{what}: expected shape {[-1, *advertised_dims(spec)]} (rows, then the per-row shape; "
                 f"-1 is free), received shape {list(shape)}"
-            )
-        if raw and tensor.HasField("contents"):
-            raise InvalidInput(
-                f"{what}: carries typed contents while the request uses raw_input_contents; expected one or "
-                "the other for the whole request"
             )
         try:
             if raw:
@@ -290,9 +292,11 @@ def parse_version(version: str, model: str) -> int:
     if not version:
         return 0
     if not (version.isascii() and version.isdigit()) or len(version) > MAX_VERSION_DIGITS:
+        # Triton's words first ("failed to get model version from specified version string"):
+        # clients written against Triton look for them.
         raise InvalidInput(
-            f"model '{clip(model, 100)}': model_version {clip(version, 40)} ({len(version)} characters) is "
-            f"not a version number; expected at most {MAX_VERSION_DIGITS} digits, or empty for the served "
-            "version"
+            f"model '{clip(model, 100)}': failed to get model version from specified version string "
+            f"'{clip(version, 40)}' ({len(version)} characters): model_version is not a version number; "
+            f"expected at most {MAX_VERSION_DIGITS} digits, or empty for the served version"
         )
     return int(version)

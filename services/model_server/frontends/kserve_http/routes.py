@@ -1,11 +1,11 @@
 """The route table of the KServe v2 protocol over HTTP, and the port's ASGI app.
 
 The table (``kserve_routes``) is the protocol's, Triton's extensions included. What this server
-does not serve answers 501 with the reason: CUDA shared memory, trace and log settings, and
-Triton's generate extension; system shared memory is served (``shared_memory``), and refused
-only where the server's shared-memory folder is off. Every served route's
-refusals are answered as the protocol's errors (``_answering``): ``{"error": message}`` with the
-HTTP status of the servicer's gRPC status.
+does not serve answers 501 with the reason: CUDA shared memory (but its unregister, which has
+nothing to forget), trace and log settings, and Triton's generate extension; system shared
+memory is served (``shared_memory``), and refused only where the server's shared-memory folder
+is off. Every served route's refusals are answered as the protocol's errors (``_answering``):
+``{"error": message}`` with the HTTP status of the servicer's gRPC status.
 """
 
 from __future__ import annotations
@@ -91,15 +91,23 @@ def _model_paths(suffix: str) -> list[str]:
     return [f"/v2/models/{{model}}{suffix}", f"/v2/models/{{model}}/versions/{{version}}{suffix}"]
 
 
-def _shared_memory_routes(kind: str, reason: str) -> list[Route]:
-    """Triton's register, status and unregister routes of one kind of shared memory, refused."""
+async def nothing_to_unregister(request: Request) -> Response:
+    """CUDA shared memory's unregister: no CUDA region is ever registered here, so there is nothing
+    to forget (200), as over gRPC (``shared_memory_calls`` says why)."""
+    return Response(status_code=200)
+
+
+def _shared_memory_routes(kind: str, reason: str, unregister: Endpoint | None = None) -> list[Route]:
+    """Triton's register, status and unregister routes of one kind of shared memory, refused
+    (unregister answered by ``unregister`` when given)."""
     not_served = refused(reason)
+    forget = unregister or not_served
     return [
         Route(f"/v2/{kind}/status", not_served, methods=["GET"]),
         Route(f"/v2/{kind}/region/{{region}}/status", not_served, methods=["GET"]),
         Route(f"/v2/{kind}/region/{{region}}/register", not_served, methods=["POST"]),
-        Route(f"/v2/{kind}/unregister", not_served, methods=["POST"]),
-        Route(f"/v2/{kind}/region/{{region}}/unregister", not_served, methods=["POST"]),
+        Route(f"/v2/{kind}/unregister", forget, methods=["POST"]),
+        Route(f"/v2/{kind}/region/{{region}}/unregister", forget, methods=["POST"]),
     ]
 
 
@@ -131,7 +139,7 @@ def kserve_routes(handlers: KServeHandlers, shared_memory: SharedMemoryHandlers 
             if shared_memory is not None
             else _shared_memory_routes("systemsharedmemory", SYSTEM_SHARED_MEMORY_OFF)
         ),
-        *_shared_memory_routes("cudasharedmemory", CUDA_SHARED_MEMORY),
+        *_shared_memory_routes("cudasharedmemory", CUDA_SHARED_MEMORY, nothing_to_unregister),
         Route("/v2/trace/setting", trace, methods=["GET", "POST"]),
         Route("/v2/models/{model}/trace/setting", trace, methods=["GET", "POST"]),
         Route("/v2/logging", refused(NOT_SERVED.format("log settings")), methods=["GET", "POST"]),
