@@ -4,7 +4,10 @@ the servicer answers them on both transports; and the words of what is not serve
 The CUDA shared-memory calls stay refused: a CUDA region is device memory that the client's
 process exported with ``cudaIpcGetMemHandle``, which only a server on the same GPU can open, and
 this server copies every request it reads (see ``system_shared_memory``); serving them needs a
-GPU to design and test it on.
+GPU to design and test it on. Unregister is the exception: no CUDA region is ever registered
+here, so forgetting one, or all, succeeds with nothing to do, as Triton answers for a region it
+does not hold; clients that start by clearing every region (Triton's
+``reuse_infer_objects_client.py``) then go on with system shared memory.
 """
 
 from __future__ import annotations
@@ -120,5 +123,6 @@ class SharedMemoryCalls:
 
     async def CudaSharedMemoryUnregister(
         self, request: object, context: grpc.aio.ServicerContext
-    ) -> NoReturn:
-        await _cuda_refused(context)
+    ) -> kpb.CudaSharedMemoryUnregisterResponse:
+        """Nothing to forget: no CUDA region is ever registered here (the module says why)."""
+        return kpb.CudaSharedMemoryUnregisterResponse()
