@@ -159,13 +159,11 @@ def test_a_served_model_is_ready_and_an_unknown_one_is_not(client: triton.Infere
 
 
 def test_server_metadata_names_udfserve_and_exactly_the_extensions_it_serves(
-    kserve_server: ServerProcess, client: triton.InferenceServerClient
+    client: triton.InferenceServerClient,
 ) -> None:
     metadata = client.get_server_metadata()
     assert metadata.name == "udfserve"
-    served = ["model_configuration", "model_repository", "statistics"]
-    if kserve_server.kserve_address is None:  # the python front end serves system shared memory
-        served.append("system_shared_memory")
+    served = ["model_configuration", "model_repository", "statistics", "system_shared_memory"]
     assert list(metadata.extensions) == served
 
 

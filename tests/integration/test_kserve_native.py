@@ -1,7 +1,8 @@
 """``--kserve-frontend native``: what is its own. ``test_kserve.py`` runs the protocol's behaviour
 (health, metadata, every datatype, errors, statistics, metrics) against both front ends; here: its
 own port, exactly-once answers under many concurrent calls, streams left to the main port, the
-token and mutual TLS on every call, and draining on SIGTERM."""
+token and mutual TLS on every call, and draining on SIGTERM. System shared memory on this port:
+``test_kserve_native_shared_memory.py``."""
 
 from __future__ import annotations
 
@@ -151,29 +152,6 @@ def test_a_stream_on_the_native_port_is_refused_naming_the_main_port(native_serv
             list(stream)
     assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert "main gRPC port" in (raised.value.details() or "")
-
-
-def test_system_shared_memory_on_the_native_port_is_refused_naming_the_python_front_end(
-    native_server: ServerProcess,
-) -> None:
-    assert native_server.kserve_address is not None
-    with triton.InferenceServerClient(native_server.kserve_address) as client:
-        assert "system_shared_memory" not in client.get_server_metadata().extensions
-        for call in (
-            lambda: client.register_system_shared_memory("region", "/udfserve-native-region", 64),
-            lambda: client.get_system_shared_memory_status(),
-            lambda: client.unregister_system_shared_memory(),
-        ):
-            with pytest.raises(InferenceServerException) as raised:
-                call()
-            assert raised.value.status() == "StatusCode.UNIMPLEMENTED"
-            assert "python KServe front end" in raised.value.message()
-        tensor = triton.InferInput("features", [2, 64], "FP32")
-        tensor.set_shared_memory("region", 2 * 64 * 4)
-        with pytest.raises(InferenceServerException) as raised:
-            client.infer("tabular_mlp", [tensor])
-        assert raised.value.status() == "StatusCode.UNIMPLEMENTED"
-        assert "main gRPC port" in raised.value.message()
 
 
 @pytest.fixture(scope="module")

@@ -112,4 +112,5 @@ def test_a_write_into_a_file_that_shrank_is_refused_and_does_not_grow_it_back(tm
 def test_a_client_is_its_address_without_the_port() -> None:
     assert client_of("ipv4:10.0.0.3:52011") == "ipv4:10.0.0.3"
     assert client_of("ipv6:[::1]:52011") == "ipv6:[::1]"
+    assert client_of("ipv6:%5B::1%5D:52011") == "ipv6:[::1]"
     assert client_of("unix:/run/udfserve.sock") == "unix:/run/udfserve.sock"

@@ -29,8 +29,8 @@ Not listed, since not served: ``classification``, ``sequence``, ``schedule_polic
 ``system_shared_memory`` is listed where it is served (``server_extensions``)."""
 
 SYSTEM_SHARED_MEMORY = "system_shared_memory"
-"""Served by the python front end on both protocols unless ``--shared-memory-dir off``; the native
-front end's port leaves it out of its list (``native_bridge``)."""
+"""Served on every KServe listener (the python and native gRPC front ends, HTTP) unless
+``--shared-memory-dir off``, over one table of regions."""
 
 HTTP_EXTENSIONS = ("binary_tensor_data",)
 """Extensions of the HTTP binding alone: listed when the server serves it (``--kserve-http-port``)."""

@@ -10,12 +10,17 @@ with the same ``KServeServicer`` as the Python front end:
   that the module encodes without the GIL; what is not the common request (BYTES tensors, typed
   contents, parameters, a datatype to coerce, a wrong shape) is answered from its message by
   ``start``, with the Python front end's checks and messages;
-- every other unary method (health, metadata, config, statistics, the model repository calls)
-  calls the servicer's own handler with a small stand-in for gRPC's servicer context;
+- every other unary method (health, metadata, config, statistics, the model repository calls,
+  the system shared-memory calls) calls the servicer's own handler with a small stand-in for
+  gRPC's servicer context, which names the client as the module's peer (gRPC's own string), so a
+  client's regions count against its bounds alike on both ports;
+- system shared memory is the servicer's: one table of regions for the server, so a region
+  registered through either port (or over HTTP) is used and unregistered through any; a request
+  naming regions carries tensor or output parameters, so the module hands it to ``start``, which
+  reads its inputs from them and whose answer writes its outputs there; CUDA shared memory stays
+  refused, by the same handlers as on the main port;
 - ModelStreamInfer is refused (UNIMPLEMENTED) by the module, naming the main port, where it is
-  served; so are the system shared-memory calls and requests naming shared memory, here (served by
-  the python front end on the main port), and ``system_shared_memory`` is not among the extensions
-  this port's ``ServerMetadata`` lists.
+  served.
 
 Metrics, statistics, in-flight accounting and draining are the servicer's, as for the Python
 front end. The module itself applies the port's bounds before it reads a call's message: the
@@ -47,14 +52,11 @@ from udfserve.services.model_server.core.pending import Pending
 from udfserve.services.model_server.frontends.kserve.answers import DecodedHead, Failure, TensorAnswer
 from udfserve.services.model_server.frontends.kserve.native import load_frontend_module
 from udfserve.services.model_server.frontends.kserve.servicer import KServeServicer
-from udfserve.services.model_server.frontends.kserve.shared_memory_calls import NATIVE_REFUSAL
 
 logger = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
 MODEL_INFER = f"/{SERVICE}/ModelInfer"
-SYSTEM_SHARED_MEMORY_METHOD = f"/{SERVICE}/SystemSharedMemory"
-SYSTEM_SHARED_MEMORY_EXTENSION = "system_shared_memory"
 UNREADABLE = "the request cannot be parsed as inference.{}; expected a serialized message of that type"
 
 FastCall = tuple[int, str, str, str, list[Any], list[str], list[tuple[str, str]]]
@@ -74,13 +76,18 @@ class _Abort(Exception):
 class _Context:
     """What the servicer's unary handlers use of ``grpc.aio.ServicerContext``."""
 
-    def __init__(self, metadata: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, metadata: Sequence[tuple[str, str]], peer: str) -> None:
         self._metadata = tuple(metadata)
+        self._peer = peer
         self.code: grpc.StatusCode | None = None
         self.details = ""
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
+
+    def peer(self) -> str:
+        """The client, as gRPC names it (``ipv4:10.0.0.3:52011``): what shared memory is bounded by."""
+        return self._peer
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
         raise _Abort(code, details)
@@ -235,19 +242,15 @@ class NativeKServeFrontend:
             except DecodeError:
                 self._fail(call_id, grpc.StatusCode.INVALID_ARGUMENT, UNREADABLE.format("ModelInferRequest"))
                 return
-            self._answer_outcome(
-                call_id, self._servicer.start(request, parse_job_context(metadata), native=True)
-            )
-            return
-        if method.startswith(SYSTEM_SHARED_MEMORY_METHOD):
-            self._fail(call_id, grpc.StatusCode.UNIMPLEMENTED, NATIVE_REFUSAL)
+            self._answer_outcome(call_id, self._servicer.start(request, parse_job_context(metadata)))
             return
         handler = self._methods.get(method)
         if handler is None:
             self._fail(call_id, grpc.StatusCode.UNIMPLEMENTED, f"method {method} is not served here")
             return
         assert self._loop is not None
-        task = self._loop.create_task(self._unary(call_id, handler, payload, metadata))
+        context = _Context(metadata, self._frontend.peer(call_id))
+        task = self._loop.create_task(self._unary(call_id, handler, payload, context))
         self._tasks.add(task)
         self._pending[call_id] = task
         task.add_done_callback(functools.partial(self._task_done, call_id))
@@ -262,10 +265,9 @@ class NativeKServeFrontend:
         call_id: int,
         handler: tuple[str, Callable[[bytes], Any]],
         payload: bytes,
-        metadata: Sequence[tuple[str, str]],
+        context: _Context,
     ) -> None:
         name, parse = handler
-        context = _Context(metadata)
         try:
             message = parse(payload)
         except DecodeError:
@@ -277,7 +279,7 @@ class NativeKServeFrontend:
             self._fail(call_id, exc.code, exc.message)
             return
         except NotImplementedError:
-            # a method udfserve does not serve (shared memory, trace, log settings):
+            # a method udfserve does not serve (trace, log settings):
             # the generated base class's handler sets UNIMPLEMENTED on the context, then raises
             code = context.code or grpc.StatusCode.UNIMPLEMENTED
             self._fail(call_id, code, context.details or "not served")
@@ -289,12 +291,6 @@ class NativeKServeFrontend:
             logger.exception("native KServe front end: %s failed", name)
             self._fail(call_id, grpc.StatusCode.INTERNAL, f"{name} failed; see the server log")
             return
-        if name == "ServerMetadata" and SYSTEM_SHARED_MEMORY_EXTENSION in response.extensions:
-            kept = [
-                extension for extension in response.extensions if extension != SYSTEM_SHARED_MEMORY_EXTENSION
-            ]
-            del response.extensions[:]
-            response.extensions.extend(kept)
         self._frontend.answer_bytes(call_id, response.SerializeToString())
 
     def _cancellation(self, call_id: int) -> tuple[grpc.StatusCode, str]:

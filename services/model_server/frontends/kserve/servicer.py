@@ -59,7 +59,6 @@ from udfserve.services.model_server.frontends.kserve.metadata import (
     model_statistics,
 )
 from udfserve.services.model_server.frontends.kserve.shared_memory_calls import (
-    NATIVE_REFUSAL,
     SharedMemoryCalls,
     SharedMemoryNotServed,
 )
@@ -278,13 +277,13 @@ class KServeServicer(SharedMemoryCalls, kpb_grpc.GRPCInferenceServiceServicer):
             await _abort(context, unreadable[0].code, unreadable[0].message)
 
     def start(
-        self, request: kpb.ModelInferRequest, job: JobContext, native: bool = False
+        self, request: kpb.ModelInferRequest, job: JobContext
     ) -> MessageAnswer | Pending[MessageAnswer]:
-        """Check, decode and queue one ``ModelInfer``; the answer, or the batcher's future and what
-        makes the answer from it. Never raises: failures are answered with their status. ``job``
-        is the Spark job the request came from, when its metadata says (as the Arrow protocol's).
-        ``native``: the request came to the native front end, which refuses shared memory."""
-        return self._start(request, job, self._messages, native)
+        """Check, decode and queue one ``ModelInfer`` (of either front end); the answer, or the
+        batcher's future and what makes the answer from it. Never raises: failures are answered with
+        their status. ``job`` is the Spark job the request came from, when its metadata says (as the
+        Arrow protocol's)."""
+        return self._start(request, job, self._messages)
 
     def start_decoded(
         self,
@@ -334,7 +333,6 @@ class KServeServicer(SharedMemoryCalls, kpb_grpc.GRPCInferenceServiceServicer):
         message: kpb.ModelInferRequest,
         job: JobContext,
         front_end: FrontEnd[RequestHead, _A],
-        native: bool = False,
     ) -> _A | Pending[_A]:
         """``start``, answering through ``front_end``: a ``ModelInfer`` call's, or a stream's.
         Inputs in system shared memory are read here, outputs' regions checked (and written by the
@@ -346,10 +344,8 @@ class KServeServicer(SharedMemoryCalls, kpb_grpc.GRPCInferenceServiceServicer):
             assert model is not None
             if uses_shared_memory(message):
                 regions = self.shared_memory
-                if native or regions is None:
-                    raise SharedMemoryNotServed(
-                        NATIVE_REFUSAL if native else shared_memory_calls.SYSTEM_SHARED_MEMORY_OFF
-                    )
+                if regions is None:
+                    raise SharedMemoryNotServed(shared_memory_calls.SYSTEM_SHARED_MEMORY_OFF)
                 output_ranges(message, regions, served.name)
                 message = read_inputs(message, regions, served.name)
             request.outputs = requested_outputs(message, served.name, model.outputs)

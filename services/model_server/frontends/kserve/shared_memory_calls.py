@@ -1,5 +1,6 @@
 """The system shared-memory calls of the KServe v2 protocol (register, status, unregister), as
-the servicer answers them on both transports; and the words of what is not served.
+the servicer answers them on every front end (the python and native gRPC ones, HTTP); and the
+words of what is not served.
 
 The CUDA shared-memory calls stay refused: a CUDA region is device memory that the client's
 process exported with ``cudaIpcGetMemHandle``, which only a server on the same GPU can open, and
@@ -30,11 +31,6 @@ CUDA_SHARED_MEMORY_REFUSED = (
 )
 SYSTEM_SHARED_MEMORY_OFF = (
     "system shared memory is off on this server (--shared-memory-dir off); expected tensors in the request"
-)
-NATIVE_REFUSAL = (
-    "system shared memory is not served by the native KServe front end (--kserve-port); it is served by "
-    "the python KServe front end, on the server's main gRPC port (--port or --socket), where the regions "
-    "are registered and used"
 )
 
 

@@ -35,6 +35,7 @@ import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 import grpc
 
@@ -300,7 +301,10 @@ class SystemSharedMemory:
 
 def client_of(peer: str) -> str:
     """The client a gRPC peer string names, without its port (``ipv4:10.0.0.3:52011`` is
-    ``ipv4:10.0.0.3``): each connection has a port of its own, a client's host is what holds."""
+    ``ipv4:10.0.0.3``): each connection has a port of its own, a client's host is what holds.
+    An IPv6 host is named ``ipv6:[::1]`` whether the peer string escapes its brackets
+    (``ipv6:%5B::1%5D:52011``, as newer gRPC cores write it) or not, so that a client is the same
+    one on the python port, on the native port (compiled against the system's gRPC) and over HTTP."""
     if peer.startswith(("ipv4:", "ipv6:")):
-        return peer.rsplit(":", 1)[0]
+        return unquote(peer.rsplit(":", 1)[0])
     return peer

@@ -253,6 +253,7 @@ class Call final : public grpc::ServerGenericBidiReactor {
   // Shared with the numpy arrays viewing its raw contents, which may outlive the call.
   std::shared_ptr<inference::ModelInferRequest> request;
   std::vector<std::pair<std::string, std::string>> metadata;
+  std::string peer;  // gRPC's name of the client (ipv4:host:port): who registers shared memory
 
  private:
   Frontend* frontend_;
@@ -459,6 +460,14 @@ class Frontend {
       call = found->second;
     }
     return RequestBytes(call);
+  }
+
+  // The client of a call not answered yet, as gRPC names its peer.
+  std::string PeerOf(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = calls_.find(id);
+    if (found == calls_.end()) throw std::invalid_argument("no such call: answered already");
+    return found->second->peer;
   }
 
   // Answer a fast call: outputs as (name, datatype, shape, array) in the order to send them.
@@ -725,6 +734,7 @@ void Call::OnReadDone(bool ok) {
   }
   budget_->Settle(this, static_cast<int64_t>(request_buffer_.Length()));
   method = context_->method();
+  peer = context_->peer();
   for (const auto& entry : context_->client_metadata()) {
     std::string key(entry.first.data(), entry.first.size());
     if (key.size() > 4 && key.compare(key.size() - 4, 4, "-bin") == 0) continue;  // binary: never used
@@ -807,6 +817,7 @@ PYBIND11_MODULE(_kserve_frontend, module) {
       .def("answer", &Frontend::Answer)
       .def("answer_bytes", &Frontend::AnswerBytes)
       .def("request_bytes", &Frontend::RequestBytesOf)
+      .def("peer", &Frontend::PeerOf)
       .def("fail", &Frontend::Fail)
       .def("stop_accepting", &Frontend::StopAccepting)
       .def("stop", &Frontend::Stop)
