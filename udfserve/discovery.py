@@ -63,6 +63,10 @@ class ServerEntry(BaseModel):
         default=None,
         description="host:port of the native KServe front end (servers run with --kserve-frontend native)",
     )
+    kserve_http_address: str | None = Field(
+        default=None,
+        description="host:port of the KServe v2 HTTP/REST listener (servers run with --kserve-http-port)",
+    )
     pid: int | None = None
     models: list[str] = Field(default_factory=list)
     versions: dict[str, list[int]] = Field(

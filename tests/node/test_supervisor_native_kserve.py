@@ -23,6 +23,8 @@ def test_each_servers_native_kserve_address_is_in_the_discovery_file(example_rep
         discovery = node.wait_all_ready(2)
         addresses = [server.kserve_address for server in discovery.servers]
         assert all(addresses) and len(set(addresses)) == 2, addresses
+        # no KServe over HTTP without --kserve-http-port: its address is null
+        assert [server.kserve_http_address for server in discovery.servers] == [None, None]
         x = np.ones((2, 64), np.float32)
         for address in addresses:
             assert address is not None
