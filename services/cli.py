@@ -6,8 +6,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import udfserve
 from udfserve.services.model_server import event_loop
@@ -43,7 +47,24 @@ def run_serve(args: argparse.Namespace) -> int:
     except event_loop.EventLoopUnavailable as exc:
         logger.error("%s", exc)
         return 2
-    return event_loop.run(serve(config), loop)
+    code = event_loop.run(serve(config), loop)
+    _exit_without_teardown(code)
+
+
+def _exit_without_teardown(code: int) -> NoReturn:
+    """End a server that has drained and stopped, without the interpreter's teardown.
+
+    Once ``serve`` returns, every answer is sent, the socket and ready file are removed and the
+    trace exporter is flushed; what Python's exit would still do is free TensorFlow's, PyTorch's
+    and gRPC's objects one by one, which took 1.1-2.5 s of a 2-core machine per stop, while a
+    supervisor restarting a server or a rollout waits on it. The logs and standard streams are
+    flushed first, as a normal exit would.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def run_node(args: argparse.Namespace) -> int:
