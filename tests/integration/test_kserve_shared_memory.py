@@ -182,6 +182,23 @@ def test_grpc_inference_reads_inputs_from_a_region_and_writes_outputs_into_one(
     np.testing.assert_array_equal(written, inline_answer(grpc_client, x))
 
 
+def test_an_output_written_into_a_region_keeps_an_empty_raw_output_contents_entry(
+    grpc_client: triton_grpc.InferenceServerClient, regions: list
+) -> None:
+    """As Triton answers: its C++ client (perf_analyzer's) reads ``raw_output_contents[i]`` for
+    every output ``i``, and crashes where the entry is missing."""
+    input_name, input_key, input_handle = new_region(regions, INPUT_BYTES)
+    output_name, output_key, _ = new_region(regions, OUTPUT_BYTES)
+    shm.set_shared_memory_region(input_handle, [features(ROWS)])
+    grpc_client.register_system_shared_memory(input_name, input_key, INPUT_BYTES, headers=AUTHORIZED)
+    grpc_client.register_system_shared_memory(output_name, output_key, OUTPUT_BYTES, headers=AUTHORIZED)
+
+    response = grpc_shm_infer(grpc_client, input_name, output_name).get_response()
+
+    assert [output.name for output in response.outputs] == ["probabilities"]
+    assert list(response.raw_output_contents) == [b""]
+
+
 def test_grpc_inference_from_a_region_answers_outputs_inline_when_not_asked_in_one(
     grpc_client: triton_grpc.InferenceServerClient, regions: list
 ) -> None:

@@ -113,14 +113,14 @@ def _as_message(answer: TensorAnswer) -> kpb.ModelInferResponse:
     response = kpb.ModelInferResponse(
         model_name=answer.model_name, model_version=answer.model_version, id=answer.id
     )
-    inline = len(answer.shared) < len(answer.tensors)
     for name, datatype, shape, raw in answer.tensors:
         output = response.outputs.add(name=name, datatype=datatype, shape=shape)
         written = answer.shared.get(name)
         if written is not None:
             add_written_parameters(output, written)
-            if inline:  # an empty entry keeps every output's index into raw_output_contents
-                response.raw_output_contents.append(b"")
+            # An empty entry, even where every output went to shared memory, as Triton answers:
+            # its C++ client (perf_analyzer) reads raw_output_contents[i] for every output i.
+            response.raw_output_contents.append(b"")
             continue
         response.raw_output_contents.append(raw.tobytes() if isinstance(raw, np.ndarray) else raw)
     return response

@@ -7,8 +7,8 @@ usual checks, so it is checked and decoded exactly as one sent inline. In ``raw_
 the inputs sent inline keep their order, those in shared memory taking no entry, as the Triton
 clients send them. An output written to a region comes back in the response with its name,
 datatype and shape and its ``shared_memory_region`` and ``shared_memory_byte_size`` (the bytes
-written) parameters, and no contents: an empty ``raw_output_contents`` entry where other outputs
-come inline, so that every output keeps its index.
+written) parameters, and no contents: an empty ``raw_output_contents`` entry, so that every output
+keeps its index (Triton's C++ client reads one entry per output, whichever way it came).
 """
 
 from __future__ import annotations
