@@ -33,6 +33,7 @@ from udfserve.runtime.model_folder import (
 from udfserve.runtime.model_formats import MODEL_FILES_TEXT, backends_present, detect_backend
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.preprocessing import with_preprocessing
+from udfserve.runtime.warmup_file import with_version_warmup
 
 __all__ = [
     "EXPECTED_LAYOUT",
@@ -194,6 +195,7 @@ def load_model(source: ModelSource) -> LoadedModel:
         raise BackendNotInstalled(f"model {source.name!r} version {source.version}: {exc}") from exc
     except ValueError as exc:
         raise ModelLoadError(f"model {source.name!r} ({source.path}): {exc}") from exc
+    source = with_version_warmup(source)  # the version folder's warmup.json, if it carries one
     started_s = time.perf_counter()
     try:
         model = with_preprocessing(backend.load(source), source)

@@ -10,17 +10,18 @@ number, an integer used as an index)::
         - {text: [["1.5"], ["-2"]]}        # one call: each input's rows, as nested lists
 
 A sample is a mapping from each of the model's inputs to its rows; strings for string inputs,
-numbers (or booleans) for the others. The samples are checked against the model's inputs at load
-(``backends.warmup_samples``), where a sample that does not fit, or that the model refuses, fails
-the load: the user said the model takes it. What happens when the synthetic warm-up fails is said
-in ``backends.warmup``.
+numbers (or booleans) for the others. A version folder may carry its own samples in
+``warmup.json`` (``warmup_file``), which replace config.yaml's for that version. The samples are
+checked against the model's inputs at load (``backends.warmup_samples``), where a sample that
+does not fit, or that the model refuses, fails the load: the user said the model takes it. What
+happens when the synthetic warm-up fails is said in ``backends.warmup``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 MAX_SAMPLES = 16
 """The most samples of one model: each is a warm-up call at every load of every version."""
@@ -60,6 +61,20 @@ class WarmupConfig(BaseModel):
                     f"for every input, at most {MAX_SAMPLE_ROWS}"
                 )
         return value
+
+    _samples_from: str = PrivateAttr(default="config.yaml")
+
+    @property
+    def samples_from(self) -> str:
+        """The file the samples were written in, as messages name it: config.yaml, or a version
+        folder's warm-up file from the repository down (``model/2/warmup.json``)."""
+        return self._samples_from
+
+    def with_samples_from(self, samples: tuple[dict[str, Rows], ...], file: str) -> WarmupConfig:
+        """This config with ``samples`` (checked as config.yaml's are) read from ``file``."""
+        config = WarmupConfig(enabled=self.enabled, samples=samples)
+        config._samples_from = file
+        return config
 
 
 def warmup_of(value: object) -> object:

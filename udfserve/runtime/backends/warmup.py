@@ -8,7 +8,8 @@ server for its warm-up alone. So the largest warm-up call holds at most ``MAX_IN
 input (fewer rows than ``max_batch_size`` for wide rows or large batches, logged). Larger batches
 still run: they allocate at their first call instead.
 
-The inputs are config.yaml's samples (``warmup: {samples: [...]}``) when it names some, else
+The inputs are the version folder's samples (``warmup.json``, ``warmup_file``) or config.yaml's
+(``warmup: {samples: [...]}``) when either names some, else
 synthetic: zeros, empty strings, free dimensions of the backend's guess (1, or the example's).
 The warm-up is also a check, and it must not refuse a model that real requests can serve:
 
@@ -74,12 +75,12 @@ def warm_up(
         return
     if config.samples:
         for index, written in enumerate(config.samples):
-            sample = sample_arrays(model.inputs, written, index, where)
+            sample = sample_arrays(model.inputs, written, index, where, config.samples_from)
             rows = len(next(iter(sample.values())))
             if rows > max_batch_size:
                 raise ModelLoadError(
-                    f"{where}: warm-up sample {index} of config.yaml has {rows} rows; expected at most "
-                    f"max_batch_size ({max_batch_size})"
+                    f"{where}: warm-up sample {index} of {config.samples_from} has {rows} rows; expected "
+                    f"at most max_batch_size ({max_batch_size})"
                 )
             _run(
                 model,
@@ -87,7 +88,7 @@ def warm_up(
                 rows,
                 max_batch_size,
                 where,
-                f"sample {index} of config.yaml",
+                f"sample {index} of {config.samples_from}",
             )
         return
     guessed = guessed_inputs(model.inputs)

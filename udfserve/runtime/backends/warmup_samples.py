@@ -1,5 +1,5 @@
-"""config.yaml's warm-up samples as the arrays a model's ``predict`` takes, checked against its
-inputs, and repeated to the largest warm-up batch.
+"""Warm-up samples (config.yaml's, or a version folder's warmup.json) as the arrays a model's
+``predict`` takes, checked against its inputs, and repeated to the largest warm-up batch.
 
 A sample was written by hand: what does not fit the model (an input missing or unknown, a string
 for a number, a row of another shape) fails the load naming the sample, the input and what was
@@ -18,16 +18,21 @@ from udfserve.runtime.tensor_spec import FREE_DIM, STRING_DTYPE, TensorSpec, num
 
 
 def sample_arrays(
-    specs: tuple[TensorSpec, ...], sample: Mapping[str, Sequence[Any]], index: int, where: str
+    specs: tuple[TensorSpec, ...],
+    sample: Mapping[str, Sequence[Any]],
+    index: int,
+    where: str,
+    written_in: str = "config.yaml",
 ) -> dict[str, np.ndarray]:
-    """Sample ``index`` as one array per input, of the input's dtype (object arrays of UTF-8
-    ``bytes`` for strings); ``ModelLoadError`` for a sample that does not fit ``specs``."""
+    """Sample ``index`` (of the file ``written_in``) as one array per input, of the input's dtype
+    (object arrays of UTF-8 ``bytes`` for strings); ``ModelLoadError`` for a sample that does not
+    fit ``specs``."""
     expected = [spec.name for spec in specs]
     if sorted(sample) != sorted(expected):
         missing = [name for name in expected if name not in sample]
         unknown = sorted(set(sample) - set(expected))
         raise ModelLoadError(
-            f"{where}: warm-up sample {index} of config.yaml names inputs {sorted(sample)}; expected the "
+            f"{where}: warm-up sample {index} of {written_in} names inputs {sorted(sample)}; expected the "
             f"model's inputs {expected} (missing: {missing}, unknown: {unknown})"
         )
     return {spec.name: _array(spec, sample[spec.name], f"{where}: warm-up sample {index}") for spec in specs}
