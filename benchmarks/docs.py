@@ -192,7 +192,7 @@ def kserve_section(results_dir: Path) -> list[str]:
         "",
     ]
     written = False
-    for name in ("perf_analyzer.md", "interop.md"):
+    for name in ("perf_analyzer.md", "perf_analyzer-http.md", "perf_analyzer-shm.md", "interop.md"):
         path = results_dir / name
         if path.exists():
             text = path.read_text(encoding="utf-8").strip()

@@ -547,7 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         with ExitStack() as stack:
             udfserve_address, udfserve_http = stack.enter_context(udfserve_server(repository, models, work))
-            triton_address, _ = stack.enter_context(triton_server(triton_repo, env_file, work))
+            triton_address = stack.enter_context(triton_server(triton_repo, env_file, work))[0]["grpc"]
             meta["triton_version"] = triton_metadata(triton_address, models)
             logger.info(
                 "udfserve at %s, Triton %s at %s", udfserve_address, meta["triton_version"], triton_address

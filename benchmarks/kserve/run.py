@@ -9,12 +9,15 @@ serve ``tabular_mlp`` (64 -> 256 -> 256 -> 8, the example model) from the same
 ``model.keras``, with ``max_batch_size`` 1024 and a 2 ms dynamic-batching delay; Triton runs it
 in its python backend through one ``tf.function``, as udfserve's backend does. First the same
 rows go through both, over KServe gRPC with ``udfserve.spark_client.kserve_messages``, and their
-predictions are compared; then perf_analyzer (gRPC, synchronous requests, random FP32 data)
-measures each point of the grid batch x concurrency. All servers stay up, those not measured idle, and each
+predictions are compared; then perf_analyzer (synchronous requests, random FP32 data) measures
+each point of the grid batch x concurrency, once per protocol (``--protocols``, see
+``protocols.py``): gRPC, HTTP/REST (udfserve's ``--kserve-http-port`` against Triton's HTTP port)
+and gRPC with system shared memory. All servers stay up, those not measured idle, and each
 point is measured A B C C B A with the best run of each kept: on a shared machine, load from outside then
 falls on all alike. ``Inferences/Second`` of perf_analyzer counts rows (requests x batch).
 
-Writes ``benchmarks/kserve/results/perf_analyzer.{json,md}``.
+Writes ``benchmarks/kserve/results/perf_analyzer.{json,md}`` (gRPC), ``perf_analyzer-http.*`` and
+``perf_analyzer-shm.*``, each as soon as its grid is measured.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import cast
 
@@ -45,6 +48,7 @@ import tritonclient.grpc as triton
 import yaml
 from tritonclient.grpc import service_pb2_grpc
 
+from benchmarks.kserve.protocols import PROTOCOLS, Protocol, parse_protocols
 from benchmarks.kserve.triton_model import write_triton_repository
 from udfserve.services.model_server.launcher import launch_server
 from udfserve.spark_client.kserve_messages import (
@@ -86,6 +90,7 @@ class Point:
     """CPU time of the server's processes (Triton's backend stub included) over the whole
     perf_analyzer run, per row answered at the measured rate: what a row costs the server."""
     latency: Latency | None = None
+    protocol: str = "grpc"
 
 
 @dataclass(frozen=True)
@@ -142,32 +147,35 @@ def quiet_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 # -- servers -----------------------------------------------------------------------------------
 @contextmanager
-def udfserve_server(repository: Path, logs: Path, frontend: str) -> Iterator[tuple[str, int]]:
-    """udfserve with its python KServe front end (on the main port) or its native one."""
+def udfserve_server(repository: Path, logs: Path, frontend: str) -> Iterator[tuple[dict[str, str], int]]:
+    """udfserve with its python KServe front end (on the main port) or its native one, and its
+    KServe HTTP port; yields its addresses by listener (``grpc``, ``http``) and its pid."""
     native = ["--kserve-frontend", "native", "--kserve-port", "0"] if frontend == "native" else []
     process = launch_server(
         repository,
         port=0,
         http_port=None,
-        extra_args=["--models", MODEL, *native],
+        extra_args=["--models", MODEL, *native, "--kserve-http-port", "0"],
         env=quiet_env(),
         log_path=logs / f"udfserve-{frontend}.log",
     )
     try:
-        yield process.kserve_target(), process.pid
+        yield {"grpc": process.kserve_target(), "http": process.kserve_http_address or ""}, process.pid
     finally:
         process.terminate()
 
 
 @contextmanager
-def triton_server(repository: Path, env_file: Mapping[str, str], logs: Path) -> Iterator[tuple[str, int]]:
-    port = free_port()
+def triton_server(
+    repository: Path, env_file: Mapping[str, str], logs: Path
+) -> Iterator[tuple[dict[str, str], int]]:
+    port, http_port = free_port(), free_port()
     command = [
         env_file["TRITONSERVER"],
         f"--model-repository={repository}",
         f"--backend-directory={env_file['TRITON_BACKEND_DIR']}",
         f"--grpc-port={port}",
-        "--allow-http=false",
+        f"--http-port={http_port}",
         "--allow-metrics=false",
         "--log-verbose=0",
     ]
@@ -177,7 +185,7 @@ def triton_server(repository: Path, env_file: Mapping[str, str], logs: Path) -> 
     address = f"127.0.0.1:{port}"
     try:
         wait_for_model(address, process, logs / "tritonserver.log")
-        yield address, process.pid
+        yield {"grpc": address, "http": f"127.0.0.1:{http_port}"}, process.pid
     finally:
         process.terminate()
         try:
@@ -270,14 +278,16 @@ def perf_analyzer(
     concurrency: int,
     args: argparse.Namespace,
     work: Path,
+    protocol: Protocol = PROTOCOLS["grpc"],
 ) -> Point:
-    csv_path = work / f"{server}-b{batch}-c{concurrency}.csv"
+    csv_path = work / f"{server}-{protocol.name}-b{batch}-c{concurrency}.csv"
     stabilities = [args.stability_percent, 2 * args.stability_percent]
     output = ""
     for stability in stabilities:
         command = [
             env_file["PERF_ANALYZER"],
-            *("-m", MODEL, "-u", address, "-i", "grpc", "-b", str(batch)),
+            *("-m", MODEL, "-u", address, "-b", str(batch)),
+            *protocol.perf_analyzer_args(batch),
             f"--concurrency-range={concurrency}",
             f"--measurement-interval={args.measurement_interval_ms}",
             f"--stability-percentage={stability}",
@@ -312,9 +322,11 @@ def perf_analyzer(
                 note,
                 server_cores / rows_per_s * 1e6 if rows_per_s > 0 else None,
                 Latency.from_csv_row(row),
+                protocol.name,
             )
         logger.warning("%s b%d c%d: %s", server, batch, concurrency, output.strip().splitlines()[-1:])
-    return Point(server, batch, concurrency, None, None, None, False, output.strip().splitlines()[-1][:200])
+    last_line = (output.strip().splitlines() or ["no output"])[-1][:200]
+    return Point(server, batch, concurrency, None, None, None, False, last_line, protocol=protocol.name)
 
 
 def interleaved(servers: Sequence[str], repeats: int) -> list[str]:
@@ -334,18 +346,7 @@ def best_of(runs: Sequence[Point]) -> Point:
     best = max(measured, key=lambda p: p.rows_per_s or 0.0)
     others = ", ".join(fmt(p.rows_per_s) for p in runs if p is not best)
     note = "; ".join(n for n in (best.note, f"other runs: {others} rows/s" if others else "") if n)
-    return Point(
-        best.server,
-        best.batch,
-        best.concurrency,
-        best.rows_per_s,
-        best.p50_ms,
-        best.p99_ms,
-        best.stable,
-        note,
-        best.server_cpu_us_per_row,
-        best.latency,
-    )
+    return replace(best, note=note)
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -359,16 +360,25 @@ def _of(point: Point | None, name: str) -> float | None:
 
 
 def write_report(
-    points: Sequence[Point], check: dict[str, object], meta: dict[str, object], output: Path
+    points: Sequence[Point],
+    check: dict[str, object],
+    meta: dict[str, object],
+    output: Path,
+    protocol: Protocol = PROTOCOLS["grpc"],
 ) -> None:
+    """``<stem>.json`` and ``<stem>.md`` of one protocol's grid (``perf_analyzer`` for gRPC)."""
     output.mkdir(parents=True, exist_ok=True)
-    (output / "perf_analyzer.json").write_text(
-        json.dumps({"meta": meta, "check": check, "points": [asdict(p) for p in points]}, indent=2)
+    points = [p for p in points if p.protocol == protocol.name]
+    (output / f"{protocol.file_stem}.json").write_text(
+        json.dumps(
+            {"meta": meta, "protocol": protocol.name, "check": check, "points": [asdict(p) for p in points]},
+            indent=2,
+        )
     )
     by_key = {(p.server, p.batch, p.concurrency): p for p in points}
     grid = sorted({(p.batch, p.concurrency) for p in points})
     lines = [
-        "# KServe v2: udfserve against a real Triton, measured with perf_analyzer",
+        f"# KServe v2 over {protocol.title}: udfserve against a real Triton, measured with perf_analyzer",
         "",
         f"`{MODEL}` (64→256→256→8) from the same `model.keras`, max_batch_size 1024, dynamic batching "
         "with a 2 ms delay, on every server; Triton "
@@ -376,11 +386,13 @@ def write_report(
         "as udfserve's TensorFlow backend does. All servers up on one machine "
         f"({meta['cpus']} CPUs), those not measured idle; each point measured "
         f"{meta['repeats']} times per server, interleaved (A B C C B A), the best run kept; "
-        f"perf_analyzer {meta['perf_analyzer_version']} over gRPC, synchronous "
+        f"perf_analyzer {meta['perf_analyzer_version']} over {protocol.title} "
+        f"(`{' '.join(protocol.perf_analyzer_args(1)).replace('=1', '=<batch x 32>')}`), synchronous "
         "requests, "
         f"random FP32 data, {meta['measurement_interval_ms']} ms windows, stable within "
         f"{meta['stability_percent']}% (else twice that, noted). rows/s = perf_analyzer's "
-        "inferences/s (requests x batch). Command: `python -m benchmarks.kserve.run`.",
+        "inferences/s (requests x batch). Command: "
+        f"`python -m benchmarks.kserve.run {meta.get('arguments', '')}`.",
         "",
         f"Load average of the machine (1 min) before and after the run: {meta['load_average_1m_before']} and "
         f"{meta['load_average_1m_after']}, on {meta['cpus']} CPUs: other work shared the machine, which is "
@@ -436,7 +448,7 @@ def write_report(
     notes = [f"- {p.server} b{p.batch} c{p.concurrency}: {p.note}" for p in points if p.note]
     if notes:
         lines += ["", "Notes:", "", *notes]
-    (output / "perf_analyzer.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (output / f"{protocol.file_stem}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def _ratio(ours: Point | None, theirs: Point | None) -> float | None:
@@ -498,9 +510,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="which servers to measure: udfserve-native (--kserve-frontend native), udfserve (the python "
         "front end), triton",
     )
+    parser.add_argument(
+        "--protocols",
+        default=",".join(PROTOCOLS),
+        help="how perf_analyzer reaches the servers, one grid each: grpc (-i grpc), http (-i http, "
+        "udfserve's --kserve-http-port against Triton's HTTP port), shm (gRPC with --shared-memory=system)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="runs per server and point, interleaved")
     parser.add_argument("--output", type=Path, default=HERE / "results")
     return parser.parse_args(argv)
+
+
+def compare_predictions(predictions: Mapping[str, np.ndarray], rows: int) -> dict[str, object]:
+    """The largest difference between each udfserve front end's predictions and Triton's."""
+    compared = [name for name in UDFSERVE_SERVERS if name in predictions] if "triton" in predictions else []
+    diff = max(
+        (float(np.max(np.abs(predictions[name] - predictions["triton"]))) for name in compared),
+        default=float("nan"),
+    )
+    return {
+        "rows": rows,
+        "compared": bool(compared),
+        "compared_servers": compared,
+        "max_abs_diff": diff,
+        "equal": bool(diff <= 1e-5),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -510,6 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     batches = [int(b) for b in args.batch.split(",")]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     servers = args.servers.split(",")
+    protocols = parse_protocols(args.protocols)
     work = Path(tempfile.mkdtemp(prefix="udfsk-"))
     try:
         repository = generate_examples(work / "udfserve-repo")
@@ -525,10 +560,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "stability_percent": args.stability_percent,
             "perf_analyzer_version": "2.48.0",
             "repeats": args.repeats,
-            "load_average_1m_before": round(os.getloadavg()[0], 2),
+            "arguments": " ".join(argv if argv is not None else sys.argv[1:]),
         }
         with ExitStack() as stack:
-            addresses: dict[str, str] = {}
+            addresses: dict[str, dict[str, str]] = {}
             pids: dict[str, int] = {}
             for server in servers:
                 if server in UDFSERVE_SERVERS:
@@ -540,43 +575,42 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"unknown server {server!r}; expected some of {[*UDFSERVE_SERVERS, 'triton']}"
                     )
                 addresses[server], pids[server] = stack.enter_context(context)
-                predictions[server] = predict(addresses[server], batch)
+                predictions[server] = predict(addresses[server]["grpc"], batch)
             if "triton" in addresses:
-                with triton.InferenceServerClient(addresses["triton"]) as client:
+                with triton.InferenceServerClient(addresses["triton"]["grpc"]) as client:
                     meta["triton_version"] = client.get_server_metadata().version
-            for rows in batches:
-                for concurrency in concurrencies:
-                    runs: dict[str, list[Point]] = {server: [] for server in servers}
-                    for server in interleaved(servers, args.repeats):
-                        point = perf_analyzer(
-                            env_file, addresses[server], pids[server], server, rows, concurrency, args, work
-                        )
-                        logger.info(
-                            "%s batch %d concurrency %d: %s rows/s",
-                            server,
-                            rows,
-                            concurrency,
-                            fmt(point.rows_per_s),
-                        )
-                        runs[server].append(point)
-                    points.extend(best_of(server_runs) for server_runs in runs.values())
-        compared = (
-            [name for name in UDFSERVE_SERVERS if name in predictions] if "triton" in predictions else []
-        )
-        diff = max(
-            (float(np.max(np.abs(predictions[name] - predictions["triton"]))) for name in compared),
-            default=float("nan"),
-        )
-        meta["load_average_1m_after"] = round(os.getloadavg()[0], 2)
-        check = {
-            "rows": batch.num_rows,
-            "compared": bool(compared),
-            "compared_servers": compared,
-            "max_abs_diff": diff,
-            "equal": bool(diff <= 1e-5),
-        }
-        write_report(points, check, meta, args.output)
-        logger.info("wrote %s", args.output / "perf_analyzer.md")
+            check = compare_predictions(predictions, batch.num_rows)
+            for protocol in protocols:
+                meta["load_average_1m_before"] = round(os.getloadavg()[0], 2)
+                for rows in batches:
+                    for concurrency in concurrencies:
+                        runs: dict[str, list[Point]] = {server: [] for server in servers}
+                        for server in interleaved(servers, args.repeats):
+                            address = addresses[server][protocol.listener]
+                            point = perf_analyzer(
+                                env_file,
+                                address,
+                                pids[server],
+                                server,
+                                rows,
+                                concurrency,
+                                args,
+                                work,
+                                protocol,
+                            )
+                            logger.info(
+                                "%s %s batch %d concurrency %d: %s rows/s",
+                                protocol.name,
+                                server,
+                                rows,
+                                concurrency,
+                                fmt(point.rows_per_s),
+                            )
+                            runs[server].append(point)
+                        points.extend(best_of(server_runs) for server_runs in runs.values())
+                meta["load_average_1m_after"] = round(os.getloadavg()[0], 2)
+                write_report(points, check, meta, args.output, protocol)
+                logger.info("wrote %s", args.output / f"{protocol.file_stem}.md")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
