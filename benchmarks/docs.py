@@ -27,7 +27,8 @@ FINDINGS_DIR = Path(__file__).resolve().parent / "findings"
 KSERVE_RESULTS_DIR = Path(__file__).resolve().parent / "kserve" / "results"
 KSERVE_HEADING = "6. KServe v2 against a real Triton"
 KSERVE_TARGET = (
-    "udfserve at least 1.0x Triton's rows/s at every point of the perf_analyzer grid (its native KServe "
+    "udfserve at least 1.0x Triton's rows/s at every point of the perf_analyzer grid, over gRPC, HTTP and "
+    "gRPC with system shared memory (its native KServe "
     "front end)"
 )
 
@@ -153,30 +154,49 @@ def _section(
     return parts
 
 
+KSERVE_PROTOCOL_FILES = (
+    ("gRPC", "perf_analyzer.json"),
+    ("HTTP", "perf_analyzer-http.json"),
+    ("gRPC + system shared memory", "perf_analyzer-shm.json"),
+)
+
+
 def kserve_target_row(results_dir: Path) -> str:
-    """The KServe target's line of the summary, from ``perf_analyzer.json``."""
-    path = results_dir / "perf_analyzer.json"
-    if not path.exists():
+    """The KServe target's line of the summary, from ``perf_analyzer{,-http,-shm}.json``: one
+    grid per protocol, the target met only where it is met at every point of each."""
+    measured, verdicts = [], []
+    for protocol, name in KSERVE_PROTOCOL_FILES:
+        path = results_dir / name
+        if not path.exists():
+            continue
+        ratios = _kserve_ratios(json.loads(path.read_text(encoding="utf-8"))["points"])
+        if not ratios:
+            measured.append(f"{protocol}: no point measured on both servers")
+            verdicts.append(False)
+            continue
+        met = sum(ratio >= 1.0 for ratio in ratios.values())
+        worst = min(ratios, key=lambda point: ratios[point])
+        measured.append(
+            f"{protocol}: {min(ratios.values()):.2f}-{max(ratios.values()):.2f}x, {met} of {len(ratios)} "
+            f"points at 1.0x or more, lowest at batch {worst[0]}, concurrency {worst[1]}"
+        )
+        verdicts.append(met == len(ratios))
+    if not measured:
         return f"| {KSERVE_HEADING} | {KSERVE_TARGET} | not run yet | not measured |"
-    points = json.loads(path.read_text(encoding="utf-8"))["points"]
+    verdict = "met" if all(verdicts) else "**missed**"
+    return f"| {KSERVE_HEADING} | {KSERVE_TARGET} | {'; '.join(measured)} | {verdict} |"
+
+
+def _kserve_ratios(points: list[dict[str, Any]]) -> dict[tuple[int, int], float]:
+    """udfserve's rows/s over Triton's at each point, judged on the native front end where it was
+    measured (see benchmarks/kserve/run.py)."""
     rates = {(p["server"], p["batch"], p["concurrency"]): p["rows_per_s"] for p in points}
-    # judged on the native front end where it was measured (see benchmarks/kserve/run.py)
     judged = "udfserve-native" if any(p["server"] == "udfserve-native" for p in points) else "udfserve"
-    ratios = {
+    return {
         (batch, concurrency): rate / rates[("triton", batch, concurrency)]
         for (server, batch, concurrency), rate in rates.items()
         if server == judged and rate and rates.get(("triton", batch, concurrency))
     }
-    if not ratios:
-        return f"| {KSERVE_HEADING} | {KSERVE_TARGET} | no point measured on both servers | not measured |"
-    met = sum(ratio >= 1.0 for ratio in ratios.values())
-    worst = min(ratios, key=lambda point: ratios[point])
-    measured = (
-        f"{min(ratios.values()):.2f}-{max(ratios.values()):.2f}x; {met} of {len(ratios)} points at 1.0x or "
-        f"more; lowest at batch {worst[0]}, concurrency {worst[1]}"
-    )
-    verdict = "met" if met == len(ratios) else "**missed**"
-    return f"| {KSERVE_HEADING} | {KSERVE_TARGET} | {measured} | {verdict} |"
 
 
 def kserve_section(results_dir: Path) -> list[str]:
