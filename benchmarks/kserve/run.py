@@ -466,8 +466,9 @@ def latency_table(by_key: Mapping[tuple[str, int, int], Point], grid: Sequence[t
         "",
         "*mean* is the sum of perf_analyzer's parts (the client's own send and receive, a few µs, "
         "included). *network + server* is its *Network+Server Send/Recv*: the way to the server and "
-        "back, gRPC's handling of the call on both sides, and the server's request path outside its "
-        "queue and the model (parsing, checks, answer). *compute* is compute input + infer + output "
+        "back, the protocol's handling of the call on both sides (gRPC or HTTP), and the server's "
+        "request path outside its queue and the model (parsing, checks, answer). *compute* is "
+        "compute input + infer + output "
         "(udfserve counts its conversions inside *infer*; Triton's python backend adds its own "
         "transfer to the stub process).",
         "",
