@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -13,9 +12,6 @@ from server_harness import running_server
 
 from udfserve.services.model_server.launcher import ServerProcess
 
-_servers = itertools.count()
-"""Names the module-scoped servers' sockets apart: several modules' servers can be up at once."""
-
 
 @pytest.fixture(scope="session")
 def socket_dir() -> Iterator[Path]:
@@ -25,13 +21,17 @@ def socket_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(
     example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    """One server on a temporary unix socket and TCP port 0, serving every example model."""
+    """One server on a temporary unix socket and TCP port 0, serving every example model, shared by
+    every module that asks for it: a start costs seconds (TensorFlow's import alone about four).
+    Its users leave it as they found it (they stop, signal, reconfigure or fill nothing of it,
+    and read counters as deltas and log lines of their own); a module whose tests need a server's
+    state from its start defines a server of its own (``own_server``)."""
     with running_server(
-        example_repository, socket_dir, tmp_path_factory, f"s{next(_servers)}", port=0, http_port=0
+        example_repository, socket_dir, tmp_path_factory, "shared", port=0, http_port=0
     ) as process:
         yield process
 

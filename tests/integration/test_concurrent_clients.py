@@ -8,7 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from server_harness import client_inputs, client_process_main, keras_reference, metric_value, scrape
+from server_harness import (
+    client_inputs,
+    client_process_main,
+    keras_reference,
+    metric_value,
+    module_server,
+    scrape,
+)
 
 from udfserve.services.model_server.launcher import ServerProcess
 
@@ -16,15 +23,20 @@ CLIENTS = 4
 BATCHES_PER_CLIENT = 12
 ROWS = 50
 
+own_server = module_server("concurrent", port=0, http_port=0)
+"""A server of this module's own, not the shared one: its tests read the server's counters whole
+(one load per model since the start, fewer backend calls than requests), which other modules'
+requests would move."""
+
 
 @pytest.fixture(scope="module")
-def concurrent_run(server: ServerProcess) -> dict[int, dict[int, np.ndarray]]:
+def concurrent_run(own_server: ServerProcess) -> dict[int, dict[int, np.ndarray]]:
     """Outputs of CLIENTS separate processes streaming at the same time, by client seed."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=CLIENTS, mp_context=context) as pool:
         futures = {
             seed: pool.submit(
-                client_process_main, server.grpc_target(), "tabular_mlp", seed, BATCHES_PER_CLIENT, ROWS
+                client_process_main, own_server.grpc_target(), "tabular_mlp", seed, BATCHES_PER_CLIENT, ROWS
             )
             for seed in range(100, 100 + CLIENTS)
         }
@@ -45,10 +57,10 @@ def test_each_client_process_gets_exactly_its_own_rows_back(
 
 @pytest.mark.slow
 def test_concurrent_clients_cause_exactly_one_load_per_model(
-    concurrent_run: dict[int, dict[int, np.ndarray]], server: ServerProcess
+    concurrent_run: dict[int, dict[int, np.ndarray]], own_server: ServerProcess
 ) -> None:
     assert concurrent_run  # the clients ran against this very server process
-    metrics = scrape(server.http_address or "")
+    metrics = scrape(own_server.http_address or "")
     for model in ("tabular_mlp", "sequence_bilstm", "multi_io", "tabular_mlp_savedmodel"):
         assert metric_value(metrics, "udfserve_model_loads_total", model=model) == 1.0
     assert (
@@ -59,10 +71,10 @@ def test_concurrent_clients_cause_exactly_one_load_per_model(
 
 @pytest.mark.slow
 def test_concurrent_requests_are_merged_into_fewer_backend_calls(
-    concurrent_run: dict[int, dict[int, np.ndarray]], server: ServerProcess
+    concurrent_run: dict[int, dict[int, np.ndarray]], own_server: ServerProcess
 ) -> None:
     assert concurrent_run
-    metrics = scrape(server.http_address or "")
+    metrics = scrape(own_server.http_address or "")
     calls = metric_value(metrics, "udfserve_batch_size_rows_count", model="tabular_mlp")
     requests = metric_value(metrics, "udfserve_requests_total", model="tabular_mlp", code="OK")
     assert 0 < calls < requests
