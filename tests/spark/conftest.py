@@ -12,9 +12,11 @@ import pytest
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A model server of the example repository, on a unix socket and loopback TCP."""
+    """A model server of the example repository, on a unix socket and loopback TCP, shared by every
+    module that asks for it (a start costs seconds): its users stop, signal or reconfigure none of
+    it, and read its counters as deltas and its log for lines of their own job."""
     folder = tmp_path_factory.mktemp("server")
     process = launch_server(
         example_repository, socket=folder / "grpc.sock", port=0, http_port=0, log_path=folder / "server.log"
