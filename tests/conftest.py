@@ -92,10 +92,17 @@ def tabular_version_2(example_repository: Path, tmp_path_factory: pytest.TempPat
 
 
 # -- one local-mode SparkSession for every Spark test ----------------------------------------------
-# Its Python workers are not reused across tasks (``spark.python.worker.reuse=false``): a worker
-# that ran the CPU fallback in one test keeps TensorFlow imported, and the test proving that the
-# happy path never imports it must see a fresh worker. The JVM's stderr, which carries the Python
-# workers' stderr and so the client's warnings, goes to a log file the tests read.
+# Its Python workers are reused across tasks (``spark.python.worker.reuse=true``, Spark's default and
+# what jobs run with), but not across test modules: Spark keeps one pool of Python workers per
+# environment of the UDFs, so each module's UDFs carry an environment variable naming the module
+# (``python_workers_of_the_module``), and a module's tasks never run in a worker that another
+# module's test left with TensorFlow imported by a CPU fallback, or with a warning already logged.
+# A fresh worker per task (reuse off) cost 1-1.5 s of imports for every task of the tier. The
+# JVM's stderr, which carries the Python workers' stderr and so the client's warnings, goes to a
+# log file the tests read.
+
+WORKER_POOL_VARIABLE = "UDFSERVE_TEST_WORKER_POOL"
+"""The environment variable whose value (the test module's name) keys the Python workers' pool."""
 
 
 @pytest.fixture(scope="session")
@@ -118,7 +125,7 @@ def spark(spark_log: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.python.worker.reuse", "false")
+        .config("spark.python.worker.reuse", "true")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", "1g")
         .config("spark.executorEnv.UDFSERVE_RUNTIME_DIR", str(runtime_dir))
@@ -148,3 +155,16 @@ def spark_started_before_any_channel(request: pytest.FixtureRequest) -> None:
     """
     if any("spark" in item.fixturenames for item in request.session.items):
         request.getfixturevalue("spark")
+
+
+@pytest.fixture(autouse=True)
+def python_workers_of_the_module(request: pytest.FixtureRequest) -> None:
+    """Give the UDFs a test of this module creates the module's own pool of Python workers.
+
+    PySpark copies ``SparkContext.environment`` into each UDF it wraps, and Spark starts a separate
+    daemon, and so separate workers, for each distinct environment.
+    """
+    if "spark" not in request.fixturenames:
+        return
+    session = request.getfixturevalue("spark")
+    session.sparkContext.environment[WORKER_POOL_VARIABLE] = request.module.__name__
