@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -48,7 +49,14 @@ def run_serve(args: argparse.Namespace) -> int:
         logger.error("%s", exc)
         return 2
     code = event_loop.run(serve(config), loop)
-    _exit_without_teardown(code)
+    if _only_daemon_threads_left():
+        _exit_without_teardown(code)
+    return code  # a model call still runs: Python's exit waits for it, and the exit deadline ends it
+
+
+def _only_daemon_threads_left() -> bool:
+    main = threading.main_thread()
+    return not any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate())
 
 
 def _exit_without_teardown(code: int) -> NoReturn:
