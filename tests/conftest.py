@@ -168,3 +168,11 @@ def python_workers_of_the_module(request: pytest.FixtureRequest) -> None:
         return
     session = request.getfixturevalue("spark")
     session.sparkContext.environment[WORKER_POOL_VARIABLE] = request.module.__name__
+
+
+@pytest.fixture
+def fresh_python_workers(python_workers_of_the_module: None, request: pytest.FixtureRequest) -> None:
+    """Give the UDFs this test creates a pool of Python workers of their own, never used before: for
+    a test about what a worker imports, which an earlier test of its module could have imported."""
+    session = request.getfixturevalue("spark")
+    session.sparkContext.environment[WORKER_POOL_VARIABLE] = request.node.nodeid

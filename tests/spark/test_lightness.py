@@ -17,7 +17,7 @@ from udfserve.spark_client import ClientConfig, arrow_predictor
 
 @pytest.mark.parametrize("protocol", ["arrow", "kserve"])
 def test_a_worker_that_predicts_through_the_server_never_imports_tensorflow(
-    spark: SparkSession, server: ServerProcess, protocol: str
+    fresh_python_workers: None, spark: SparkSession, server: ServerProcess, protocol: str
 ) -> None:
     """The check runs in the worker, after its predictions, in the same Arrow function; the fallback
     is off, so a CPU fallback cannot have answered instead (it would import TensorFlow)."""
@@ -50,7 +50,7 @@ def test_a_worker_that_predicts_through_the_server_never_imports_tensorflow(
 
 
 def test_a_worker_that_predicts_an_onnx_model_through_the_server_never_imports_onnxruntime(
-    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+    fresh_python_workers: None, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The same check against a server of an ONNX graph: the client's happy path is the same
     whatever backend the server runs."""

@@ -150,7 +150,7 @@ def test_the_cpu_fallback_tokenizes_and_answers_as_the_server_does(
 
 
 def test_a_worker_scoring_text_through_the_server_imports_no_framework_and_no_tokenizer(
-    spark: SparkSession, text_server: ServerProcess, texts: list[str]
+    fresh_python_workers: None, spark: SparkSession, text_server: ServerProcess, texts: list[str]
 ) -> None:
     """As tests/spark/test_lightness.py, with the text model: the fallback is off, so no
     in-process model can have answered instead."""
