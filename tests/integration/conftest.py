@@ -31,7 +31,7 @@ def server(
     and read counters as deltas and log lines of their own); a module whose tests need a server's
     state from its start defines a server of its own (``own_server``)."""
     with running_server(
-        example_repository, socket_dir, tmp_path_factory, "shared", port=0, http_port=0
+        example_repository, socket_dir, tmp_path_factory, "session-default", port=0, http_port=0
     ) as process:
         yield process
 
