@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -36,6 +37,7 @@ from udfserve.shared_memory import DEFAULT_DIRECTORY, write_ipc_into
 from udfserve.spark_client.common.config import ClientConfig
 from udfserve.spark_client.wire.arrow_wire import arrow_stream
 from udfserve.spark_client.wire.channels import connect
+from udfserve.spark_client.wire.shared_memory import SharedMemoryPayloads
 from udfserve.spark_client.wire.transport import HeldBatch, PredictStream
 
 SHM = Path(DEFAULT_DIRECTORY)
@@ -46,15 +48,26 @@ def features(rows: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(rows, 64)).astype(np.float32)
 
 
-def our_files() -> set[str]:
-    return {p.name for p in SHM.glob("udfserve-*.shm")}
-
-
 @pytest.fixture
-def no_files_left_behind() -> Iterator[None]:
-    before = our_files()
+def no_files_left_behind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every shared-memory file this test's clients created is gone once their streams end.
+
+    Only the clients' own files count, recorded as the real ``SharedMemoryPayloads._create`` makes
+    them: other processes of the machine (a Spark job, another server's clients) create and remove
+    ``udfserve-*.shm`` files in the same folder meanwhile.
+    """
+    created: list[Path] = []
+    create = SharedMemoryPayloads._create
+
+    def recording(payloads: SharedMemoryPayloads, input_room: int, output_room: int) -> Any:
+        made = create(payloads, input_room, output_room)
+        if made is not None:
+            created.append(made.path)
+        return made
+
+    monkeypatch.setattr(SharedMemoryPayloads, "_create", recording)
     yield
-    assert our_files() - before == set()
+    assert [path.name for path in created if path.exists()] == []
 
 
 class PayloadFile:
