@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,17 +21,22 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import InferenceServerException
+from kserve_regions import (
+    INPUT_BYTES,
+    OUTPUT_BYTES,
+    ROWS,
+    SHM_FOLDER,
+    inline_answer,
+    new_region,
+    refusal,
+    regions_removed_after,
+)
 
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 TOKEN = "native-shm-token"
 AUTHORIZED = {"authorization": f"Bearer {TOKEN}"}
-ROWS = 4
-INPUT_BYTES = ROWS * 64 * 4
-OUTPUT_BYTES = ROWS * 8 * 4
 MAX_REGIONS_PER_CLIENT = 4
-SHM_FOLDER = Path("/dev/shm")
 
 
 @pytest.fixture(scope="module")
@@ -74,35 +78,12 @@ def main(server: ServerProcess) -> Iterator[triton.InferenceServerClient]:
 @pytest.fixture
 def regions(main: triton.InferenceServerClient) -> Iterator[list[Any]]:
     """The regions a test creates (``new_region``), unregistered and destroyed after it."""
-    created: list[Any] = []
-    yield created
-    main.unregister_system_shared_memory(headers=AUTHORIZED)
-    for handle in created:
-        shm.destroy_shared_memory_region(handle)
-
-
-def new_region(created: list[Any], byte_size: int) -> tuple[str, str, Any]:
-    """A new shared-memory object of ``byte_size`` bytes: its region name, its key, its handle."""
-    suffix = uuid.uuid4().hex[:12]
-    name, key = f"region-{suffix}", f"/udfserve-native-test-{suffix}"
-    handle = shm.create_shared_memory_region(name, key, byte_size)
-    created.append(handle)
-    return name, key, handle
+    with regions_removed_after(main, AUTHORIZED) as created:
+        yield created
 
 
 def features(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(ROWS, 64)).astype(np.float32)
-
-
-def refusal(call: Any) -> InferenceServerException:
-    with pytest.raises(InferenceServerException) as raised:
-        call()
-    return raised.value
-
-
-def inline_answer(client: triton.InferenceServerClient, x: np.ndarray) -> np.ndarray:
-    tensor = triton.InferInput("features", list(x.shape), "FP32").set_data_from_numpy(x)
-    return client.infer("tabular_mlp", [tensor], headers=AUTHORIZED).as_numpy("probabilities")
 
 
 def shm_infer(client: triton.InferenceServerClient, input_region: str, output_region: str | None) -> Any:
@@ -138,7 +119,7 @@ def test_native_inference_reads_inputs_from_a_region_and_writes_outputs_into_one
     assert list(output.shape) == [ROWS, 8] and output.datatype == "FP32"
     assert output.parameters["shared_memory_byte_size"].int64_param == OUTPUT_BYTES
     written = shm.get_contents_as_numpy(output_handle, np.float32, [ROWS, 8])
-    np.testing.assert_array_equal(written, inline_answer(native, x))
+    np.testing.assert_array_equal(written, inline_answer(native, x, AUTHORIZED))
 
 
 def test_a_region_registered_on_one_port_is_listed_on_the_other_until_unregistered_there(
@@ -172,7 +153,7 @@ def test_a_region_registered_on_one_port_serves_requests_on_the_other(
     shm_infer(user, input_name, output_name)
 
     written = shm.get_contents_as_numpy(output_handle, np.float32, [ROWS, 8])
-    np.testing.assert_array_equal(written, inline_answer(user, x))
+    np.testing.assert_array_equal(written, inline_answer(user, x, AUTHORIZED))
 
 
 def test_a_region_that_shrank_fails_that_native_request_only(
@@ -191,7 +172,7 @@ def test_a_region_that_shrank_fails_that_native_request_only(
     os.truncate(SHM_FOLDER / key[1:], INPUT_BYTES)
     shm.set_shared_memory_region(handle, [x])
     result = shm_infer(native, name, None)
-    np.testing.assert_array_equal(result.as_numpy("probabilities"), inline_answer(native, x))
+    np.testing.assert_array_equal(result.as_numpy("probabilities"), inline_answer(native, x, AUTHORIZED))
 
 
 def test_a_clients_regions_count_against_its_bound_through_both_ports(

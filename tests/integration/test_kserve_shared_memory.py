@@ -24,18 +24,23 @@ import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import InferenceServerException
+from kserve_regions import (
+    INPUT_BYTES,
+    OUTPUT_BYTES,
+    ROWS,
+    SHM_FOLDER,
+    inline_answer,
+    new_region,
+    refusal,
+    regions_removed_after,
+)
 
 from udfserve.services.model_server.launcher import ServerProcess, launch_server
 
 TOKEN = "kserve-shm-token"
 AUTHORIZED = {"authorization": f"Bearer {TOKEN}"}
-ROWS = 4
-INPUT_BYTES = ROWS * 64 * 4
-OUTPUT_BYTES = ROWS * 8 * 4
 MAX_REGIONS_PER_CLIENT = 4
 MAX_BYTES_PER_CLIENT = 1 << 20
-SHM_FOLDER = Path("/dev/shm")
 
 
 @pytest.fixture(scope="module")
@@ -80,35 +85,12 @@ def http_client(server: ServerProcess) -> Iterator[triton_http.InferenceServerCl
 @pytest.fixture
 def regions(grpc_client: triton_grpc.InferenceServerClient) -> Iterator[list[Any]]:
     """The regions a test creates (``new_region``), unregistered and destroyed after it."""
-    created: list[Any] = []
-    yield created
-    grpc_client.unregister_system_shared_memory(headers=AUTHORIZED)
-    for handle in created:
-        shm.destroy_shared_memory_region(handle)
-
-
-def new_region(created: list[Any], byte_size: int) -> tuple[str, str, Any]:
-    """A new shared-memory object of ``byte_size`` bytes: its region name, its key, its handle."""
-    suffix = uuid.uuid4().hex[:12]
-    name, key = f"region-{suffix}", f"/udfserve-test-{suffix}"
-    handle = shm.create_shared_memory_region(name, key, byte_size)
-    created.append(handle)
-    return name, key, handle
+    with regions_removed_after(grpc_client, AUTHORIZED) as created:
+        yield created
 
 
 def features(rows: int) -> np.ndarray:
     return np.random.default_rng(rows).normal(size=(rows, 64)).astype(np.float32)
-
-
-def refusal(call: Any) -> InferenceServerException:
-    with pytest.raises(InferenceServerException) as raised:
-        call()
-    return raised.value
-
-
-def inline_answer(client: triton_grpc.InferenceServerClient, x: np.ndarray) -> np.ndarray:
-    tensor = triton_grpc.InferInput("features", list(x.shape), "FP32").set_data_from_numpy(x)
-    return client.infer("tabular_mlp", [tensor], headers=AUTHORIZED).as_numpy("probabilities")
 
 
 def grpc_shm_infer(
@@ -179,7 +161,7 @@ def test_grpc_inference_reads_inputs_from_a_region_and_writes_outputs_into_one(
     assert list(output.shape) == [ROWS, 8] and output.datatype == "FP32"
     assert output.parameters["shared_memory_byte_size"].int64_param == OUTPUT_BYTES
     written = shm.get_contents_as_numpy(output_handle, np.float32, [ROWS, 8])
-    np.testing.assert_array_equal(written, inline_answer(grpc_client, x))
+    np.testing.assert_array_equal(written, inline_answer(grpc_client, x, AUTHORIZED))
 
 
 def test_an_output_written_into_a_region_keeps_an_empty_raw_output_contents_entry(
@@ -207,7 +189,7 @@ def test_grpc_inference_from_a_region_answers_outputs_inline_when_not_asked_in_o
     shm.set_shared_memory_region(handle, [x])
     grpc_client.register_system_shared_memory(name, key, INPUT_BYTES, headers=AUTHORIZED)
     result = grpc_shm_infer(grpc_client, name, None)
-    np.testing.assert_array_equal(result.as_numpy("probabilities"), inline_answer(grpc_client, x))
+    np.testing.assert_array_equal(result.as_numpy("probabilities"), inline_answer(grpc_client, x, AUTHORIZED))
 
 
 def test_a_stream_reads_inputs_from_a_region_and_writes_outputs_into_one(
@@ -234,7 +216,7 @@ def test_a_stream_reads_inputs_from_a_region_and_writes_outputs_into_one(
 
     assert error is None and result.get_response().id == "shm"
     written = shm.get_contents_as_numpy(output_handle, np.float32, [ROWS, 8])
-    np.testing.assert_array_equal(written, inline_answer(grpc_client, x))
+    np.testing.assert_array_equal(written, inline_answer(grpc_client, x, AUTHORIZED))
 
 
 def test_http_inference_reads_inputs_from_a_region_and_writes_outputs_into_one(
@@ -259,7 +241,7 @@ def test_http_inference_reads_inputs_from_a_region_and_writes_outputs_into_one(
     assert answered["shape"] == [ROWS, 8] and "data" not in answered
     assert answered["parameters"]["shared_memory_byte_size"] == OUTPUT_BYTES
     written = shm.get_contents_as_numpy(output_handle, np.float32, [ROWS, 8])
-    np.testing.assert_array_equal(written, inline_answer(grpc_client, x))
+    np.testing.assert_array_equal(written, inline_answer(grpc_client, x, AUTHORIZED))
 
 
 def test_a_key_outside_the_shared_memory_folder_is_refused(
@@ -311,7 +293,7 @@ def test_a_region_that_shrank_fails_that_request_only(
     os.truncate(path, INPUT_BYTES)  # the client's object restored: the same registration serves again
     shm.set_shared_memory_region(handle, [x])
     result = grpc_shm_infer(grpc_client, name, None)
-    np.testing.assert_array_equal(result.as_numpy("probabilities"), inline_answer(grpc_client, x))
+    np.testing.assert_array_equal(result.as_numpy("probabilities"), inline_answer(grpc_client, x, AUTHORIZED))
 
 
 def test_registrations_beyond_a_clients_bounds_are_resource_exhausted_naming_the_bound(
@@ -368,7 +350,8 @@ def test_an_output_larger_than_its_range_is_invalid_argument_and_the_next_reques
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
     assert f"output 'probabilities' is {OUTPUT_BYTES} bytes" in error.message()
     np.testing.assert_array_equal(
-        grpc_shm_infer(grpc_client, input_name, None).as_numpy("probabilities"), inline_answer(grpc_client, x)
+        grpc_shm_infer(grpc_client, input_name, None).as_numpy("probabilities"),
+        inline_answer(grpc_client, x, AUTHORIZED),
     )
 
 
