@@ -6,17 +6,14 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import os
-import sys
 import threading
 from collections.abc import Sequence
-from typing import NoReturn
 
 import udfserve
 from udfserve.services.model_server import event_loop
 from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.model_server.exit_deadline import exit_now
 from udfserve.services.node.config import NodeConfig
 from udfserve.services.process_setup import configure_logging
 from udfserve.services.settings_cli import SettingsError, add_settings_arguments, settings_from_args
@@ -50,29 +47,13 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     code = event_loop.run(serve(config), loop)
     if _only_daemon_threads_left():
-        _exit_without_teardown(code)
+        exit_now(code)  # drained and stopped: nothing is left for the teardown to do
     return code  # a model call still runs: Python's exit waits for it, and the exit deadline ends it
 
 
 def _only_daemon_threads_left() -> bool:
     main = threading.main_thread()
     return not any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate())
-
-
-def _exit_without_teardown(code: int) -> NoReturn:
-    """End a server that has drained and stopped, without the interpreter's teardown.
-
-    Once ``serve`` returns, every answer is sent, the socket and ready file are removed and the
-    trace exporter is flushed; what Python's exit would still do is free TensorFlow's, PyTorch's
-    and gRPC's objects one by one, which took 1.1-2.5 s of a 2-core machine per stop, while a
-    supervisor restarting a server or a rollout waits on it. The logs and standard streams are
-    flushed first, as a normal exit would.
-    """
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
 
 
 def run_node(args: argparse.Namespace) -> int:
@@ -88,7 +69,7 @@ def run_generate_models(args: argparse.Namespace) -> int:
     if args.onnx and onnx_missing():
         raise SettingsError(onnx_missing())
     if args.triton_examples and onnx_missing():
-        raise SettingsError(onnx_missing().replace("--onnx", "--triton-examples"))
+        raise SettingsError(onnx_missing("--triton-examples"))
     if backend_examples_missing(args.backend_examples):
         raise SettingsError(backend_examples_missing(args.backend_examples))
     configure_logging("INFO")

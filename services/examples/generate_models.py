@@ -135,13 +135,14 @@ GENERATE_DESCRIPTION = (
 ONNX_HELP = "also write tabular_mlp as an ONNX graph, tabular_mlp_onnx (needs the onnx package)"
 
 
-def onnx_missing() -> str:
-    """Why ``--onnx`` cannot run here ("" when it can): the graph is built with the onnx package."""
+def onnx_missing(flag: str = "--onnx") -> str:
+    """Why ``flag`` (which writes ONNX graphs) cannot run here ("" when it can): the graphs are
+    built with the onnx package."""
     import importlib.util
 
     if importlib.util.find_spec("onnx") is not None:
         return ""
-    return "--onnx needs the onnx package, which is not installed: expected `pip install onnx`"
+    return f"{flag} needs the onnx package, which is not installed: expected `pip install onnx`"
 
 
 def generate_example_repository(

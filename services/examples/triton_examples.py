@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="regenerate models already present")
     args = parser.parse_args(argv)
     if onnx_missing():
-        parser.error(onnx_missing().replace("--onnx", "these models"))
+        parser.error(onnx_missing("these models"))
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     names = generate_triton_examples(args.output, overwrite=args.overwrite)

@@ -11,9 +11,12 @@ never sees it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import threading
+from typing import NoReturn
 
 logger = logging.getLogger(__name__)
 
@@ -62,5 +65,16 @@ def _force_exit(seconds: float, code: int) -> None:
         ", ".join(running) or "none",
         code,
     )
+    exit_now(code)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process with ``code`` without the interpreter's teardown, logs and standard streams
+    flushed first: for a deadline past, and for a server that drained and stopped, whose teardown
+    (freeing TensorFlow's, PyTorch's and gRPC's objects one by one) took 1.1-2.5 s of a 2-core
+    machine per stop while a supervisor's restart or a rollout waited on it."""
     logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
     os._exit(code)
