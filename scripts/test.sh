@@ -14,8 +14,12 @@ bash scripts/native.sh  # the native KServe front end, tested beside the python 
 typecheck_tree="$(.venv/bin/python scripts/source_tree.py . build/typecheck)"
 (cd "$typecheck_tree" && "$OLDPWD/.venv/bin/mypy" --config-file "$OLDPWD/pyproject.toml" udfserve benchmarks)
 
+# Test modules run in parallel worker processes, a module wholly in one worker (its module-scoped
+# servers, Spark workers and fixtures stay together). Most of a test's time is spent starting
+# processes (servers, Spark, imports) and waiting for them, so workers beyond the cores still pay:
+# UDFSERVE_TEST_WORKERS sets how many (0: one process, no workers); arguments after it win.
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest -n "${UDFSERVE_TEST_WORKERS:-3}" --dist loadfile "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then
