@@ -61,7 +61,13 @@ class ServerEntry(BaseModel):
     http_address: str | None = Field(default=None, description="host:port of the HTTP admin app")
     kserve_address: str | None = Field(
         default=None,
-        description="host:port of the native KServe front end (servers run with --kserve-frontend native)",
+        description="host:port of the server's --kserve-port: its native KServe front end, or the python "
+        "one where --kserve-frontend auto found no native module (kserve_frontend says which)",
+    )
+    kserve_frontend: str | None = Field(
+        default=None,
+        description='the KServe front end that serves: "native" or "python" (on kserve_address when it is '
+        "given, else on the main listeners); null for a server not ready, or written by an older node",
     )
     kserve_http_address: str | None = Field(
         default=None,

@@ -25,9 +25,12 @@ class BoundAddresses:
     tcp_address: str | None
     http_address: str | None
     kserve_address: str | None = None
-    """The native KServe front end's host:port; None when KServe is served on the main listeners."""
+    """``--kserve-port``'s host:port: the native KServe front end's, or the python one's where
+    ``--kserve-frontend auto`` fell back to it; None when KServe is served on the main listeners only."""
     kserve_http_address: str | None = None
     """The KServe HTTP port's host:port (``--kserve-http-port``); None when it is off."""
+    kserve_frontend: str = "python"
+    """The KServe front end that serves (``native`` or ``python``), as ``--kserve-frontend`` resolved."""
     models: tuple[str, ...] = ()
     """The models that loaded: the file is written again, with them, once loading has finished
     and before health reports SERVING, so a supervisor needs no call (nor the token) to know."""

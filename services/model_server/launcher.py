@@ -96,8 +96,15 @@ class ServerProcess:
 
     @property
     def kserve_address(self) -> str | None:
-        """The native KServe front end's host:port (``--kserve-frontend native``), else None."""
+        """``--kserve-port``'s host:port (the native KServe front end, or ``auto``'s python
+        fallback), else None."""
         value = self.addresses.get("kserve_address")
+        return str(value) if value else None
+
+    @property
+    def kserve_frontend(self) -> str | None:
+        """The KServe front end that serves (``native`` or ``python``); None before the ready file."""
+        value = self.addresses.get("kserve_frontend")
         return str(value) if value else None
 
     @property
@@ -107,7 +114,7 @@ class ServerProcess:
         return str(value) if value else None
 
     def kserve_target(self) -> str:
-        """Where unary KServe calls go: the native front end's port, else the main TCP address."""
+        """Where unary KServe calls go: ``--kserve-port``'s address, else the main TCP address."""
         if self.kserve_address:
             return self.kserve_address
         if self.tcp_address:

@@ -32,6 +32,7 @@ from udfserve.services.model_server.core.request_lifecycle import RequestLifecyc
 from udfserve.services.model_server.core.shares import ApplicationShares
 from udfserve.services.model_server.event_loop import running_loop_kind
 from udfserve.services.model_server.frontends.admin_server import AdminThread
+from udfserve.services.model_server.frontends.kserve.frontend_choice import log_kserve_frontend
 from udfserve.services.model_server.frontends.kserve_http.listener import (
     KServeHttpPort,
     open_kserve_http_port,
@@ -109,6 +110,7 @@ class RunningServer:
         self.servicer = frontends.servicer
         self.kserve_servicer = frontends.kserve_servicer
         self.kserve_native = frontends.kserve_native
+        self.kserve_choice = frontends.kserve_choice
         self.addresses: BoundAddresses | None = None
         self._admin: AdminThread | None = None
         self._kserve_http: KServeHttpPort | None = None
@@ -140,8 +142,11 @@ class RunningServer:
         if config.port is not None:
             port = self._bind(f"{config.host}:{config.port}", grpc_server_credentials(config))
             tcp_address = f"{config.host}:{port}"
-        await self.grpc_server.start()
         kserve_address = None
+        if self.kserve_choice.fallback and config.kserve_port is not None:  # auto without the module
+            port = self._bind(f"{config.host}:{config.kserve_port}", grpc_server_credentials(config))
+            kserve_address = f"{config.host}:{port}"
+        await self.grpc_server.start()
         if self.kserve_native is not None:
             kserve_address = f"{config.host}:{self.kserve_native.start()}"
 
@@ -162,6 +167,7 @@ class RunningServer:
             http_address=http_address,
             kserve_address=kserve_address,
             kserve_http_address=self._kserve_http.address if self._kserve_http else None,
+            kserve_frontend=self.kserve_choice.frontend,
         )
         if config.ready_file is not None:
             write_ready_file(config.ready_file, self.addresses)
@@ -173,7 +179,7 @@ class RunningServer:
                     unix_socket,
                     tcp_address,
                     http_address and f"http://{http_address}",
-                    kserve_address and f"{kserve_address} (KServe, native)",
+                    kserve_address and f"{kserve_address} (KServe, {self.kserve_choice.frontend})",
                     self._kserve_http and f"http://{self._kserve_http.address} (KServe)",
                 )
                 if a
@@ -181,6 +187,7 @@ class RunningServer:
             config.device,
             self.event_loop,
         )
+        log_kserve_frontend(self.kserve_choice, kserve_address)
         self._load_task = asyncio.create_task(self._load_models())
         return self.addresses
 

@@ -25,6 +25,10 @@ from udfserve.services.model_server.core.request_lifecycle import RequestLifecyc
 from udfserve.services.model_server.frontends.admin_server import AdminThread, ServingLoop
 from udfserve.services.model_server.frontends.arrow.grpc_api import InferenceServicer
 from udfserve.services.model_server.frontends.http_api import AdminLimits, create_admin_app
+from udfserve.services.model_server.frontends.kserve.frontend_choice import (
+    KServeFrontendChoice,
+    choose_kserve_frontend,
+)
 from udfserve.services.model_server.frontends.kserve.metadata import server_extensions
 from udfserve.services.model_server.frontends.kserve.native_bridge import (
     NativeBoundsCollector,
@@ -51,7 +55,11 @@ class GrpcFrontends:
     servicer: InferenceServicer
     kserve_servicer: KServeServicer
     kserve_native: NativeKServeFrontend | None
-    """The native KServe front end (``--kserve-frontend native``), on a port of its own."""
+    """The native KServe front end (``--kserve-frontend native``, or ``auto`` where it loads), on a
+    port of its own."""
+    kserve_choice: KServeFrontendChoice
+    """Which KServe front end serves, and why; on ``auto``'s fallback the gRPC server above also
+    listens on ``--kserve-port``."""
 
 
 def build_grpc_frontends(
@@ -103,8 +111,9 @@ def build_grpc_frontends(
         server_extensions(http=config.kserve_http_port is not None, system_shared_memory=regions is not None),
         regions,
     )
+    kserve_choice = choose_kserve_frontend(config.kserve_frontend, config.kserve_port)
     kserve_native: NativeKServeFrontend | None = None
-    if config.kserve_frontend == "native":
+    if kserve_choice.frontend == "native":
         kserve_native = NativeKServeFrontend(
             kserve_servicer,
             f"{config.host}:{config.kserve_port}",
@@ -117,7 +126,7 @@ def build_grpc_frontends(
         )
         metrics.register([NativeBoundsCollector(kserve_native)])
     add_service(health_pb2_grpc.add_HealthServicer_to_server, health_servicer, server)
-    return GrpcFrontends(server, servicer, kserve_servicer, kserve_native)
+    return GrpcFrontends(server, servicer, kserve_servicer, kserve_native, kserve_choice)
 
 
 def _system_shared_memory(config: ServerConfig, folder: Path | None) -> SystemSharedMemory | None:

@@ -57,6 +57,7 @@ class ServerSlot:
             http_address=self.process.http_address if ready and self.process else None,
             kserve_address=self.process.kserve_address if ready and self.process else None,
             kserve_http_address=self.process.kserve_http_address if ready and self.process else None,
+            kserve_frontend=self.process.kserve_frontend if ready and self.process else None,
             pid=self.process.pid if self.process is not None else None,
             models=list(self.served.models) if ready else [],
             versions=dict(self.served.versions) if ready else {},

@@ -54,8 +54,10 @@ def running_server_without(
     socket_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
     name: str,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[ServerProcess]:
-    """A server whose Python cannot import ``modules``, as where their extra is not installed.
+    """A server whose Python cannot import ``modules``, as where their extra is not installed (or,
+    for a compiled module, where it was not built); ``extra_args`` are its own flags.
 
     A second environment without them would be a copy of several GB made for one test; instead a
     ``sitecustomize`` module, which Python imports at start-up from the first folder of
@@ -68,7 +70,7 @@ def running_server_without(
     (blocker_dir / "sitecustomize.py").write_text("\n".join(lines) + "\n", encoding="utf-8")
     path = os.pathsep.join(filter(None, [str(blocker_dir), os.environ.get("PYTHONPATH", "")]))
     with running_server(
-        repository, socket_dir, tmp_path_factory, name, env={**os.environ, "PYTHONPATH": path}
+        repository, socket_dir, tmp_path_factory, name, extra_args, env={**os.environ, "PYTHONPATH": path}
     ) as process:
         yield process
 

@@ -1,4 +1,5 @@
-"""--kserve-frontend: the python front end shares the main listeners; the native one needs a port."""
+"""--kserve-frontend: auto (the default) picks native where it loads and has a port; the python front
+end shares the main listeners; the native one needs a port."""
 
 from __future__ import annotations
 
@@ -9,15 +10,24 @@ import pytest
 from pydantic import ValidationError
 
 from udfserve.services.model_server.config import ServerConfig
+from udfserve.services.model_server.frontends.kserve.frontend_choice import choose_kserve_frontend
 from udfserve.services.model_server.frontends.kserve.native import (
+    BUILD_COMMAND,
     NativeFrontendUnavailable,
     load_frontend_module,
 )
 
+NATIVE_MODULE = "udfserve.services.model_server.frontends.kserve.native._kserve_frontend"
 
-def test_the_python_front_end_is_the_default_and_has_no_port_of_its_own() -> None:
+
+def test_auto_is_the_default_and_no_kserve_port_is_opened_unless_given() -> None:
     config = ServerConfig(model_repository=Path("/m"))
-    assert (config.kserve_frontend, config.kserve_port) == ("python", None)
+    assert (config.kserve_frontend, config.kserve_port) == ("auto", None)
+
+
+def test_auto_accepts_a_kserve_port() -> None:
+    config = ServerConfig(model_repository=Path("/m"), kserve_port=8001)
+    assert (config.kserve_frontend, config.kserve_port) == ("auto", 8001)
 
 
 def test_the_native_front_end_without_a_port_is_refused_naming_the_flag() -> None:
@@ -27,7 +37,47 @@ def test_the_native_front_end_without_a_port_is_refused_naming_the_flag() -> Non
 
 def test_a_kserve_port_for_the_python_front_end_is_refused_naming_the_choice() -> None:
     with pytest.raises(ValidationError, match="expected --kserve-frontend native with it"):
-        ServerConfig(model_repository=Path("/m"), kserve_port=8001)
+        ServerConfig(model_repository=Path("/m"), kserve_frontend="python", kserve_port=8001)
+
+
+def test_an_unknown_front_end_is_refused_listing_the_three() -> None:
+    with pytest.raises(ValidationError, match="'auto', 'python' or 'native'"):
+        ServerConfig(model_repository=Path("/m"), kserve_frontend="grpcio")
+
+
+def test_auto_without_a_kserve_port_is_the_python_front_end_and_says_why() -> None:
+    choice = choose_kserve_frontend("auto", None)
+    assert (choice.frontend, choice.fallback) == ("python", False)
+    assert "without --kserve-port" in choice.reason
+
+
+def test_auto_with_a_port_is_the_native_front_end_where_its_module_loads() -> None:
+    load_frontend_module()  # built in this environment: the suite builds it (scripts/native.sh)
+    choice = choose_kserve_frontend("auto", 0)
+    assert (choice.frontend, choice.fallback) == ("native", False)
+    assert "loads" in choice.reason
+
+
+def test_auto_with_a_port_falls_back_to_python_naming_the_build_command_where_it_does_not_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, NATIVE_MODULE, None)  # Python's own "not installed"
+    choice = choose_kserve_frontend("auto", 8001)
+    assert (choice.frontend, choice.fallback) == ("python", True)
+    assert BUILD_COMMAND in choice.reason and "--kserve-port" in choice.reason
+
+
+@pytest.mark.parametrize("requested", ["python", "native"])
+def test_an_explicit_front_end_is_taken_as_given_without_loading_anything(
+    requested: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, NATIVE_MODULE, None)
+    choice = choose_kserve_frontend(requested, 8001 if requested == "native" else None)
+    assert (choice.frontend, choice.fallback, choice.reason) == (
+        requested,
+        False,
+        f"--kserve-frontend {requested}",
+    )
 
 
 def test_the_native_port_beyond_loopback_needs_tls_like_the_others() -> None:
@@ -43,9 +93,7 @@ def test_the_native_port_beyond_loopback_needs_tls_like_the_others() -> None:
 
 
 def test_an_unbuilt_native_module_is_named_with_its_build_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(
-        sys.modules, "udfserve.services.model_server.frontends.kserve.native._kserve_frontend", None
-    )
+    monkeypatch.setitem(sys.modules, NATIVE_MODULE, None)
     build = r"python -m udfserve\.services\.model_server\.frontends\.kserve\.native\.build"
     with pytest.raises(NativeFrontendUnavailable, match=build):
         load_frontend_module()

@@ -52,10 +52,12 @@ class ListenerSettings(BaseModel):
     port: int | None = Field(
         default=7500, ge=0, le=65535, description="TCP port for gRPC; 0 picks a free one, off disables TCP"
     )
-    kserve_frontend: Literal["python", "native"] = Field(
-        default="python",
-        description="front end of the KServe v2 protocol: python (grpc.aio, on the main gRPC port and "
-        "socket, beside the Arrow service) or native (grpc++, built by `python -m "
+    kserve_frontend: Literal["auto", "python", "native"] = Field(
+        default="auto",
+        description="front end of the KServe v2 protocol: auto (native where the compiled module loads "
+        "and --kserve-port is given, else python, saying why in the start-up log; a fallback to python "
+        "listens on --kserve-port too), python (grpc.aio, on the main gRPC port and socket, beside the "
+        "Arrow service) or native (grpc++, built by `python -m "
         "udfserve.services.model_server.frontends.kserve.native.build`, on --kserve-port of --host; "
         "much less CPU per request)",
     )
@@ -63,7 +65,8 @@ class ListenerSettings(BaseModel):
         default=None,
         ge=0,
         le=65535,
-        description="TCP port of the native KServe front end (--kserve-frontend native); 0 picks a free one",
+        description="TCP port of --host for the native KServe front end (--kserve-frontend native, or auto "
+        "where it loads; auto's python fallback listens there too); 0 picks a free one",
     )
     kserve_http_port: int | None = Field(
         default=None,
