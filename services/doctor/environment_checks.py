@@ -25,6 +25,7 @@ from udfserve.discovery import NodeDiscovery
 from udfserve.runtime.backends import KNOWN_BACKENDS, backend_installed
 from udfserve.runtime.model_formats import FORMAT_BY_BACKEND
 from udfserve.runtime.repository import scan_repository
+from udfserve.services.doctor.kserve_frontends import native_finding
 from udfserve.services.doctor.report import Finding
 from udfserve.spark_client.api.worker_check import interpreter_problem, worker_modules
 
@@ -153,25 +154,13 @@ def _finish(child: subprocess.Popen[str]) -> tuple[bool, str]:
 
 
 def _native(child: subprocess.Popen[str] | None, discovery: NodeDiscovery | None) -> Finding:
-    used = [s.device for s in (discovery.servers if discovery else []) if s.kserve_address]
-    note = (
-        f"; the node's {', '.join(used)} serve with it"
-        if used
-        else "; needed only by servers started with --kserve-frontend native"
-    )
     if child is None:
         built = importlib.util.find_spec(NATIVE_MODULE) is not None
         ok, text = built, "" if built else "not built here"
     else:
         ok, text = _finish(child)
         text = text.split(": ", 1)[1] if text.startswith("udfserve.") and ": " in text else text
-    return Finding(
-        group="backends",
-        name="native KServe front end",
-        status="ok" if ok else "info",
-        summary=("built here" + (", and it loads" if child is not None else "") if ok else text) + note,
-        facts={"built": ok, "servers_using_it": list(used)},
-    )
+    return native_finding(ok, text, child is not None, discovery)
 
 
 def check_spark_workers(environ: Mapping[str, str]) -> Finding:

@@ -1,0 +1,50 @@
+"""The doctor's line on the native KServe front end: what the node's servers serve KServe with, and
+why, read from the discovery file's ``kserve_frontend`` and ``kserve_address``."""
+
+from __future__ import annotations
+
+from udfserve.discovery import NodeDiscovery, ServerEntry
+from udfserve.services.doctor.kserve_frontends import native_finding
+from udfserve.services.model_server.frontends.kserve.native import BUILD_COMMAND
+
+
+def node(*servers: ServerEntry) -> NodeDiscovery:
+    return NodeDiscovery(node="n1", servers=list(servers))
+
+
+def server(device: str, frontend: str | None, address: str | None) -> ServerEntry:
+    return ServerEntry(device=device, kserve_frontend=frontend, kserve_address=address)
+
+
+def test_servers_serving_with_the_native_front_end_are_named_and_it_passes() -> None:
+    finding = native_finding(True, "", True, node(server("gpu:0", "native", "127.0.0.1:8001")))
+    assert finding.status == "ok"
+    assert "built here, and it loads; the node's gpu:0 serve KServe with it" in finding.summary
+    assert finding.facts["servers_using_it"] == ["gpu:0"]
+
+
+def test_a_server_that_fell_back_on_its_kserve_port_warns_with_the_build_command() -> None:
+    finding = native_finding(False, "not built here", True, node(server("cpu", "python", "127.0.0.1:8001")))
+    assert finding.status == "warn"
+    assert "found no native module in their environment" in finding.summary
+    assert BUILD_COMMAND in finding.fix and finding.facts["servers_fallen_back"] == ["cpu"]
+
+
+def test_a_server_without_a_kserve_port_is_told_how_auto_would_pick_native() -> None:
+    finding = native_finding(True, "", True, node(server("cpu", "python", None)))
+    assert finding.status == "ok"
+    assert "no --kserve-port" in finding.summary and "--server-args='--kserve-port 0'" in finding.summary
+
+
+def test_an_older_nodes_kserve_address_is_taken_for_the_native_front_end() -> None:
+    finding = native_finding(True, "", False, node(server("gpu:1", None, "127.0.0.1:8002")))
+    assert finding.facts["servers_using_it"] == ["gpu:1"]
+    assert finding.summary.startswith("built here; ")
+
+
+def test_without_a_node_it_says_what_servers_started_here_would_serve_with() -> None:
+    assert (
+        "serve KServe with the python front end"
+        in native_finding(False, "not built here", True, None).summary
+    )
+    assert "--kserve-frontend auto, the default" in native_finding(True, "", True, None).summary
