@@ -168,6 +168,16 @@ def node_config(env: dict[str, str], args: argparse.Namespace, model_repository:
     return NodeConfig(**values)
 
 
+def first_server_config(node: NodeConfig) -> ServerConfig:
+    """The settings of the first server this node starts, its whole ``udfserve serve`` command line
+    read as the server reads it (``check_server_command``): what its flags and --server-args make."""
+    from udfserve.services.node.devices import DeviceSlot
+    from udfserve.services.node.server_flags import check_server_command
+    from udfserve.services.node.server_slot import ServerSlot
+
+    return check_server_command(ServerSlot(DeviceSlot("cpu"), 0, node).serve_arguments(node))
+
+
 # -- the CLI ----------------------------------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from deploy_files import (
     ROOT,
     argv_of,
     environment_of,
+    first_server_config,
     known_settings_variables,
     mount_for,
     mounts_of,
@@ -159,6 +160,14 @@ def test_each_layout_starts_a_node_that_watches_the_shared_repository_on_unix_so
     assert config.model_control == "poll", "a version published in the shared repository must roll out"
     assert config.node_name == config.advertise_host == NODE_NAME
     assert config.runtime_dir == Path("/run/udfserve")
+
+
+@pytest.mark.parametrize("layout", sorted(NODE_RUNNERS))
+def test_each_layouts_servers_serve_kserve_with_the_native_front_end_where_the_image_has_it(
+    layout: str, tmp_path: Path
+) -> None:
+    server = first_server_config(node_config(*node_settings(layout), tmp_path))
+    assert (server.kserve_frontend, server.kserve_port, server.host) == ("auto", 0, "127.0.0.1")
 
 
 @pytest.mark.parametrize("layout", sorted(NODE_RUNNERS))

@@ -28,6 +28,7 @@ from deploy_files import (
     depends_on,
     dotenv,
     environment_of,
+    first_server_config,
     known_settings_variables,
     load_compose,
     mount_for,
@@ -72,6 +73,16 @@ def test_node_settings_make_a_valid_node_config(name: str, tmp_path: Path) -> No
     assert config.server_port_base is None, (
         "gRPC must stay on the unix sockets (UDFSERVE_SERVER_PORT_BASE=off)"
     )
+
+
+@pytest.mark.parametrize("name", NODE_SERVICES)
+def test_the_nodes_servers_serve_kserve_with_the_native_front_end_where_the_image_has_it(
+    name: str, tmp_path: Path
+) -> None:
+    """--kserve-frontend auto with a port: native where the module loads, else python on that port."""
+    server = first_server_config(node_config(*node_settings(COMPOSE, name), tmp_path))
+    assert (server.kserve_frontend, server.kserve_port) == ("auto", 0)
+    assert server.host == "127.0.0.1", "the KServe port stays on the node's loopback, as gRPC does"
 
 
 def test_both_node_variants_run_with_the_same_settings() -> None:

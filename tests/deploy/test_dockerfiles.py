@@ -22,8 +22,10 @@ from deploy_files import (
     argv_of,
     copy_sources,
     dockerfile_instructions,
+    first_server_config,
     kubernetes_object,
     load_compose,
+    node_config,
     parse_udfserve,
 )
 
@@ -162,6 +164,21 @@ def test_server_image_runs_the_node_supervisor_by_default() -> None:
     args = parse_udfserve(cmd.words())
     assert args.command == "node"
     assert not instructions("server", "ENTRYPOINT"), "compose and Kubernetes give full commands"
+
+
+def test_server_image_serves_kserve_with_the_native_front_end_where_it_was_built(tmp_path: Path) -> None:
+    """The image's node, run by its own command and environment, starts servers with
+    --kserve-frontend auto and a KServe port: native where the build step built the module (its
+    default, NATIVE_FRONTEND=auto), the python front end on that port where it could not."""
+    [build_default] = [
+        i.arguments for i in instructions("server", "ARG") if i.arguments.startswith("NATIVE_")
+    ]
+    assert build_default == "NATIVE_FRONTEND=auto"
+    final_env = [i for i in instructions("server", "ENV") if "UDFSERVE_" in i.arguments][-1]
+    env = dict(word.split("=", 1) for word in final_env.words() if word.startswith("UDFSERVE_"))
+    [cmd] = instructions("server", "CMD")
+    server = first_server_config(node_config(env, parse_udfserve(cmd.words()), tmp_path))
+    assert (server.kserve_frontend, server.kserve_port) == ("auto", 0)
 
 
 def test_spark_image_runs_a_spark_daemon_the_pip_installed_pyspark_ships() -> None:

@@ -18,6 +18,7 @@ from deploy_files import (
     KUBERNETES,
     admin_app_paths,
     argv_of,
+    first_server_config,
     kubernetes_documents,
     kubernetes_object,
     node_config,
@@ -143,6 +144,13 @@ def test_server_args_are_flags_of_udfserve_serve(tmp_path: Path) -> None:
     config = configured_node(tmp_path)
     serve = build_parser().parse_args(["serve", *config.server_extra_args])
     assert serve.socket_mode == "0660", "executor pods reach the sockets through their group"
+
+
+def test_servers_serve_kserve_with_the_native_front_end_where_the_image_has_it(tmp_path: Path) -> None:
+    """--kserve-frontend auto with a port: native where the module loads, else python on that port."""
+    server = first_server_config(configured_node(tmp_path))
+    assert (server.kserve_frontend, server.kserve_port) == ("auto", 0)
+    assert server.host == "127.0.0.1", "the KServe port stays on the pod's loopback"
 
 
 @pytest.mark.parametrize("probe", ["startupProbe", "readinessProbe", "livenessProbe"])
