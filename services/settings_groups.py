@@ -82,6 +82,7 @@ SETTING_GROUPS: Mapping[str, str] = {
     "priority_classes": "batching",
     "default_priority_class": "batching",
     "room_wait_s": "batching",
+    "room_wait_calls": "batching",
     "tls_cert_file": "security",
     "tls_key_file": "security",
     "tls_client_ca_file": "security",

@@ -99,7 +99,13 @@ class RunningServer:
             self.metrics.applications.observe_queue_wait,
         )
         self.requests = RequestLifecycle(
-            self.models, self.metrics, self.in_flight, config.max_message_bytes, shares, config.room_wait_s
+            self.models,
+            self.metrics,
+            self.in_flight,
+            config.max_message_bytes,
+            shares,
+            config.room_wait_s,
+            config.room_wait_calls,
         )
         shared_memory = shared_memory_folder(config.shared_memory_dir)
         self.auth_token = config.resolve_auth_token()

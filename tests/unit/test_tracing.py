@@ -3,6 +3,8 @@ a request and its batch, recorded by the OpenTelemetry SDK into its in-memory ex
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -175,3 +177,33 @@ def test_a_request_refused_before_it_was_queued_has_its_admission_and_an_error_s
     assert set(spans) == {"udfserve.request", "udfserve.admission"}
     assert span.status.description == "INVALID_ARGUMENT"
     assert span.attributes is not None and span.attributes["rpc.grpc.status"] == "INVALID_ARGUMENT"
+
+
+def test_a_request_that_waited_for_room_has_its_room_wait_before_its_queue_wait(
+    exported: tuple[ServerTracing, InMemorySpanExporter],
+) -> None:
+    tracing, exporter = exported
+    request = tracing.request(JobContext(traceparent=SAMPLED), "tabular_mlp", 1)
+    assert request is not None
+
+    async def wait_then_run() -> None:
+        hold: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        request.queued(rows=4)
+        request.waiting_for_room(hold)
+        hold.set_result(None)  # rows left the queue: the request is queued now
+        await asyncio.sleep(0)  # the hold's callbacks run
+        batch = tracing.batch("tabular_mlp", [request], rows=4, requests=1)
+        batch.end()
+        request.end("OK")
+
+    asyncio.run(wait_then_run())
+
+    spans = by_name(exporter.get_finished_spans())
+    (span,), (room_wait,), (queue_wait,) = (
+        spans["udfserve.request"],
+        spans["udfserve.room_wait"],
+        spans["udfserve.queue_wait"],
+    )
+    assert room_wait.parent is not None and room_wait.parent.span_id == span.context.span_id
+    assert room_wait.end_time is not None and queue_wait.start_time is not None
+    assert room_wait.end_time <= queue_wait.start_time

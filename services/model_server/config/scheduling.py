@@ -34,9 +34,19 @@ class SchedulingSettings(BaseModel):
         default=10.0,
         ge=0.0,
         le=600.0,
-        description="how long a request of a Predict stream that finds its application's share of a "
-        "model's queue full waits for room (its stream read no further meanwhile) before it is refused "
-        "RESOURCE_EXHAUSTED; 0: refused at once, and the client backs off and sends it again",
+        description="how long a request that finds its application's share of a model's queue full waits "
+        "in the server for room before it is refused as a full queue: a request of a Predict or KServe "
+        "ModelStreamInfer stream (its stream read no further meanwhile), or a unary KServe call (gRPC "
+        "ModelInfer, HTTP infer) while fewer than --room-wait-calls wait; 0: refused at once, and the "
+        "client backs off and sends it again",
+    )
+    room_wait_calls: int = Field(
+        default=16,
+        ge=0,
+        le=4096,
+        description="how many unary KServe inference calls (gRPC ModelInfer on either KServe port, HTTP "
+        "infer) may wait for room at once, over the server (each holds its handler and its message while "
+        "it waits); a call past them is refused at once; 0: unary calls never wait",
     )
 
     @field_validator("priority_classes", mode="before")

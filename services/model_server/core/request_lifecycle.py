@@ -37,6 +37,7 @@ from udfserve.runtime.tensor_conversion import answer_bytes_at_least, check_answ
 from udfserve.runtime.tensor_spec import TensorSpec, zeros
 from udfserve.runtime.value_ranges import check_ranges
 from udfserve.services import log_context
+from udfserve.services.model_server.core.call_room_waits import CallRoomWaits
 from udfserve.services.model_server.core.in_flight import InFlightRequests
 from udfserve.services.model_server.core.job_context import JobContext
 from udfserve.services.model_server.core.model_table import ModelTable, ServedModel
@@ -71,6 +72,7 @@ class RequestLifecycle:
         max_message_bytes: int,
         shares: ApplicationShares | None = None,
         room_wait_s: float = 0.0,
+        room_wait_calls: int = 0,
     ) -> None:
         self.models = models
         self.metrics = metrics
@@ -81,6 +83,8 @@ class RequestLifecycle:
         self.room_wait_s = room_wait_s
         """How long a request of a front end that reads one request at a time (a stream) waits for
         room in its model's queue before it is refused (``batching.admission``); 0: refused at once."""
+        self.call_room_waits = CallRoomWaits(room_wait_calls, metrics.room_waiting_calls)
+        """The unary calls waiting for room, at most ``room_wait_calls`` (``core.call_room_waits``)."""
 
 
 class FrontEnd(ABC, Generic[M, A]):
@@ -168,6 +172,7 @@ class InferenceRequest(Generic[M, A]):
         rows: int,
         room_bytes: int | None = None,
         wait_for_room: bool = False,
+        unary_call: bool = False,
     ) -> A | Pending[A]:
         """Queue the checked inputs of ``rows`` rows on the model's batcher: ``Pending`` on the
         batcher's future, whose ``finish`` (this request's) makes the answer. A request of no
@@ -181,7 +186,9 @@ class InferenceRequest(Generic[M, A]):
 
         ``wait_for_room``: the front end reads nothing more until this request is queued (a stream
         does, through ``Pending.hold``), so the request may wait for room in a full queue, up to
-        the server's ``room_wait_s``, instead of being refused at once."""
+        the server's ``room_wait_s``, instead of being refused at once. ``unary_call``: the request
+        is a unary call, which holds its handler while it waits: it waits only while a place is
+        free in the server's ``call_room_waits``, and is refused at once past them."""
         served = self.served
         try:
             self.rows = rows
@@ -203,10 +210,22 @@ class InferenceRequest(Generic[M, A]):
             check_ranges(served.name, model.inputs, inputs)  # before merging: see value_ranges
             share = self._lifecycle.shares.share_of(self.job)
             wait_s = self._lifecycle.room_wait_s if wait_for_room else 0.0
+            call_waits = self._lifecycle.call_room_waits if unary_call and wait_s > 0 else None
+            if call_waits is not None and not call_waits.take():
+                wait_s, call_waits = 0.0, None  # as many calls wait as may: refused at once if full
             if self.trace is not None:
                 self.trace.queued(rows)
                 share = dataclasses.replace(share, trace=self.trace)
-            future, hold = batcher.enqueue_or_wait(inputs, share, wait_s)
+            try:
+                future, hold = batcher.enqueue_or_wait(inputs, share, wait_s)
+            except BaseException:
+                if call_waits is not None:
+                    call_waits.release_when(None)
+                raise
+            if call_waits is not None:
+                call_waits.release_when(hold)
+            if hold is not None and self.trace is not None:
+                self.trace.waiting_for_room(hold)
         except Exception as exc:
             return self.refuse(exc)
         model_metrics = self.model_metrics

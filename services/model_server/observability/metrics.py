@@ -119,10 +119,16 @@ class ServerMetrics:
         )
         self.room_wait = Histogram(
             "udfserve_queue_room_wait_seconds",
-            "Time a streamed request waited for room in its model's queue (its application's share "
-            "full) before it was queued, or refused after --room-wait-s.",
+            "Time a request waited for room in its model's queue (its application's share full) before "
+            "it was queued, or refused after --room-wait-s: a request of a stream, or a unary KServe call.",
             ["model"],
             buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.room_waiting_calls = Gauge(
+            "udfserve_queue_room_waiting_calls",
+            "Unary KServe inference calls waiting for room in their model's queue now (at most "
+            "--room-wait-calls).",
             registry=registry,
         )
         self.batch_rows = Histogram(

@@ -4,6 +4,8 @@ One request (one Spark request batch, or one KServe call)::
 
     udfserve.request                     child of the client's traceparent, or a root
     ├── udfserve.admission               read to queued: the model found, the payload decoded, checked
+    ├── udfserve.room_wait               only when its application's share of the queue was full:
+    │                                    waiting for room, until queued or refused (``batching.admission``)
     ├── udfserve.queue_wait              queued to its batch started (linked to the batch)
     └── udfserve.answer                  the outputs encoded into the answer
     udfserve.batch                       child of the first traced request it merged, linked to each
@@ -16,6 +18,7 @@ for a request that is traced.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Sequence
@@ -111,6 +114,19 @@ class RequestTrace:
         self._child("udfserve.admission", self._started_ns, now_ns)
         self._queued_ns = now_ns
         self._admitted = True
+
+    def waiting_for_room(self, hold: asyncio.Future[None]) -> None:
+        """The request waits for room in its model's queue (``batching.admission``) until ``hold``
+        is done: a ``udfserve.room_wait`` span then, and its queue wait starts there."""
+        since_ns = self._queued_ns
+
+        def left(_hold: asyncio.Future[None]) -> None:
+            now_ns = time.time_ns()
+            self._child("udfserve.room_wait", since_ns, now_ns)
+            if self._queued_ns:  # no batch took it yet
+                self._queued_ns = now_ns
+
+        hold.add_done_callback(left)
 
     def batch_started(self, batch: SpanContext, now_ns: int) -> None:
         """A batch took (a chunk of) the request: its wait ends at the first, each is linked."""

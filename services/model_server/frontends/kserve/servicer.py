@@ -14,7 +14,10 @@ answers made by ``kserve_answers``, what the server tells about its models by
 Status codes are Triton's: INVALID_ARGUMENT for a request that does not match the model,
 NOT_FOUND for an unknown model or version, UNAVAILABLE while a model loads or the server
 drains, and UNAVAILABLE with Triton's "Exceeds maximum queue size" for a full queue (the Arrow
-path answers RESOURCE_EXHAUSTED there), INTERNAL only for a backend fault. On a stream an error
+path answers RESOURCE_EXHAUSTED there), INTERNAL only for a backend fault. A request finding its
+application's share of a model's queue full first waits for room, as an Arrow stream's does
+(``batching.admission``): a stream's request with the stream read no further, a unary call's
+while fewer than ``--room-wait-calls`` calls wait (``core.call_room_waits``). On a stream an error
 is answered in ``error_message`` and the stream goes on, unless the client sent the
 ``triton_grpc_error: true`` header, which ends the stream with the status as Triton does.
 """
@@ -259,7 +262,7 @@ class KServeServicer(SharedMemoryCalls, kpb_grpc.GRPCInferenceServiceServicer):
         job = parse_job_context(invocation)
 
         def start(item: tuple[kpb.ModelInferRequest, int]) -> StreamAnswer | Pending[StreamAnswer]:
-            return self._start(item[0], job, stream)
+            return self._start(item[0], job, stream, unary_call=False)
 
         unreadable: list[UnparseableRequest] = []
         answers: AsyncIterator[StreamAnswer] = answer_inline(
@@ -283,7 +286,7 @@ class KServeServicer(SharedMemoryCalls, kpb_grpc.GRPCInferenceServiceServicer):
         batcher's future and what makes the answer from it. Never raises: failures are answered with
         their status. ``job`` is the Spark job the request came from, when its metadata says (as the
         Arrow protocol's)."""
-        return self._start(request, job, self._messages)
+        return self._start(request, job, self._messages, unary_call=True)
 
     def start_decoded(
         self,
@@ -312,14 +315,14 @@ class KServeServicer(SharedMemoryCalls, kpb_grpc.GRPCInferenceServiceServicer):
             return None
         request.outputs = output_specs
         inputs, rows = decoded
-        return request.enqueue(inputs, rows)
+        return request.enqueue(inputs, rows, wait_for_room=True, unary_call=True)
 
     def start_answered_by(
         self, request: kpb.ModelInferRequest, job: JobContext, front_end: FrontEnd[RequestHead, _A]
     ) -> _A | Pending[_A]:
         """``start``, answered through ``front_end``: for a front end of another transport, which
         makes its own answers from the tensors (KServe over HTTP)."""
-        return self._start(request, job, front_end)
+        return self._start(request, job, front_end, unary_call=True)
 
     def refuse(
         self, head: RequestHead, job: JobContext, exc: Exception, front_end: FrontEnd[RequestHead, _A]
@@ -333,10 +336,14 @@ class KServeServicer(SharedMemoryCalls, kpb_grpc.GRPCInferenceServiceServicer):
         message: kpb.ModelInferRequest,
         job: JobContext,
         front_end: FrontEnd[RequestHead, _A],
+        *,
+        unary_call: bool,
     ) -> _A | Pending[_A]:
         """``start``, answering through ``front_end``: a ``ModelInfer`` call's, or a stream's.
         Inputs in system shared memory are read here, outputs' regions checked (and written by the
-        answer, ``answers``)."""
+        answer, ``answers``). A request finding its share of the queue full waits for room
+        (``RequestLifecycle.room_wait_s``): a stream's with its reader, a unary call's
+        (``unary_call``) while the server's bound on waiting calls has a place."""
         request = InferenceRequest(self._lifecycle, front_end, message, message.model_name, message.id, job)
         try:
             served = request.admit(parse_version(message.model_version, message.model_name))
@@ -352,7 +359,7 @@ class KServeServicer(SharedMemoryCalls, kpb_grpc.GRPCInferenceServiceServicer):
             inputs, rows = request_to_inputs(message, served.name, model.inputs, self._plan(model))
         except Exception as exc:
             return request.refuse(exc)
-        return request.enqueue(inputs, rows)
+        return request.enqueue(inputs, rows, wait_for_room=True, unary_call=unary_call)
 
     def _plan(self, model: LoadedModel) -> InputPlan:
         plan = self._plans.get(model)
