@@ -150,7 +150,11 @@ def quiet_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 def udfserve_server(repository: Path, logs: Path, frontend: str) -> Iterator[tuple[dict[str, str], int]]:
     """udfserve with its python KServe front end (on the main port) or its native one, and its
     KServe HTTP port; yields its addresses by listener (``grpc``, ``http``) and its pid."""
-    native = ["--kserve-frontend", "native", "--kserve-port", "0"] if frontend == "native" else []
+    native = (
+        ["--kserve-frontend", "native", "--kserve-port", "0"]
+        if frontend == "native"
+        else ["--kserve-frontend", "python"]
+    )
     process = launch_server(
         repository,
         port=0,
@@ -410,8 +414,9 @@ def write_report(
         ),
         "",
         f"Target: udfserve at least {TARGET_RATIO:.1f}x Triton's rows/s at every point, judged on "
-        "udfserve's native KServe front end (`--kserve-frontend native`); its python front end (the "
-        "default, KServe on the main port beside the Arrow service) is measured beside it.",
+        "udfserve's native KServe front end (`--kserve-frontend native`, what `auto`, the default, serves "
+        "with on a `--kserve-port` wherever it is built); its python front end (`--kserve-frontend python`, "
+        "KServe on the main port beside the Arrow service) is measured beside it.",
         "",
         "Server CPU per row: CPU time of the server's processes (Triton's python backend stub "
         "included) during the whole perf_analyzer run, divided by the rows it answered at the "
