@@ -41,20 +41,18 @@ def native_finding(loads: bool, text: str, imported: bool, discovery: NodeDiscov
         by_kind[served_frontend(server)].append(server.device)
     notes = []
     if by_kind["native"]:
-        notes.append(
-            f"the node's {', '.join(by_kind['native'])} serve KServe with it, on their --kserve-port"
-        )
+        notes.append(f"{_servers(by_kind['native'])} KServe with it, on the --kserve-port")
     if by_kind["python-port"]:
         notes.append(
-            f"the node's {', '.join(by_kind['python-port'])} serve KServe with the python front end on "
-            "their --kserve-port: --kserve-frontend auto found no native module in their environment, "
-            "so small requests cost more CPU there"
+            f"{_servers(by_kind['python-port'])} KServe with the python front end on the --kserve-port: "
+            "--kserve-frontend auto found no native module where the server runs, so small requests "
+            "cost more CPU there"
         )
     if by_kind["python"]:
         notes.append(
-            f"the node's {', '.join(by_kind['python'])} serve KServe with the python front end on their "
-            f"main listeners: no --kserve-port, which --kserve-frontend auto needs to pick the native one "
-            f"({PORT_HINT} gives each server one), or --kserve-frontend python"
+            f"{_servers(by_kind['python'])} KServe with the python front end on the main listeners: no "
+            f"--kserve-port (or --kserve-frontend python); {PORT_HINT} gives each server one, which "
+            "--kserve-frontend auto, the default, serves with the native front end"
         )
     if not ready:
         notes.append(
@@ -78,3 +76,8 @@ def native_finding(loads: bool, text: str, imported: bool, discovery: NodeDiscov
         fix=FIX if fell_back else "",
         facts=facts,
     )
+
+
+def _servers(devices: list[str]) -> str:
+    """``the node's gpu:0 serves`` or ``the node's gpu:0, gpu:1 serve``."""
+    return f"the node's {', '.join(devices)} serve{'s' if len(devices) == 1 else ''}"

@@ -19,14 +19,14 @@ def server(device: str, frontend: str | None, address: str | None) -> ServerEntr
 def test_servers_serving_with_the_native_front_end_are_named_and_it_passes() -> None:
     finding = native_finding(True, "", True, node(server("gpu:0", "native", "127.0.0.1:8001")))
     assert finding.status == "ok"
-    assert "built here, and it loads; the node's gpu:0 serve KServe with it" in finding.summary
+    assert "built here, and it loads; the node's gpu:0 serves KServe with it" in finding.summary
     assert finding.facts["servers_using_it"] == ["gpu:0"]
 
 
 def test_a_server_that_fell_back_on_its_kserve_port_warns_with_the_build_command() -> None:
     finding = native_finding(False, "not built here", True, node(server("cpu", "python", "127.0.0.1:8001")))
     assert finding.status == "warn"
-    assert "found no native module in their environment" in finding.summary
+    assert "found no native module where the server runs" in finding.summary
     assert BUILD_COMMAND in finding.fix and finding.facts["servers_fallen_back"] == ["cpu"]
 
 
@@ -48,3 +48,13 @@ def test_without_a_node_it_says_what_servers_started_here_would_serve_with() -> 
         in native_finding(False, "not built here", True, None).summary
     )
     assert "--kserve-frontend auto, the default" in native_finding(True, "", True, None).summary
+
+
+def test_several_servers_are_named_together() -> None:
+    finding = native_finding(
+        True,
+        "",
+        True,
+        node(server("gpu:0", "native", "127.0.0.1:1"), server("gpu:1", "native", "127.0.0.1:2")),
+    )
+    assert "the node's gpu:0, gpu:1 serve KServe with it" in finding.summary
