@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -48,15 +48,25 @@ def wait_until(condition: Callable[[], T | None], timeout_s: float, what: str) -
 class NodeProcess:
     """``python -m udfserve node`` in a child process, logging to a file."""
 
-    def __init__(self, runtime_dir: Path, repository: Path, devices: str, extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        runtime_dir: Path,
+        repository: Path,
+        devices: str,
+        extra: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``env`` is added to this process's environment (less its ``UDFSERVE_*`` variables); the
+        node's servers inherit it."""
         self.runtime_dir = runtime_dir
         self.discovery_path = runtime_dir / "discovery.json"
         self.targets_path = runtime_dir / "prometheus-targets.json"
         self.log_path = runtime_dir.parent / f"{runtime_dir.name}-supervisor.log"
         command = node_command(runtime_dir, repository, devices, extra)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("UDFSERVE_")}
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("UDFSERVE_")}
+        environment.update(env or {})
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
 
     @property
     def pid(self) -> int:

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as triton
+from doctor_harness import run_doctor
 from node_harness import NodeProcess, stop_node
+
+from udfserve.services.model_server.frontends.kserve.native import BUILD_COMMAND
+
+SHIPPED_SERVER_ARGS = "--server-args=--kserve-frontend auto --kserve-port 0"
+NATIVE_MODULE = "udfserve.services.model_server.frontends.kserve.native._kserve_frontend"
 
 
 def test_each_servers_native_kserve_address_is_in_the_discovery_file(example_repository: Path) -> None:
@@ -45,9 +51,7 @@ def test_the_shipped_server_args_serve_kserve_natively_and_the_discovery_file_sa
     """--kserve-frontend auto --kserve-port 0, what the image, compose and Kubernetes give the servers:
     the native front end here, where the module is built."""
     root = Path(tempfile.mkdtemp(prefix="udfn-"))
-    node = NodeProcess(
-        root / "rt", example_repository, "sim:0", ["--server-args=--kserve-frontend auto --kserve-port 0"]
-    )
+    node = NodeProcess(root / "rt", example_repository, "sim:0", [SHIPPED_SERVER_ARGS])
     try:
         [server] = node.wait_all_ready(1).servers
         assert server.kserve_frontend == "native" and server.kserve_address is not None
@@ -55,6 +59,36 @@ def test_the_shipped_server_args_serve_kserve_natively_and_the_discovery_file_sa
         tensor.set_data_from_numpy(np.ones((1, 64), np.float32))
         with triton.InferenceServerClient(server.kserve_address) as client:
             assert client.infer("tabular_mlp", [tensor]).as_numpy("probabilities").shape == (1, 8)
+    finally:
+        stop_node(node)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_without_the_native_module_the_kserve_port_is_served_by_python_and_the_doctor_warns(
+    example_repository: Path,
+) -> None:
+    """The shipped server args on a node whose Python cannot import the compiled module (an image or
+    a wheel built without grpc++): a ``sitecustomize`` puts None in ``sys.modules`` for it, Python's
+    own "not installed", in the node and the servers it starts."""
+    root = Path(tempfile.mkdtemp(prefix="udfn-"))
+    blocker = root / "no-native"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(f"import sys\nsys.modules[{NATIVE_MODULE!r}] = None\n")
+    env = {"PYTHONPATH": str(blocker)}
+    node = NodeProcess(root / "rt", example_repository, "sim:0", [SHIPPED_SERVER_ARGS], env=env)
+    try:
+        [server] = node.wait_all_ready(1).servers
+        assert server.kserve_frontend == "python" and server.kserve_address is not None
+        tensor = triton.InferInput("features", [1, 64], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 64), np.float32))
+        with triton.InferenceServerClient(server.kserve_address) as client:
+            assert client.infer("tabular_mlp", [tensor]).as_numpy("probabilities").shape == (1, 8)
+        run = run_doctor(
+            None, ["--runtime-dir", str(root / "rt"), "--no-import-frameworks", "--json"], env=env
+        )
+        [finding] = [f for f in run.report()["findings"] if f["name"] == "native KServe front end"]
+        assert finding["status"] == "warn" and finding["facts"]["servers_fallen_back"] == ["sim:0"]
+        assert BUILD_COMMAND in finding["fix"]
     finally:
         stop_node(node)
         shutil.rmtree(root, ignore_errors=True)
