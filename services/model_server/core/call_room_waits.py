@@ -9,11 +9,10 @@ until it is queued or refused, and a client may open as many calls as it likes. 
 that wait are therefore counted here, over the whole server, and a call finding
 ``max_calls`` waiting already is refused at once, as every call was before waits existed.
 
-What one client can hold this way is bounded twice: by this count, and by the rule every wait
-follows (``DynamicBatcher.enqueue_or_wait``): an application with a request waiting for a model
-has its next requests for that model refused at once, so one application (and every client that
-names none, together) holds at most one waiting call per model. The bytes of the waiting calls
-stay within the server's bounds on unary calls (``--max-unary-held-bytes``,
+What one client can take this way is at most every place: the other clients' calls are then
+refused at once, as before waits existed, and never held longer (a waiting request is admitted by
+the rule a new one is, an application's in their order of arrival, ``batching.admission``). The
+bytes of the waiting calls stay within the server's bounds on unary calls (``--max-unary-held-bytes``,
 ``--max-concurrent-calls``), which hold them whether they wait for room or for their batch.
 """
 
