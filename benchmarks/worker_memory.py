@@ -51,6 +51,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "floor + client loaded": {"remote": False, "client": True},
     "remote_predict": {"remote": True},
     "remote_predict max_in_flight=1": {"remote": True, "config": {"max_in_flight": 1}},
+    "remote_predict rows_per_request=1024": {"remote": True, "config": {"rows_per_request": 1024}},
+    "remote_predict no shared memory": {"remote": True, "config": {"shared_memory": False}},
     "floor system_allocator": {"remote": False, "env": {"ARROW_DEFAULT_MEMORY_POOL": "system"}},
     "remote_predict system_allocator": {"remote": True, "env": {"ARROW_DEFAULT_MEMORY_POOL": "system"}},
 }
