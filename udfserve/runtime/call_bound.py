@@ -15,8 +15,11 @@ one watchdog thread of the process notices a call past its bound and:
    serving and exits for its supervisor to start a fresh process, within its exit timeout (a
    thread running native code cannot be ended any other way).
 
-The watchdog sleeps until the earliest deadline, so a call costs a lock and a dict entry, and an
-idle server wakes no thread.
+The watchdog sleeps until the earliest deadline it knows of, and a call wakes it only when its own
+deadline comes sooner: back-to-back calls (a busy model) cost a lock and a set entry each, not a
+thread switch each. A watchdog woken at the deadline of a call that finished in time looks again
+and sleeps until the next deadline, or for good once no call is watched: an idle server wakes no
+thread beyond that one look.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ class CallWatch:
         self._calls: set[BoundedCall] = set()
         self._lock = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
+        self._wakes_at_s = float("inf")
+        """When the watchdog wakes by itself (infinity: only when notified); under the lock."""
 
     @contextmanager
     def bounded(self, bound_s: float, on_stuck: Callable[[str], None] | None = None) -> Iterator[BoundedCall]:
@@ -77,13 +82,13 @@ class CallWatch:
         deadline_s = time.monotonic() + bound_s if bound_s > 0 else float("inf")
         call = BoundedCall(deadline_s, bound_s, on_stuck)
         with self._lock:
-            first = not any(watched.deadline_s != float("inf") for watched in self._calls)
             self._calls.add(call)
             if bound_s > 0:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._watch, name="call-watchdog", daemon=True)
                     self._thread.start()
-                elif first:
+                elif deadline_s < self._wakes_at_s:
+                    self._wakes_at_s = deadline_s  # the watchdog looks at its calls again, and sleeps less
                     self._lock.notify()
         _current.call = call
         try:
@@ -114,8 +119,10 @@ class CallWatch:
                 times = [self._next_time(call) for call in self._calls if call not in due]
                 waits = [moment - now_s for moment in times if moment != float("inf")]
                 if not due:
+                    self._wakes_at_s = now_s + min(waits) if waits else float("inf")
                     self._lock.wait(timeout=min(waits) if waits else None)
                     continue
+                self._wakes_at_s = now_s  # acting on its due calls: it looks again when done
             for call in due:  # outside the lock: a stop may take its time
                 self._act(call)
 
