@@ -8,12 +8,13 @@ the Spark Python workers'; this isolates the server's share. One client process
 (``benchmarks.load_client``, kind ``client_shared_memory``: the Spark client's own stream, its
 payloads in the node's shared memory) sends 16,384-row ``null_slice`` requests (64 float32
 columns in, the first 8 out: ``benchmarks.null_models``) to a real ``udfserve serve`` process,
-and the server's CPU-seconds (``psutil`` ``cpu_times``, all its threads) are read before and
-after each cell. ``--baseline`` starts a second server of that commit's code (extracted with
-``git archive`` and run from a linked tree, as ``benchmarks.tracing_cost`` runs the code before
-tracing); each round measures both, in an order that alternates, so what else the machine runs
-lands on both. Per tree: the median over the rounds, and the ratio to the baseline of each
-round's pair (the figure to quote on a shared machine).
+and the server's CPU-seconds (``psutil`` ``cpu_times``, all its threads, and its event loop's
+thread apart) are read before and after each cell. ``--baseline`` starts a second server of that
+commit's code (extracted with ``git archive`` and run from a linked tree, as
+``benchmarks.tracing_cost`` runs the code before tracing); each round measures both, in an
+order that alternates, so what else the machine runs lands on both. Per tree: the median over
+the rounds, and the ratio to the baseline of each round's pair (the figure to quote on a shared
+machine).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from benchmarks.cli import configure_logging
 from benchmarks.load_client import LoadSpec, run_in_child
 from benchmarks.null_model import BATCH_ROWS
 from benchmarks.null_models import write_repository
-from benchmarks.processes import Workspace
+from benchmarks.processes import Workspace, thread_cpu_s
 from benchmarks.tracing_cost import _tree_env
 from udfserve.services.model_server.launcher import ServerProcess
 
@@ -49,6 +50,8 @@ class Cell:
     requests: int
     wall_s: float
     server_cpu_s: float
+    loop_cpu_s: float
+    """Of ``server_cpu_s``, the event loop's (the main thread: gRPC, decode, batching, answers)."""
     client_cpu_s: float
 
     @property
@@ -77,12 +80,12 @@ def measure(server: ServerProcess, tree: str, round_index: int, seconds: float) 
         duration_s=seconds,
     )
     process = psutil.Process(server.pid)
-    before = cpu_s(process)
+    before, loop_before = cpu_s(process), thread_cpu_s(server.pid)[server.pid][1]
     result = run_in_child(spec)
-    used = cpu_s(process) - before
+    used, loop_used = cpu_s(process) - before, thread_cpu_s(server.pid)[server.pid][1] - loop_before
     # the client's warm-up requests fall inside the server's window: count their rows too
     rows = result.rows + spec.warmup_requests * spec.rows
-    return Cell(tree, round_index, rows, result.requests, result.wall_s, used, result.cpu_s)
+    return Cell(tree, round_index, rows, result.requests, result.wall_s, used, loop_used, result.cpu_s)
 
 
 def run(baseline: str | None, rounds: int, seconds: float) -> list[Cell]:
@@ -110,23 +113,24 @@ def table(cells: list[Cell]) -> str:
     trees = list(dict.fromkeys(cell.tree for cell in cells))
     baseline = trees[1] if len(trees) > 1 else None
     lines = [
-        "| tree | rows/s | server CPU-s / M rows | server µs / request | client CPU-s / M rows "
-        "| server / client | x baseline (per-round pairs) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| tree | rows/s | server CPU-s / M rows | server µs / request | of which event loop "
+        "| client CPU-s / M rows | server / client | x baseline (per-round pairs) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for tree in trees:
         mine = [cell for cell in cells if cell.tree == tree]
         server = statistics.median(cell.server_per_million for cell in mine)
         client = statistics.median(cell.client_per_million for cell in mine)
         rate = statistics.median(cell.rows / cell.wall_s for cell in mine)
+        loop = statistics.median(cell.loop_cpu_s / cell.rows * 1e6 for cell in mine) * BATCH_ROWS
         ratio = ""
         if baseline and tree != baseline:
             theirs = {cell.round: cell for cell in cells if cell.tree == baseline}
             pairs = [cell.server_per_million / theirs[cell.round].server_per_million for cell in mine]
             ratio = f"{statistics.median(pairs):.2f} ({min(pairs):.2f}-{max(pairs):.2f})"
         lines.append(
-            f"| {tree} | {rate:,.0f} | {server:.3f} | {server * BATCH_ROWS:,.0f} | {client:.3f} "
-            f"| {server / client:.2f} | {ratio} |"
+            f"| {tree} | {rate:,.0f} | {server:.3f} | {server * BATCH_ROWS:,.0f} | {loop:,.0f} "
+            f"| {client:.3f} | {server / client:.2f} | {ratio} |"
         )
     return "\n".join(lines)
 
