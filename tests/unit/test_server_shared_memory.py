@@ -15,7 +15,11 @@ import pytest
 
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.runtime.errors import InvalidInput
-from udfserve.services.model_server.frontends.arrow.shared_memory import SharedMemoryRefused, StreamRegions
+from udfserve.services.model_server.frontends.arrow.shared_memory import (
+    IOV_MAX,
+    SharedMemoryRefused,
+    StreamRegions,
+)
 
 ANOTHER_SERVER_UID = 4242
 """The uid the server under test takes itself for: the test's files then belong to someone else."""
@@ -137,12 +141,31 @@ def test_an_answer_is_written_into_its_region_of_the_file(
     assert pa.ipc.open_stream(on_file).read_next_batch().equals(answer)
 
 
+def test_an_answer_of_more_buffers_than_one_write_call_takes_is_written_whole(
+    regions: StreamRegions, payload: pb.SharedMemoryRegion
+) -> None:
+    descriptor = client_handle(payload)
+    columns = IOV_MAX  # each column is several pieces of the stream (metadata, buffers, padding)
+    answer = pa.record_batch({f"y{index}": pa.array([index, None], pa.int32()) for index in range(columns)})
+    room = pb.SharedMemoryRegion(path=payload.path, offset=1 << 19, size=1 << 19)
+    regions.read(payload, "input_region")
+    written = regions.write(room, "output_region", answer)
+    assert written is not None
+    on_file = os.pread(descriptor, written, room.offset)
+    os.close(descriptor)
+    assert pa.ipc.open_stream(on_file).read_next_batch().equals(answer)
+
+
 def test_an_answer_too_large_for_its_region_is_not_written(
     regions: StreamRegions, payload: pb.SharedMemoryRegion
 ) -> None:
+    descriptor = client_handle(payload)
     answer = pa.record_batch({"y": pa.array(np.arange(1000, dtype=np.float32))})
     room = pb.SharedMemoryRegion(path=payload.path, offset=1 << 19, size=256)
     assert regions.write(room, "output_region", answer) is None
+    untouched = os.pread(descriptor, FILE_BYTES, 0)
+    os.close(descriptor)
+    assert untouched == b"\1" * FILE_BYTES
 
 
 def test_an_answer_to_a_file_truncated_below_its_region_is_invalid_input_naming_the_size(

@@ -13,7 +13,7 @@ The server never maps a client's file. A mapping of a file that its owner can tr
 whose pages sit in a full tmpfs, faults (SIGBUS, the end of the process) at the first load or
 store past what the file still holds: every client of the node would lose its server to one
 client's mistake or malice. Requests are therefore read with ``preadv`` into memory of the
-server's own, and answers written with ``pwrite`` straight from the answer's buffers: a file that
+server's own, and answers written with one ``pwritev`` straight from the answer's buffers: a file that
 shrank gives a short read or a size check that fails, a full tmpfs gives ``ENOSPC``, and each is
 an error of that request only. The copy also keeps a client from changing a batch after the
 server checked it. It costs one copy of each request (the answer is copied once, as into a
@@ -43,7 +43,7 @@ import grpc
 import pyarrow as pa
 
 from udfserve.runtime.errors import InvalidInput, ServingError
-from udfserve.shared_memory import FILE_NAME_PATTERN, ipc_stream_size
+from udfserve.shared_memory import FILE_NAME_PATTERN
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -134,17 +134,15 @@ class StreamRegions:
         or None when it does not fit there or the file cannot take it (a full tmpfs): the answer
         then goes inline. A file that shrank below the region is ``InvalidInput``."""
         opened = self._opened(region, field)
-        needed = ipc_stream_size(batch)
-        if needed > region.size:
+        pieces = _Pieces()
+        with pa.ipc.new_stream(pa.PythonFile(pieces, mode="w"), batch.schema) as writer:
+            writer.write_batch(batch)
+        if pieces.size > region.size:
             return None
-        if os.fstat(opened.descriptor).st_size < region.offset + needed:
+        if os.fstat(opened.descriptor).st_size < region.offset + pieces.size:
             raise self._shrunk(opened, region, field)
-        sink = _RegionSink(opened.descriptor, region.offset, region.size)
         try:
-            with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), batch.schema) as writer:
-                writer.write_batch(batch)
-        except _RegionFull:  # a dictionary batch beyond its estimate
-            return None
+            _write_all(opened.descriptor, pieces.views, region.offset)
         except OSError as exc:
             if not self._warned_write:  # once per stream: the client decides how often this happens
                 self._warned_write = True
@@ -155,7 +153,7 @@ class StreamRegions:
                     exc.strerror,
                 )
             return None
-        return sink.written
+        return pieces.size
 
     def _shrunk(self, opened: _OpenFile, region: Region, field: str) -> InvalidInput:
         size = os.fstat(opened.descriptor).st_size
@@ -248,31 +246,39 @@ def _read_into(descriptor: int, view: memoryview, offset: int) -> int:
     return done
 
 
-class _RegionFull(Exception):
-    """The answer outgrew its region."""
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
+"""The most buffers one ``pwritev`` takes."""
 
 
-class _RegionSink(io.RawIOBase):
-    """The answer's region of the file as a stream Arrow writes to: each piece goes to the file
-    with ``pwrite`` straight from Arrow's buffers, no copy on the way. Raises ``OSError``
-    (``ENOSPC``) when the tmpfs is full, ``_RegionFull`` past the region's end."""
+class _Pieces(io.RawIOBase):
+    """The pieces of an IPC stream as Arrow writes them, kept, not copied: the answer's own
+    buffers, and the small messages and padding Arrow hands over as bytes. Written to the file
+    in one ``pwritev`` once the stream is complete and its size checked against the region."""
 
-    def __init__(self, descriptor: int, offset: int, size: int) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._descriptor = descriptor
-        self._offset = offset
-        self._size = size
-        self.written = 0
+        self.views: list[memoryview] = []
+        self.size = 0
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: ReadableBuffer) -> int:
         view = memoryview(data).cast("B")
-        if self.written + len(view) > self._size:
-            raise _RegionFull
-        done = 0
-        while done < len(view):
-            done += os.pwrite(self._descriptor, view[done:], self._offset + self.written + done)
-        self.written += done
-        return done
+        self.views.append(view)
+        self.size += len(view)
+        return len(view)
+
+
+def _write_all(descriptor: int, views: list[memoryview], offset: int) -> None:
+    """Write ``views`` one after the other at ``offset`` of the file, with as few ``pwritev`` as
+    they take (a call may write less than asked, or take at most ``IOV_MAX`` buffers). Raises
+    ``OSError`` (``ENOSPC`` when the tmpfs is full)."""
+    pending = [view for view in views if len(view)]
+    while pending:
+        written = os.pwritev(descriptor, pending[:IOV_MAX], offset)
+        offset += written
+        while pending and written >= len(pending[0]):
+            written -= len(pending.pop(0))
+        if written:
+            pending[0] = pending[0][written:]
