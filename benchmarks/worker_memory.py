@@ -13,8 +13,10 @@ imported).
 
 Variants: ``floor``, the model-less pandas UDF of ``benchmarks.spark_e2e``; ``floor + client
 loaded``, the same function carrying ``remote_predict``'s job and importing its worker modules,
-sending nothing (what loading the client costs, apart from using it); ``remote_predict``, its
-pandas UDF's own function; and variants of it under other settings. ``--baseline DIR`` adds
+sending nothing (what loading the client costs, apart from using it); ``floor + pydantic
+models``, the floor importing only pydantic and the client's models (what taking pydantic off a
+task's path would save); ``remote_predict``, its pandas UDF's own function; and variants of it
+under other settings. ``--baseline DIR`` adds
 ``remote_predict`` with the client of another source tree (``DIR/spark_client``), for
 before/after figures in the same run. Memory only: no rate is printed, as the runs are too short
 and too few to time.
@@ -49,6 +51,11 @@ MODEL = "tabular_mlp"
 VARIANTS: dict[str, dict[str, Any]] = {
     "floor": {"remote": False},
     "floor + client loaded": {"remote": False, "client": True},
+    # pydantic and the client's models alone: what taking pydantic off a task's path would save
+    "floor + pydantic models": {
+        "remote": False,
+        "imports": ("udfserve.discovery", "udfserve.spark_client.common.config"),
+    },
     "remote_predict": {"remote": True},
     "remote_predict max_in_flight=1": {"remote": True, "config": {"max_in_flight": 1}},
     "remote_predict rows_per_request=1024": {"remote": True, "config": {"rows_per_request": 1024}},
@@ -87,12 +94,13 @@ def _session(client_dir: str, executor_env: dict[str, str], batch_rows: int) -> 
     return session
 
 
-def _first_values(width: int, job: Any = None) -> Any:
+def _first_values(width: int, job: Any = None, imports: Sequence[str] = ()) -> Any:
     """The floor: the first ``width`` values of each row, through the conversions of a pandas
     UDF over arrays (``benchmarks.inworker.passthrough_pandas_udf``), in the iterator form.
 
     ``job``: a ``PredictJob`` the function carries to the worker, which also imports what
     ``remote_predict``'s function imports there, and sends nothing: the client loaded, unused.
+    ``imports``: modules the worker imports before its first batch (a part of the client alone).
     """
     from collections.abc import Iterator
 
@@ -101,6 +109,10 @@ def _first_values(width: int, job: Any = None) -> Any:
     first_values = passthrough_pandas_udf(width)
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
+        import importlib
+
+        for module in imports:
+            importlib.import_module(module)
         if job is not None:
             import udfserve.spark_client.executor.pandas_udf
             import udfserve.spark_client.executor.task
@@ -166,7 +178,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
 
         function = pandas_function(job, False)
     else:
-        function = _first_values(output_width, job)
+        function = _first_values(output_width, job, spec["imports"])
     udf = pandas_udf(reported(function, spec["report_dir"]), returnType=ArrayType(FloatType()))  # type: ignore[call-overload]
     predicted = frame.withColumn("prediction", udf(column))
     from benchmarks.spark_job import _python_workers as workers
@@ -192,6 +204,7 @@ def _run_variant(
     spec = {
         "remote": variant["remote"],
         "client": variant.get("client", False),
+        "imports": variant.get("imports", ()),
         "config": variant.get("config", {}),
         "env": variant.get("env", {}),
         "client_dir": args.baseline if name == BASELINE else "",
