@@ -53,6 +53,9 @@ class Cell:
     loop_cpu_s: float
     """Of ``server_cpu_s``, the event loop's (the main thread: gRPC, decode, batching, answers)."""
     client_cpu_s: float
+    switches: int
+    """The server's voluntary context switches (a thread waiting for another): steady under load,
+    where CPU time is not."""
 
     @property
     def server_per_million(self) -> float:
@@ -81,11 +84,15 @@ def measure(server: ServerProcess, tree: str, round_index: int, seconds: float) 
     )
     process = psutil.Process(server.pid)
     before, loop_before = cpu_s(process), thread_cpu_s(server.pid)[server.pid][1]
+    switches_before = process.num_ctx_switches().voluntary
     result = run_in_child(spec)
     used, loop_used = cpu_s(process) - before, thread_cpu_s(server.pid)[server.pid][1] - loop_before
+    switches = process.num_ctx_switches().voluntary - switches_before
     # the client's warm-up requests fall inside the server's window: count their rows too
     rows = result.rows + spec.warmup_requests * spec.rows
-    return Cell(tree, round_index, rows, result.requests, result.wall_s, used, loop_used, result.cpu_s)
+    return Cell(
+        tree, round_index, rows, result.requests, result.wall_s, used, loop_used, result.cpu_s, switches
+    )
 
 
 def run(baseline: str | None, rounds: int, seconds: float) -> list[Cell]:
@@ -114,8 +121,9 @@ def table(cells: list[Cell]) -> str:
     baseline = trees[1] if len(trees) > 1 else None
     lines = [
         "| tree | rows/s | server CPU-s / M rows | server µs / request | of which event loop "
-        "| client CPU-s / M rows | server / client | x baseline (per-round pairs) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| server context switches / request | client CPU-s / M rows | server / client "
+        "| x baseline (per-round pairs) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for tree in trees:
         mine = [cell for cell in cells if cell.tree == tree]
@@ -123,6 +131,7 @@ def table(cells: list[Cell]) -> str:
         client = statistics.median(cell.client_per_million for cell in mine)
         rate = statistics.median(cell.rows / cell.wall_s for cell in mine)
         loop = statistics.median(cell.loop_cpu_s / cell.rows * 1e6 for cell in mine) * BATCH_ROWS
+        switches = statistics.median(cell.switches / cell.rows for cell in mine) * BATCH_ROWS
         ratio = ""
         if baseline and tree != baseline:
             theirs = {cell.round: cell for cell in cells if cell.tree == baseline}
@@ -130,7 +139,7 @@ def table(cells: list[Cell]) -> str:
             ratio = f"{statistics.median(pairs):.2f} ({min(pairs):.2f}-{max(pairs):.2f})"
         lines.append(
             f"| {tree} | {rate:,.0f} | {server:.3f} | {server * BATCH_ROWS:,.0f} | {loop:,.0f} "
-            f"| {client:.3f} | {server / client:.2f} | {ratio} |"
+            f"| {switches:.1f} | {client:.3f} | {server / client:.2f} | {ratio} |"
         )
     return "\n".join(lines)
 
