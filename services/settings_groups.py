@@ -52,6 +52,7 @@ SETTING_GROUPS: Mapping[str, str] = {
     "port": "listening",
     "kserve_frontend": "listening",
     "kserve_port": "listening",
+    "kserve_socket": "listening",
     "kserve_http_port": "listening",
     "kserve_http_loop": "listening",
     "http_host": "listening",

@@ -27,6 +27,9 @@ class BoundAddresses:
     kserve_address: str | None = None
     """``--kserve-port``'s host:port: the native KServe front end's, or the python one's where
     ``--kserve-frontend auto`` fell back to it; None when KServe is served on the main listeners only."""
+    kserve_socket: str | None = None
+    """``--kserve-socket``'s path: the native KServe front end's unix socket, or the python one's
+    where ``auto`` fell back to it; None when none is configured."""
     kserve_http_address: str | None = None
     """The KServe HTTP port's host:port (``--kserve-http-port``); None when it is off."""
     kserve_frontend: str = "python"

@@ -102,6 +102,13 @@ class ServerProcess:
         return str(value) if value else None
 
     @property
+    def kserve_socket(self) -> str | None:
+        """``--kserve-socket``'s path (the native KServe front end, or ``auto``'s python fallback),
+        else None."""
+        value = self.addresses.get("kserve_socket")
+        return str(value) if value else None
+
+    @property
     def kserve_frontend(self) -> str | None:
         """The KServe front end that serves (``native`` or ``python``); None before the ready file."""
         value = self.addresses.get("kserve_frontend")

@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -40,24 +39,13 @@ from udfserve.services.model_server.frontends.kserve_http.listener import (
 from udfserve.services.model_server.observability.gpu_metrics import GpuCollector
 from udfserve.services.model_server.observability.metrics import ServerMetrics
 from udfserve.services.model_server.security import grpc_server_credentials
-from udfserve.services.model_server.unix_socket import bind_private_unix_socket
+from udfserve.services.model_server.unix_socket import listen_on_unix_socket
 from udfserve.services.model_server.wiring import build_grpc_frontends, open_admin_app
 
 logger = logging.getLogger(__name__)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def _socket_answers(path: Path) -> bool:
-    """Whether a process accepts connections on the unix socket ``path`` (a stale one refuses)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
 
 
 def shared_memory_folder(configured: Path | None) -> Path | None:
@@ -134,27 +122,26 @@ class RunningServer:
 
         unix_socket = tcp_address = http_address = None
         if config.socket is not None:
-            config.socket.parent.mkdir(parents=True, exist_ok=True)
-            if config.socket.is_socket():
-                if _socket_answers(config.socket):
-                    raise OSError(
-                        f"cannot listen on unix socket {config.socket}: another process is listening on it "
-                        "(a server still running); stop it, or give this server another --socket"
-                    )
-                config.socket.unlink()  # a stale socket of a previous run of this server
             # local only: the socket's file mode protects it, from the moment it appears
-            bind_private_unix_socket(config.socket, int(config.socket_mode, 8), self._bind)
+            listen_on_unix_socket(config.socket, int(config.socket_mode, 8), self._bind, "--socket")
             unix_socket = str(config.socket)
         if config.port is not None:
             port = self._bind(f"{config.host}:{config.port}", grpc_server_credentials(config))
             tcp_address = f"{config.host}:{port}"
-        kserve_address = None
-        if self.kserve_choice.fallback and config.kserve_port is not None:  # auto without the module
-            port = self._bind(f"{config.host}:{config.kserve_port}", grpc_server_credentials(config))
-            kserve_address = f"{config.host}:{port}"
+        kserve_address = kserve_socket = None
+        if self.kserve_choice.fallback:  # auto without the module: the python front end takes its listeners
+            if config.kserve_port is not None:
+                port = self._bind(f"{config.host}:{config.kserve_port}", grpc_server_credentials(config))
+                kserve_address = f"{config.host}:{port}"
+            if config.kserve_socket is not None:
+                mode = int(config.socket_mode, 8)
+                listen_on_unix_socket(config.kserve_socket, mode, self._bind, "--kserve-socket")
+                kserve_socket = str(config.kserve_socket)
         await self.grpc_server.start()
         if self.kserve_native is not None:
-            kserve_address = f"{config.host}:{self.kserve_native.start()}"
+            native_port = self.kserve_native.start()
+            kserve_address = None if native_port is None else f"{config.host}:{native_port}"
+            kserve_socket = None if config.kserve_socket is None else str(config.kserve_socket)
 
         if config.http_port is not None:
             self._admin, http_address = open_admin_app(config, self.models, self.metrics, self.auth_token)
@@ -172,6 +159,7 @@ class RunningServer:
             tcp_address=tcp_address,
             http_address=http_address,
             kserve_address=kserve_address,
+            kserve_socket=kserve_socket,
             kserve_http_address=self._kserve_http.address if self._kserve_http else None,
             kserve_frontend=self.kserve_choice.frontend,
         )
@@ -186,6 +174,7 @@ class RunningServer:
                     tcp_address,
                     http_address and f"http://{http_address}",
                     kserve_address and f"{kserve_address} (KServe, {self.kserve_choice.frontend})",
+                    kserve_socket and f"{kserve_socket} (KServe, {self.kserve_choice.frontend})",
                     self._kserve_http and f"http://{self._kserve_http.address} (KServe)",
                 )
                 if a
@@ -193,7 +182,10 @@ class RunningServer:
             config.device,
             self.event_loop,
         )
-        log_kserve_frontend(self.kserve_choice, kserve_address)
+        kserve_listeners = " and ".join(
+            a for a in (kserve_address, kserve_socket and f"unix:{kserve_socket}") if a
+        )
+        log_kserve_frontend(self.kserve_choice, kserve_listeners or None)
         self._load_task = asyncio.create_task(self._load_models())
         return self.addresses
 
@@ -285,8 +277,9 @@ class RunningServer:
                 task.cancel()
         if self._admin is not None:
             await self._admin.stop()
-        if self.config.socket is not None:
-            self.config.socket.unlink(missing_ok=True)
+        for socket_path in (self.config.socket, self.config.kserve_socket):
+            if socket_path is not None:
+                socket_path.unlink(missing_ok=True)
         if self.config.ready_file is not None:
             self.config.ready_file.unlink(missing_ok=True)
         logger.info("stopped")

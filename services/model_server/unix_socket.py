@@ -7,6 +7,9 @@ and other threads (TensorFlow's, gRPC's) may create files meanwhile. Instead the
 inside a new folder of mode 0700, which only the server's user can enter whatever the socket's
 own mode, given its final mode there, then renamed to its path: it appears there with that mode
 already, and the rename keeps the listening socket (connections follow the file's inode).
+
+``listen_on_unix_socket`` is how the server opens each of its sockets (``--socket``, and
+``--kserve-socket`` of the native KServe front end): the same folder, stale-file and mode rules.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import socket
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +29,36 @@ BIND_NAME = "s"
 """The socket's name inside the private folder: short, since a unix socket path has a limit of
 about 100 bytes and the private folder adds a level."""
 _FOLDER_ATTEMPTS = 100
+
+
+def listen_on_unix_socket(path: Path, mode: int, bind: Callable[[str], object], flag: str) -> None:
+    """Listen on the unix socket ``path`` (the server's ``flag``) with the permissions ``mode``,
+    through ``bind`` as in ``bind_private_unix_socket``: its folder is made if missing, and a
+    stale socket of a previous run there is removed first.
+
+    Raises ``OSError`` when another process still listens on ``path`` (a server still running: two
+    servers must never take each other's socket), or when ``bind_private_unix_socket`` does.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_socket():
+        if socket_answers(path):
+            raise OSError(
+                f"cannot listen on unix socket {path}: another process is listening on it "
+                f"(a server still running); stop it, or give this server another {flag}"
+            )
+        path.unlink()  # a stale socket of a previous run of this server
+    bind_private_unix_socket(path, mode, bind)
+
+
+def socket_answers(path: Path) -> bool:
+    """Whether a process accepts connections on the unix socket ``path`` (a stale one refuses)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def bind_private_unix_socket(path: Path, mode: int, bind: Callable[[str], object]) -> None:

@@ -111,18 +111,20 @@ def build_grpc_frontends(
         server_extensions(http=config.kserve_http_port is not None, system_shared_memory=regions is not None),
         regions,
     )
-    kserve_choice = choose_kserve_frontend(config.kserve_frontend, config.kserve_port)
+    kserve_choice = choose_kserve_frontend(config.kserve_frontend, config.kserve_port, config.kserve_socket)
     kserve_native: NativeKServeFrontend | None = None
     if kserve_choice.frontend == "native":
         kserve_native = NativeKServeFrontend(
             kserve_servicer,
-            f"{config.host}:{config.kserve_port}",
+            None if config.kserve_port is None else f"{config.host}:{config.kserve_port}",
             config.max_message_bytes,
             auth_token,
             *_tls_pem(config),
             max_concurrent_calls=config.max_concurrent_calls,
             max_held_bytes=config.max_unary_held_bytes,
             trim_after_call_bytes=config.trim_after_call_bytes,
+            socket=config.kserve_socket,
+            socket_mode=int(config.socket_mode, 8),
         )
         metrics.register([NativeBoundsCollector(kserve_native)])
     add_service(health_pb2_grpc.add_HealthServicer_to_server, health_servicer, server)

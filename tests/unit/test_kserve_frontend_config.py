@@ -1,5 +1,5 @@
-"""--kserve-frontend: auto (the default) picks native where it loads and has a port; the python front
-end shares the main listeners; the native one needs a port."""
+"""--kserve-frontend: auto (the default) picks native where it loads and has a port or a socket; the
+python front end shares the main listeners; the native one needs a port, a socket, or both."""
 
 from __future__ import annotations
 
@@ -36,8 +36,38 @@ def test_the_native_front_end_without_a_port_is_refused_naming_the_flag() -> Non
 
 
 def test_a_kserve_port_for_the_python_front_end_is_refused_naming_the_choice() -> None:
-    with pytest.raises(ValidationError, match="expected --kserve-frontend native with it"):
+    with pytest.raises(ValidationError, match="expected --kserve-frontend native or auto with it"):
         ServerConfig(model_repository=Path("/m"), kserve_frontend="python", kserve_port=8001)
+
+
+def test_the_native_front_end_may_listen_on_a_kserve_socket_alone() -> None:
+    config = ServerConfig(
+        model_repository=Path("/m"), kserve_frontend="native", kserve_socket=Path("/k.sock")
+    )
+    assert (config.kserve_port, config.kserve_socket) == (None, Path("/k.sock"))
+
+
+def test_a_kserve_socket_for_the_python_front_end_is_refused_naming_the_flag() -> None:
+    with pytest.raises(ValidationError, match="--kserve-socket is the native front end's"):
+        ServerConfig(model_repository=Path("/m"), kserve_frontend="python", kserve_socket=Path("/k.sock"))
+
+
+def test_a_kserve_socket_at_the_main_socket_path_is_refused() -> None:
+    with pytest.raises(ValidationError, match="is --socket too; expected a path of its own"):
+        ServerConfig(model_repository=Path("/m"), socket=Path("/s.sock"), kserve_socket=Path("/s.sock"))
+
+
+def test_a_kserve_socket_needs_no_tls_with_a_non_loopback_host() -> None:
+    """It is local, as the main socket: the checks on listeners beyond loopback are the port's."""
+    config = ServerConfig(
+        model_repository=Path("/m"),
+        host="0.0.0.0",
+        port=None,
+        socket=Path("/s"),
+        kserve_frontend="native",
+        kserve_socket=Path("/k.sock"),
+    )
+    assert config.kserve_socket == Path("/k.sock")
 
 
 def test_an_unknown_front_end_is_refused_listing_the_three() -> None:
@@ -49,6 +79,20 @@ def test_auto_without_a_kserve_port_is_the_python_front_end_and_says_why() -> No
     choice = choose_kserve_frontend("auto", None)
     assert (choice.frontend, choice.fallback) == ("python", False)
     assert "without --kserve-port" in choice.reason
+
+
+def test_auto_with_a_socket_alone_is_the_native_front_end_where_its_module_loads() -> None:
+    load_frontend_module()
+    assert choose_kserve_frontend("auto", None, Path("/k.sock")).frontend == "native"
+
+
+def test_auto_with_a_socket_falls_back_to_python_naming_the_socket_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, NATIVE_MODULE, None)
+    choice = choose_kserve_frontend("auto", None, Path("/k.sock"))
+    assert (choice.frontend, choice.fallback) == ("python", True)
+    assert "on --kserve-socket and the main listeners" in choice.reason
 
 
 def test_auto_with_a_port_is_the_native_front_end_where_its_module_loads() -> None:

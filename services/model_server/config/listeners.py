@@ -1,4 +1,4 @@
-"""Settings of where a server runs and where clients reach it: its device, the unix socket, the
+"""Settings of where a server runs and where clients reach it: its device, the unix sockets, the
 gRPC, KServe and HTTP ports, the ready file, and the shared-memory folder of clients on the socket.
 
 ``is_loopback`` decides which addresses count as this machine only; the checks that need the
@@ -68,6 +68,13 @@ class ListenerSettings(BaseModel):
         description="TCP port of --host for the native KServe front end (--kserve-frontend native, or auto "
         "where it loads; auto's python fallback listens there too); 0 picks a free one",
     )
+    kserve_socket: Path | None = Field(
+        default=None,
+        description="unix socket path of the native KServe front end (--kserve-frontend native, or auto "
+        "where it loads; auto's python fallback listens there too), beside --kserve-port or instead of it: "
+        "local, so plaintext, with --socket's mode and stale-socket rules; the token is required on it as "
+        "on the port",
+    )
     kserve_http_port: int | None = Field(
         default=None,
         ge=0,
@@ -112,14 +119,22 @@ class ListenerSettings(BaseModel):
 
     @model_validator(mode="after")
     def _kserve_listener(self) -> ListenerSettings:
-        if self.kserve_frontend == "native" and self.kserve_port is None:
+        if self.kserve_frontend == "native" and self.kserve_port is None and self.kserve_socket is None:
             raise ValueError(
-                "--kserve-frontend native listens on its own port: give --kserve-port (0 picks one)"
+                "--kserve-frontend native listens on its own port or socket: give --kserve-port (0 picks "
+                "one), --kserve-socket PATH, or both"
             )
-        if self.kserve_frontend == "python" and self.kserve_port is not None:
+        if self.kserve_frontend == "python":
+            for flag, value in (("--kserve-port", self.kserve_port), ("--kserve-socket", self.kserve_socket)):
+                if value is not None:
+                    raise ValueError(
+                        f"{flag} is the native front end's; expected --kserve-frontend native or auto "
+                        "with it (the python front end serves KServe on --port and --socket)"
+                    )
+        if self.kserve_socket is not None and self.kserve_socket == self.socket:
             raise ValueError(
-                "--kserve-port is the native front end's port; expected --kserve-frontend native with it "
-                "(the python front end serves KServe on --port and --socket)"
+                f"--kserve-socket {self.kserve_socket} is --socket too; expected a path of its own "
+                "(the main socket serves the Arrow service and the python KServe front end)"
             )
         return self
 

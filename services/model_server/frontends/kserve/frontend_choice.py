@@ -1,25 +1,27 @@
 """Which KServe front end serves: ``--kserve-frontend auto|python|native``, resolved at start.
 
-``auto`` (the default) serves with the native front end wherever it can: a KServe port is
-configured (``--kserve-port``: the native front end listens on a port of its own) and the compiled
-module loads here. Against a real Triton the native front end is 1.03-3.18x Triton's rows/s at all
-9 points of the measured gRPC grid, the python one 0.36-2.74x and at least 1.0x at only 4 of them
-(docs/benchmarks.md, section 6), so it is what a server that has it should run.
+``auto`` (the default) serves with the native front end wherever it can: a KServe port or socket
+is configured (``--kserve-port``, ``--kserve-socket``: the native front end listens on a port or
+a unix socket of its own) and the compiled module loads here. Against a real Triton the native
+front end is 1.03-3.18x Triton's rows/s at all 9 points of the measured gRPC grid, the python
+one 0.36-2.74x and at least 1.0x at only 4 of them (docs/benchmarks.md, section 6), so it is
+what a server that has it should run.
 
 Where the module is not built, or cannot load (a wheel built without grpc++, an image whose base
 could not compile it, a missing shared library), ``auto`` falls back to the python front end,
-which then listens on ``--kserve-port`` too: the port a deployment published answers KServe either
-way, only more slowly, and the start-up log says why at WARNING. Without ``--kserve-port``,
-``auto`` is the python front end on the main listeners, as it always was.
+which then listens on ``--kserve-port`` and ``--kserve-socket`` too: the port or socket a deployment
+published answers KServe either way, only more slowly, and the start-up log says why at WARNING.
+Without either, ``auto`` is the python front end on the main listeners, as it always was.
 
 The explicit values keep their meaning: ``python`` never loads the module (and refuses a
-``--kserve-port``), ``native`` fails the start where the module does not load.
+``--kserve-port`` or ``--kserve-socket``), ``native`` fails the start where the module does not load.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from udfserve.services.model_server.frontends.kserve.native import (
@@ -39,29 +41,36 @@ class KServeFrontendChoice:
     frontend: ServedFrontend
     reason: str
     fallback: bool = False
-    """``auto`` wanted the native front end (a KServe port is configured) and could not load it:
-    the python front end then listens on ``--kserve-port`` too."""
+    """``auto`` wanted the native front end (a KServe port or socket is configured) and could not
+    load it: the python front end then listens on ``--kserve-port`` and ``--kserve-socket`` too."""
 
 
-def choose_kserve_frontend(requested: str, kserve_port: int | None) -> KServeFrontendChoice:
-    """Resolve ``--kserve-frontend`` (``requested``) with ``--kserve-port``; the configuration
-    checks have already refused ``native`` without a port and ``python`` with one."""
+def choose_kserve_frontend(
+    requested: str, kserve_port: int | None, kserve_socket: Path | None = None
+) -> KServeFrontendChoice:
+    """Resolve ``--kserve-frontend`` (``requested``) with ``--kserve-port`` and ``--kserve-socket``;
+    the configuration checks have already refused ``native`` without either and ``python`` with one."""
     if requested == "python":
         return KServeFrontendChoice("python", "--kserve-frontend python")
     if requested == "native":
         return KServeFrontendChoice("native", "--kserve-frontend native")
-    if kserve_port is None:
+    if kserve_port is None and kserve_socket is None:
         return KServeFrontendChoice(
             "python",
-            "--kserve-frontend auto without --kserve-port: the native front end needs a port of its own, "
-            "so the python one serves KServe on the main listeners",
+            "--kserve-frontend auto without --kserve-port or --kserve-socket: the native front end needs a "
+            "listener of its own, so the python one serves KServe on the main listeners",
         )
     try:
         load_frontend_module()
     except NativeFrontendUnavailable as exc:
+        flags = " and ".join(
+            flag
+            for flag, value in (("--kserve-port", kserve_port), ("--kserve-socket", kserve_socket))
+            if value is not None
+        )
         return KServeFrontendChoice(
             "python",
-            f"--kserve-frontend auto fell back to the python front end, on --kserve-port and the main "
+            f"--kserve-frontend auto fell back to the python front end, on {flags} and the main "
             f"listeners (slower for many small requests): {exc}",
             fallback=True,
         )

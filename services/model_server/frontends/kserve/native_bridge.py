@@ -1,4 +1,5 @@
-"""KServe v2 through the native front end (``--kserve-frontend native``), on its own port.
+"""KServe v2 through the native front end (``--kserve-frontend native``), on its own port, its own
+unix socket (``--kserve-socket``), or both.
 
 The compiled module (``native/kserve_frontend.cpp``) receives the calls with grpc++ and decodes
 the common ModelInfer request outside the GIL. This module takes, in one turn of the event loop,
@@ -38,6 +39,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
@@ -52,6 +54,7 @@ from udfserve.services.model_server.core.pending import Pending
 from udfserve.services.model_server.frontends.kserve.answers import DecodedHead, Failure, TensorAnswer
 from udfserve.services.model_server.frontends.kserve.native import load_frontend_module
 from udfserve.services.model_server.frontends.kserve.servicer import KServeServicer
+from udfserve.services.model_server.unix_socket import listen_on_unix_socket
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +120,7 @@ class NativeKServeFrontend:
     def __init__(
         self,
         servicer: KServeServicer,
-        address: str,
+        address: str | None,
         max_message_bytes: int,
         auth_token: str | None = None,
         tls_key: bytes = b"",
@@ -127,9 +130,20 @@ class NativeKServeFrontend:
         max_concurrent_calls: int,
         max_held_bytes: int,
         trim_after_call_bytes: int = 0,
+        socket: Path | None = None,
+        socket_mode: int = 0o600,
     ) -> None:
+        """Listen on ``address`` (host:port), on the unix socket ``socket`` (local, so plaintext and
+        protected by its ``socket_mode``, as the server's main socket; the token is checked on it
+        too), or on both, with one set of bounds for the calls of both."""
+        if address is None and socket is None:
+            raise ValueError(
+                "the native KServe front end needs an address (host:port), a unix socket, or both"
+            )
         self._servicer = servicer
         self._address = address
+        self._socket = socket
+        self._socket_mode = socket_mode
         self._max_message_bytes = max_message_bytes
         self._token = auth_token
         self._max_concurrent_calls = max_concurrent_calls
@@ -146,9 +160,10 @@ class NativeKServeFrontend:
         """Of them, those whose client went away: answered CANCELLED once their work is dropped."""
 
     @property
-    def port(self) -> int:
+    def port(self) -> int | None:
+        """The bound TCP port; None without an address (a unix socket only)."""
         assert self._frontend is not None, "not started"
-        return int(self._frontend.port)
+        return None if self._address is None else int(self._frontend.port)
 
     def bounds(self) -> tuple[int, int, int]:
         """(calls of the port handled now, bytes its read budget holds, calls waiting unread for
@@ -158,13 +173,24 @@ class NativeKServeFrontend:
         calls, held_bytes, waiting, _trims = self._frontend.bounds()
         return int(calls), int(held_bytes), int(waiting)
 
-    def start(self) -> int:
-        """Listen (raising ``OSError`` when the address cannot be had); the bound port."""
+    def start(self) -> int | None:
+        """Listen (raising ``OSError`` when the address or the socket cannot be had); the bound port,
+        None without an address. The socket follows the main socket's rules (``unix_socket.py``)."""
+        if self._socket is None:
+            self._open("")
+        else:
+            listen_on_unix_socket(self._socket, self._socket_mode, self._open, "--kserve-socket")
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._frontend.wakeup_fd, self._on_calls)
+        return self.port
+
+    def _open(self, unix_target: str) -> None:
+        """Start the module's server on the address and ``unix_target`` (``unix:<path>``; "" for none)."""
         module = load_frontend_module()
         key, cert, client_ca = self._tls
         try:
             self._frontend = module.Frontend(
-                self._address,
+                self._address or "",
                 self._max_message_bytes,
                 key,
                 cert,
@@ -173,12 +199,10 @@ class NativeKServeFrontend:
                 max_concurrent_calls=self._max_concurrent_calls,
                 max_held_bytes=self._max_held_bytes,
                 trim_after_call_bytes=self._trim_after_call_bytes,
+                unix_address=unix_target,
             )
         except RuntimeError as exc:
             raise OSError(f"native KServe front end: {exc}") from exc
-        self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self._frontend.wakeup_fd, self._on_calls)
-        return self.port
 
     async def stop(self, grace_s: float) -> None:
         """Refuse new calls, give those accepted ``grace_s`` to be answered, then stop listening."""

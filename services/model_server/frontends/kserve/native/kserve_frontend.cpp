@@ -12,6 +12,9 @@
 // as its serialized bytes and is answered by the Python servicer, so the protocol's behaviour is
 // the Python front end's. The module knows nothing of models: what a model accepts is Python's.
 //
+// It listens on a TCP port (--kserve-port), a unix socket (--kserve-socket), or both: one server,
+// so the bounds below hold for the calls of both together.
+//
 // Bounds (what a client can make this port hold), checked here in C++ before a call's message is
 // read, as the Python front end's interceptors check them on the main port:
 // - with a token, a call whose metadata lacks it is answered UNAUTHENTICATED from its headers,
@@ -332,7 +335,8 @@ class Frontend {
  public:
   Frontend(const std::string& address, int64_t max_message_bytes, const std::string& tls_key,
            const std::string& tls_cert, const std::string& tls_client_ca, const std::string& auth_token,
-           int64_t max_concurrent_calls, int64_t max_held_bytes, int64_t trim_after_call_bytes)
+           int64_t max_concurrent_calls, int64_t max_held_bytes, int64_t trim_after_call_bytes,
+           const std::string& unix_address)
       : wakeup_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
         token_(auth_token),
         max_concurrent_calls_(max_concurrent_calls),
@@ -341,6 +345,10 @@ class Frontend {
     if (max_concurrent_calls < 1 || max_held_bytes < 1 || max_message_bytes < 1) {
       if (wakeup_fd_ >= 0) close(wakeup_fd_);
       throw std::invalid_argument("expected at least 1 concurrent call, 1 held byte and a message limit of 1 byte");
+    }
+    if (address.empty() && unix_address.empty()) {
+      if (wakeup_fd_ >= 0) close(wakeup_fd_);
+      throw std::invalid_argument("expected an address (host:port), a unix address (unix:/path), or both");
     }
     if (wakeup_fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
     std::shared_ptr<grpc::ServerCredentials> credentials;
@@ -355,7 +363,11 @@ class Frontend {
       credentials = grpc::SslServerCredentials(options);
     }
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(address, credentials, &port_);
+    if (!address.empty()) builder.AddListeningPort(address, credentials, &port_);
+    // The unix socket is local, as the server's main socket: plaintext, protected by its file mode
+    // (bound by Python in a private folder first); the token is checked on it as on the port.
+    int unix_port = 0;
+    if (!unix_address.empty()) builder.AddListeningPort(unix_address, grpc::InsecureServerCredentials(), &unix_port);
     builder.SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
     builder.SetMaxSendMessageSize(static_cast<int>(max_message_bytes));
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // two servers must never share a port
@@ -368,9 +380,12 @@ class Frontend {
     builder.RegisterCallbackGenericService(&service_);
     service_.frontend = this;
     server_ = builder.BuildAndStart();
-    if (!server_ || port_ == 0) {
+    if (!server_ || (!address.empty() && port_ == 0) || (!unix_address.empty() && unix_port == 0)) {
       close(wakeup_fd_);
-      throw std::runtime_error("cannot listen on " + address + ": the address is taken or not allowed");
+      std::string where = address.empty() ? unix_address
+                          : unix_address.empty() ? address
+                                                 : address + " and " + unix_address;
+      throw std::runtime_error("cannot listen on " + where + ": the address is taken or not allowed");
     }
     sender_ = std::thread([this] { SendLoop(); });
   }
@@ -806,10 +821,11 @@ PYBIND11_MODULE(_kserve_frontend, module) {
   module.doc() = "The native KServe v2 gRPC front end (grpc++): see kserve_frontend.cpp.";
   py::class_<Frontend>(module, "Frontend")
       .def(py::init<const std::string&, int64_t, const std::string&, const std::string&, const std::string&,
-                    const std::string&, int64_t, int64_t, int64_t>(),
+                    const std::string&, int64_t, int64_t, int64_t, const std::string&>(),
            py::arg("address"), py::arg("max_message_bytes"), py::arg("tls_key") = "", py::arg("tls_cert") = "",
            py::arg("tls_client_ca") = "", py::arg("auth_token") = "", py::arg("max_concurrent_calls") = 1024,
            py::arg("max_held_bytes") = int64_t{256} << 20, py::arg("trim_after_call_bytes") = 0,
+           py::arg("unix_address") = "",
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("port", &Frontend::port)
       .def_property_readonly("wakeup_fd", &Frontend::wakeup_fd)
