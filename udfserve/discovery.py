@@ -66,8 +66,16 @@ class ServerEntry(BaseModel):
     )
     kserve_frontend: str | None = Field(
         default=None,
-        description='the KServe front end that serves: "native" or "python" (on kserve_address when it is '
-        "given, else on the main listeners); null for a server not ready, or written by an older node",
+        description='the KServe front end that serves: "native" or "python" (on kserve_address and '
+        "kserve_socket where they are given, else on the main listeners); null for a server not ready, "
+        "or written by an older node",
+    )
+    kserve_socket: str | None = Field(
+        default=None,
+        description="path of the server's --kserve-socket, in the runtime folder: its native KServe front "
+        "end's unix socket (the python one's where --kserve-frontend auto found no native module), for "
+        "KServe clients at unix://<path>; null when the server has none, is not ready, or in a file "
+        "written by an older node",
     )
     kserve_http_address: str | None = Field(
         default=None,

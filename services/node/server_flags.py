@@ -34,6 +34,8 @@ NODE_SET_FLAGS: Mapping[str, str] = {
     "device": "the node's --devices",
     "device_uuid": "the node's --devices (the uuid comes from NVML)",
     "socket": "the node's --runtime-dir (each server listens on <runtime dir>/server-<device>.sock)",
+    "kserve_socket": "the node's --runtime-dir (a server asked for the native KServe front end listens "
+    "on <runtime dir>/kserve-<device>.sock too)",
     "ready_file": "the node's --runtime-dir (each server writes <runtime dir>/server-<device>.ready.json)",
     "lifeline_fd": "nothing: the supervisor hands each server its lifeline",
     "host": "the node's --server-host",
@@ -75,6 +77,25 @@ def check_server_args(words: Sequence[str]) -> None:
             f"--server-args give flags that the node sets for every server itself: {problems}; "
             "expected only flags the node does not set (e.g. --inference-threads 2)"
         )
+
+
+def asks_for_native_kserve(words: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """Whether servers run with ``--server-args`` ``words`` (and the node's ``environ``, which they
+    inherit) ask for the native KServe front end: ``--kserve-frontend native``, or ``auto`` with a
+    ``--kserve-port``, as the shipped configurations give. Such a server gets a KServe socket in the
+    runtime folder, where executors in other containers reach it; without that ask, ``auto`` stays
+    the python front end on the main listeners, as a node's servers always ran."""
+    parser = _ServeFlags(prog="udfserve serve", add_help=False)
+    add_settings_arguments(parser, ServerConfig)
+    given, _ = parser.parse_known_args(list(words))
+
+    def setting(name: str, default: str) -> str:
+        value = getattr(given, name)
+        return str(value) if value is not None else environ.get(env_name(ServerConfig, name), default)
+
+    frontend = setting("kserve_frontend", "auto").strip().lower()
+    port = setting("kserve_port", "off").strip().lower()
+    return frontend == "native" or (frontend == "auto" and port not in {"off", "none", ""})
 
 
 def check_server_command(arguments: Sequence[str]) -> ServerConfig:

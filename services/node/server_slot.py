@@ -3,11 +3,14 @@ and writes, its state, what it serves, and the entry the discovery file lists fo
 
 from __future__ import annotations
 
+import os
+
 from udfserve.discovery import ServerEntry, ServerState
 from udfserve.services.model_server.launcher import ServerProcess, serve_arguments
 from udfserve.services.node.config import NodeConfig
 from udfserve.services.node.devices import DeviceSlot
 from udfserve.services.node.ready_file import ReadyFileWatch, ServedModels
+from udfserve.services.node.server_flags import asks_for_native_kserve
 
 
 class ServerSlot:
@@ -16,6 +19,12 @@ class ServerSlot:
     def __init__(self, device: DeviceSlot, position: int, config: NodeConfig) -> None:
         self.device = device
         self.socket_path = config.runtime_dir / f"server-{device.slug}.sock"
+        self.kserve_socket_path = (
+            config.runtime_dir / f"kserve-{device.slug}.sock"
+            if asks_for_native_kserve(config.server_extra_args, os.environ)
+            else None
+        )
+        """The native KServe front end's socket, where ``--server-args`` ask for it; None otherwise."""
         self.ready_file = config.runtime_dir / f"server-{device.slug}.ready.json"
         self.log_path = config.log_dir / f"server-{device.slug}.log"
         base = config.server_port_base
@@ -32,7 +41,8 @@ class ServerSlot:
 
     def server_args(self, config: NodeConfig) -> list[str]:
         """The flags the node gives this server beyond ``launch_server``'s own ones."""
-        return config.server_flags(self.device) + config.server_extra_args
+        kserve = [] if self.kserve_socket_path is None else ["--kserve-socket", str(self.kserve_socket_path)]
+        return config.server_flags(self.device) + config.server_extra_args + kserve
 
     def serve_arguments(self, config: NodeConfig) -> list[str]:
         """This server's whole ``udfserve serve`` command line (its lifeline aside)."""
@@ -56,6 +66,7 @@ class ServerSlot:
             tcp_address=self.process.tcp_address if ready and self.process else None,
             http_address=self.process.http_address if ready and self.process else None,
             kserve_address=self.process.kserve_address if ready and self.process else None,
+            kserve_socket=self.process.kserve_socket if ready and self.process else None,
             kserve_http_address=self.process.kserve_http_address if ready and self.process else None,
             kserve_frontend=self.process.kserve_frontend if ready and self.process else None,
             pid=self.process.pid if self.process is not None else None,

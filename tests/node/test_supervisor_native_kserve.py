@@ -1,5 +1,6 @@
-"""A node whose servers run the native KServe front end publishes its address per server, and
-which front end serves (``kserve_frontend``), as the shipped configurations start them."""
+"""A node whose servers run the native KServe front end publishes its address and its socket in the
+runtime folder per server, and which front end serves (``kserve_frontend``), as the shipped
+configurations start them."""
 
 from __future__ import annotations
 
@@ -64,6 +65,29 @@ def test_the_shipped_server_args_serve_kserve_natively_and_the_discovery_file_sa
         shutil.rmtree(root, ignore_errors=True)
 
 
+def test_the_shipped_server_args_serve_kserve_natively_on_a_socket_in_the_runtime_folder(
+    example_repository: Path,
+) -> None:
+    """Executors in other containers reach servers only through the runtime folder: each server asked
+    for the native front end listens there too, the discovery file names the socket, and it is gone
+    once the node has stopped."""
+    root = Path(tempfile.mkdtemp(prefix="udfn-"))
+    node = NodeProcess(root / "rt", example_repository, "sim:0", [SHIPPED_SERVER_ARGS])
+    try:
+        [server] = node.wait_all_ready(1).servers
+        assert server.kserve_frontend == "native"
+        assert server.kserve_socket == str(root / "rt" / "kserve-sim0.sock")
+        tensor = triton.InferInput("features", [3, 64], "FP32")
+        tensor.set_data_from_numpy(np.ones((3, 64), np.float32))
+        with triton.InferenceServerClient(f"unix://{server.kserve_socket}") as client:
+            assert client.infer("tabular_mlp", [tensor]).as_numpy("probabilities").shape == (3, 8)
+        stop_node(node)
+        assert not (root / "rt" / "kserve-sim0.sock").exists()
+    finally:
+        stop_node(node)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_without_the_native_module_the_kserve_port_is_served_by_python_and_the_doctor_warns(
     example_repository: Path,
 ) -> None:
@@ -81,8 +105,9 @@ def test_without_the_native_module_the_kserve_port_is_served_by_python_and_the_d
         assert server.kserve_frontend == "python" and server.kserve_address is not None
         tensor = triton.InferInput("features", [1, 64], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 64), np.float32))
-        with triton.InferenceServerClient(server.kserve_address) as client:
-            assert client.infer("tabular_mlp", [tensor]).as_numpy("probabilities").shape == (1, 8)
+        for target in (server.kserve_address, f"unix://{server.kserve_socket}"):  # the fallback serves both
+            with triton.InferenceServerClient(target) as client:
+                assert client.infer("tabular_mlp", [tensor]).as_numpy("probabilities").shape == (1, 8)
         run = run_doctor(
             None, ["--runtime-dir", str(root / "rt"), "--no-import-frameworks", "--json"], env=env
         )
