@@ -191,7 +191,8 @@ def resolve_route(config: ClientConfig, environ: Mapping[str, str], placement: T
         ) from exc
     server = choose_server(discovery, placement, path)
     refused: list[str] = []
-    targets = trusted_targets(server, config.prefer_unix_socket, trusted, refused)
+    kserve = config.protocol == "kserve"
+    targets = trusted_targets(server, config.prefer_unix_socket, trusted, refused, kserve)
     if not targets:
         if refused:
             raise NoServerFound(f"discovery file {path}, server {server.device}: {refused[0]}", UNTRUSTED)
@@ -201,7 +202,7 @@ def resolve_route(config: ClientConfig, environ: Mapping[str, str], placement: T
     ready = sorted(discovery.ready_servers(), key=_device_order)
     after = ready.index(server) + 1
     alternate_servers = tuple(
-        trusted_targets(other, config.prefer_unix_socket, trusted, refused)
+        trusted_targets(other, config.prefer_unix_socket, trusted, refused, kserve)
         for other in ready[after:] + ready[: after - 1]
     )
     for problem in refused:
@@ -214,7 +215,7 @@ def resolve_route(config: ClientConfig, environ: Mapping[str, str], placement: T
             (target, f"pid {entry.pid}")
             for entry in ready
             if entry.pid is not None
-            for target in entry.grpc_targets()
+            for target in ordered_targets(entry, True, kserve)
         ),
     )
 
@@ -253,33 +254,45 @@ def choose_server(discovery: NodeDiscovery, placement: TaskPlacement, path: Path
     return ready[placement.partition_id % len(ready)]
 
 
-def ordered_targets(server: ServerEntry, prefer_unix_socket: bool) -> tuple[str, ...]:
-    targets = server.grpc_targets()  # unix socket first
-    return tuple(targets if prefer_unix_socket else reversed(targets))
+def ordered_targets(server: ServerEntry, prefer_unix_socket: bool, kserve: bool = False) -> tuple[str, ...]:
+    """The server's targets in the order to dial them: its unix sockets first unless told otherwise.
+    For ``kserve`` (``protocol="kserve"``) the KServe socket the node published (``kserve_socket``:
+    the native front end, much less server CPU per call) comes before the main socket, which serves
+    KServe with the python front end."""
+    sockets = [f"unix://{server.kserve_socket}"] if kserve and server.kserve_socket else []
+    sockets += [f"unix://{server.unix_socket}"] if server.unix_socket else []
+    tcp = [server.tcp_address] if server.tcp_address else []
+    return tuple(sockets + tcp if prefer_unix_socket else tcp + sockets)
 
 
 def trusted_targets(
-    server: ServerEntry, prefer_unix_socket: bool, trusted: frozenset[int], refused: list[str]
+    server: ServerEntry,
+    prefer_unix_socket: bool,
+    trusted: frozenset[int],
+    refused: list[str],
+    kserve: bool = False,
 ) -> tuple[str, ...]:
     """``ordered_targets`` less a unix socket that another user created or could replace (its
     problem appended to ``refused``): the rows sent there would go to that user's process. A socket
     missing from a trusted folder stays (nobody else can create it there: dialling it fails
     plainly, as for a server that is restarting); one whose folder is missing goes."""
-    if not server.unix_socket:
-        return ordered_targets(server, prefer_unix_socket)
-    try:
-        check_node_socket(
-            Path(server.unix_socket), trusted, f"the socket of server {server.device}", TRUST_FIX
-        )
-    except UntrustedNodeFile as exc:
-        refused.append(str(exc))
-    except SocketMissing:
-        return ordered_targets(server, prefer_unix_socket)
-    except FileNotFoundError:
-        pass
-    else:
-        return ordered_targets(server, prefer_unix_socket)
-    return ordered_targets(server.model_copy(update={"unix_socket": None}), prefer_unix_socket)
+    dropped: dict[str, None] = {}
+    for field, what in (("unix_socket", "socket"), ("kserve_socket", "KServe socket")):
+        path = getattr(server, field)
+        if not path or (field == "kserve_socket" and not kserve):
+            continue
+        try:
+            check_node_socket(Path(path), trusted, f"the {what} of server {server.device}", TRUST_FIX)
+        except UntrustedNodeFile as exc:
+            refused.append(str(exc))
+            dropped[field] = None
+        except SocketMissing:
+            pass
+        except FileNotFoundError:
+            dropped[field] = None
+    return ordered_targets(
+        server.model_copy(update=dropped) if dropped else server, prefer_unix_socket, kserve
+    )
 
 
 def fallback_repository(config: ClientConfig, environ: Mapping[str, str]) -> tuple[Path, str]:

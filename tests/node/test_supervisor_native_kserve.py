@@ -9,11 +9,18 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import tritonclient.grpc as triton
 from doctor_harness import run_doctor
 from node_harness import NodeProcess, stop_node
 
 from udfserve.services.model_server.frontends.kserve.native import BUILD_COMMAND
+from udfserve.spark_client import ClientConfig
+from udfserve.spark_client.executor.circuit import CircuitBreakers
+from udfserve.spark_client.executor.partition import PredictJob, predict_partition
+from udfserve.spark_client.nodes.routing import TaskPlacement
+from udfserve.spark_client.observability.stats import ClientStats
+from udfserve.spark_client.wire.protocols import describe_model
 
 SHIPPED_SERVER_ARGS = "--server-args=--kserve-frontend auto --kserve-port 0"
 NATIVE_MODULE = "udfserve.services.model_server.frontends.kserve.native._kserve_frontend"
@@ -83,6 +90,32 @@ def test_the_shipped_server_args_serve_kserve_natively_on_a_socket_in_the_runtim
             assert client.infer("tabular_mlp", [tensor]).as_numpy("probabilities").shape == (3, 8)
         stop_node(node)
         assert not (root / "rt" / "kserve-sim0.sock").exists()
+    finally:
+        stop_node(node)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_spark_clients_kserve_protocol_sends_its_rows_to_the_published_kserve_socket(
+    example_repository: Path,
+) -> None:
+    """The partition runner, as an executor runs it, routed by the node's discovery file alone."""
+    root = Path(tempfile.mkdtemp(prefix="udfn-"))
+    node = NodeProcess(root / "rt", example_repository, "sim:0", [SHIPPED_SERVER_ARGS])
+    try:
+        [server] = node.wait_all_ready(1).servers
+        config = ClientConfig(protocol="kserve", discovery_file=str(node.discovery_path), fallback="error")
+        target = f"unix://{server.kserve_socket}"
+        job = PredictJob("tabular_mlp", describe_model(target, config, "tabular_mlp").spec, config)
+        column = pa.FixedSizeListArray.from_arrays(pa.array(np.ones(3 * 64, np.float32)), 64)
+        batches = [pa.RecordBatch.from_arrays([column], names=["features"])] * 4
+        stats = ClientStats()
+        answers = list(
+            predict_partition(
+                job, iter(batches), {}, TaskPlacement(), stats=stats, breakers=CircuitBreakers()
+            )
+        )
+        assert [answer.num_rows for answer in answers] == [3, 3, 3, 3]
+        assert stats.rows_by_address == {target: 12}
     finally:
         stop_node(node)
         shutil.rmtree(root, ignore_errors=True)

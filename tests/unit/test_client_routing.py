@@ -205,6 +205,39 @@ def test_the_unix_socket_is_dialled_first_unless_told_otherwise(node_file: Path)
     assert tcp_first.targets == ("127.0.0.1:7500", f"unix://{RUN}/gpu0.sock")
 
 
+def kserve_node_file(tmp_path: Path, kserve_socket: str) -> Path:
+    path = tmp_path / "d.json"
+    server = gpu_server(0).model_copy(update={"kserve_socket": kserve_socket})
+    write_discovery(path, NodeDiscovery(servers=[server]))
+    return path
+
+
+def test_protocol_kserve_dials_the_published_kserve_socket_first(tmp_path: Path) -> None:
+    path = kserve_node_file(tmp_path, f"{RUN}/kserve-gpu0.sock")
+    preferred = resolve_route(ClientConfig(discovery_file=str(path), protocol="kserve"), {}, TaskPlacement())
+    tcp_first = resolve_route(
+        ClientConfig(discovery_file=str(path), protocol="kserve", prefer_unix_socket=False),
+        {},
+        TaskPlacement(),
+    )
+    sockets = (f"unix://{RUN}/kserve-gpu0.sock", f"unix://{RUN}/gpu0.sock")
+    assert preferred.targets == (*sockets, "127.0.0.1:7500")
+    assert tcp_first.targets == ("127.0.0.1:7500", *sockets)
+    assert preferred.server_of(sockets[0]) == preferred.server_of(sockets[1])
+
+
+def test_protocol_arrow_never_dials_the_kserve_socket(tmp_path: Path) -> None:
+    path = kserve_node_file(tmp_path, f"{RUN}/kserve-gpu0.sock")
+    route = resolve_route(ClientConfig(discovery_file=str(path)), {}, TaskPlacement())
+    assert route.targets == (f"unix://{RUN}/gpu0.sock", "127.0.0.1:7500")
+
+
+def test_a_kserve_socket_whose_folder_is_missing_is_not_dialled(tmp_path: Path) -> None:
+    path = kserve_node_file(tmp_path, str(tmp_path / "gone" / "kserve-gpu0.sock"))
+    route = resolve_route(ClientConfig(discovery_file=str(path), protocol="kserve"), {}, TaskPlacement())
+    assert route.targets == (f"unix://{RUN}/gpu0.sock", "127.0.0.1:7500")
+
+
 def test_a_server_with_only_tcp_is_reached_over_tcp(tmp_path: Path) -> None:
     path = tmp_path / "d.json"
     write_discovery(path, NodeDiscovery(servers=[ServerEntry(device="cpu", tcp_address="127.0.0.1:7500")]))
