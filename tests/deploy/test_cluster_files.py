@@ -168,6 +168,8 @@ def test_each_layouts_servers_serve_kserve_with_the_native_front_end_where_the_i
 ) -> None:
     server = first_server_config(node_config(*node_settings(layout), tmp_path))
     assert (server.kserve_frontend, server.kserve_port, server.host) == ("auto", 0, "127.0.0.1")
+    assert server.kserve_socket is not None and server.socket is not None
+    assert server.kserve_socket.parent == server.socket.parent, "executors reach it where the main socket is"
 
 
 @pytest.mark.parametrize("layout", sorted(NODE_RUNNERS))

@@ -83,6 +83,8 @@ def test_the_nodes_servers_serve_kserve_with_the_native_front_end_where_the_imag
     server = first_server_config(node_config(*node_settings(COMPOSE, name), tmp_path))
     assert (server.kserve_frontend, server.kserve_port) == ("auto", 0)
     assert server.host == "127.0.0.1", "the KServe port stays on the node's loopback, as gRPC does"
+    assert server.kserve_socket is not None and server.socket is not None
+    assert server.kserve_socket.parent == server.socket.parent, "executors reach it where the main socket is"
 
 
 def test_both_node_variants_run_with_the_same_settings() -> None:

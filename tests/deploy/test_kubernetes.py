@@ -151,6 +151,10 @@ def test_servers_serve_kserve_with_the_native_front_end_where_the_image_has_it(t
     server = first_server_config(configured_node(tmp_path))
     assert (server.kserve_frontend, server.kserve_port) == ("auto", 0)
     assert server.host == "127.0.0.1", "the KServe port stays on the pod's loopback"
+    assert server.kserve_socket is not None and server.socket is not None
+    assert server.kserve_socket.parent == server.socket.parent, (
+        "executor pods reach it where the main socket is"
+    )
 
 
 @pytest.mark.parametrize("probe", ["startupProbe", "readinessProbe", "livenessProbe"])
