@@ -214,8 +214,8 @@ class NativeKServeFrontend:
         while frontend.unanswered() and time.monotonic() < deadline:
             self._on_calls()  # calls queued before stop_accepting are still answered
             await asyncio.sleep(0.01)
-        assert self._loop is not None
-        self._loop.remove_reader(frontend.wakeup_fd)
+        if self._loop is not None:  # None: listening failed half-way (the socket's mode or rename)
+            self._loop.remove_reader(frontend.wakeup_fd)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.to_thread(frontend.stop)
