@@ -52,7 +52,7 @@ from udfserve.protocol.kserve import grpc_service_pb2 as kpb
 from udfserve.services.model_server.core.job_context import parse_job_context
 from udfserve.services.model_server.core.pending import Pending
 from udfserve.services.model_server.frontends.kserve.answers import DecodedHead, Failure, TensorAnswer
-from udfserve.services.model_server.frontends.kserve.native import load_frontend_module
+from udfserve.services.model_server.frontends.kserve.native import BUILD_COMMAND, load_frontend_module
 from udfserve.services.model_server.frontends.kserve.servicer import KServeServicer
 from udfserve.services.model_server.unix_socket import listen_on_unix_socket
 
@@ -188,6 +188,8 @@ class NativeKServeFrontend:
         """Start the module's server on the address and ``unix_target`` (``unix:<path>``; "" for none)."""
         module = load_frontend_module()
         key, cert, client_ca = self._tls
+        # given only with a socket: a module built before sockets then still serves its port
+        socket_argument = {"unix_address": unix_target} if unix_target else {}
         try:
             self._frontend = module.Frontend(
                 self._address or "",
@@ -199,10 +201,15 @@ class NativeKServeFrontend:
                 max_concurrent_calls=self._max_concurrent_calls,
                 max_held_bytes=self._max_held_bytes,
                 trim_after_call_bytes=self._trim_after_call_bytes,
-                unix_address=unix_target,
+                **socket_argument,
             )
         except RuntimeError as exc:
             raise OSError(f"native KServe front end: {exc}") from exc
+        except TypeError as exc:  # pybind11's answer to an argument the built module does not take
+            raise OSError(
+                f"native KServe front end: the built module predates --kserve-socket ({exc}); rebuild it: "
+                f"{BUILD_COMMAND}"
+            ) from exc
 
     async def stop(self, grace_s: float) -> None:
         """Refuse new calls, give those accepted ``grace_s`` to be answered, then stop listening."""
