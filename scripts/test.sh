@@ -15,11 +15,13 @@ typecheck_tree="$(.venv/bin/python scripts/source_tree.py . build/typecheck)"
 (cd "$typecheck_tree" && "$OLDPWD/.venv/bin/mypy" --config-file "$OLDPWD/pyproject.toml" udfserve benchmarks)
 
 # Test modules run in parallel worker processes, a module wholly in one worker (its module-scoped
-# servers, Spark workers and fixtures stay together). Most of a test's time is spent starting
-# processes (servers, Spark, imports) and waiting for them, so workers beyond the cores still pay:
-# UDFSERVE_TEST_WORKERS sets how many (0: one process, no workers); arguments after it win.
+# servers, Spark workers and fixtures stay together), handed out in the order tests/conftest.py
+# sorts them (--no-loadscope-reorder: the Spark Connect modules last). Most of a test's time is
+# spent starting processes (servers, Spark, imports) and waiting for them, so workers beyond the
+# cores still pay: UDFSERVE_TEST_WORKERS sets how many (0: one process, no workers); arguments
+# after it win.
 set +e
-.venv/bin/python -m pytest -n "${UDFSERVE_TEST_WORKERS:-3}" --dist loadfile "$@"
+.venv/bin/python -m pytest -n "${UDFSERVE_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then

@@ -8,11 +8,13 @@ session), ``tests/deploy`` (deployment files checked against the code).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,9 +42,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = _TIERS.get(parts[0]) if len(parts) > 1 else None
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
-    # A Spark Connect session cannot share the process with the classic session, which it stops
-    # (tests/spark_connect/conftest.py): its tests run after every other test, in their own order.
-    items.sort(key=lambda item: CONNECT_FIXTURE in getattr(item, "fixturenames", ()))
+    items.sort(key=run_order(items))
+
+
+_TIER_ORDER = {"spark": 0, "integration": 1, "node": 1, "backend": 1, "deploy": 1, "unit": 2}
+"""Which tiers start first. scripts/test.sh hands whole modules to parallel worker processes in
+this order (``--dist loadfile --no-loadscope-reorder``): the long ones first, so that the many
+short unit tests fill the workers' last minutes instead of one Spark module running alone."""
+
+
+def run_order(items: list[pytest.Item]) -> Callable[[pytest.Item], tuple[int, int]]:
+    """The sort key of the session's tests. A Spark Connect session cannot share the process with
+    the classic session, which it stops (tests/spark_connect/conftest.py): every module with a test
+    that uses it runs after every other module, whole (a worker process is given whole modules),
+    so that no classic Spark test runs in a process after it."""
+    connect_modules = {item.path for item in items if CONNECT_FIXTURE in getattr(item, "fixturenames", ())}
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+        tier = _TIER_ORDER.get(parts[0], 1) if len(parts) > 1 else 1
+        return (item.path in connect_modules, tier)
+
+    return key
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -155,6 +176,27 @@ def spark_started_before_any_channel(request: pytest.FixtureRequest) -> None:
     """
     if any("spark" in item.fixturenames for item in request.session.items):
         request.getfixturevalue("spark")
+
+
+@pytest.fixture(autouse=True)
+def process_logging_restored() -> Iterator[None]:
+    """Undo what a command run in the test process (``udfserve doctor``, the CLI's entry points:
+    ``process_setup.configure_logging``) did to the process's logging: its root handler, level,
+    warnings capture and exception hooks would otherwise stay for every later test of the process,
+    which then depends on the order its tests run in (a handler's traceback budget, for one)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    excepthook, thread_excepthook = sys.excepthook, threading.excepthook
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+    logging.captureWarnings(False)
+    sys.excepthook, threading.excepthook = excepthook, thread_excepthook
 
 
 @pytest.fixture(autouse=True)
