@@ -3,11 +3,13 @@
 ``--kserve-frontend auto`` (the servers' default) serves with the native front end where its
 compiled module loads and a ``--kserve-port`` is given, and falls back to the python one otherwise
 (``frontends/kserve/frontend_choice.py``). Each server's ready file, and so the discovery file,
-says which serves (``kserve_frontend``) and on which port (``kserve_address``); from those two the
-reason follows: native; python on its ``--kserve-port`` (auto found no native module in the
-server's environment: slower for many small requests, worth a warning); or python on the main
-listeners only (no ``--kserve-port``, or ``--kserve-frontend python``). A discovery file written
-by an older node has no ``kserve_frontend``: a ``kserve_address`` there was the native front end's.
+says which serves (``kserve_frontend``) and where (``kserve_address``, its ``--kserve-port``, and
+``kserve_socket``, its ``--kserve-socket``); from those the reason follows: native; python on its
+own KServe listeners (auto found no native module in the server's environment: slower for many
+small requests, worth a warning); or python on the main listeners only (neither a
+``--kserve-port`` nor a ``--kserve-socket``, or ``--kserve-frontend python``). A discovery file
+written by an older node has no ``kserve_frontend``: a ``kserve_address`` there was the native
+front end's.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ FIX = f"build it where the servers run: `{BUILD_COMMAND}` (or bash scripts/nativ
 
 
 def served_frontend(server: ServerEntry) -> str:
-    """``native``, ``python-port`` (auto's fallback, on --kserve-port) or ``python``."""
-    frontend = server.kserve_frontend or ("native" if server.kserve_address else "python")
-    if frontend == "python" and server.kserve_address:
+    """``native``, ``python-port`` (auto's fallback, on its own KServe listeners) or ``python``."""
+    own_listeners = bool(server.kserve_address or server.kserve_socket)
+    frontend = server.kserve_frontend or ("native" if own_listeners else "python")
+    if frontend == "python" and own_listeners:
         return "python-port"
     return frontend
 
@@ -41,10 +44,12 @@ def native_finding(loads: bool, text: str, imported: bool, discovery: NodeDiscov
         by_kind[served_frontend(server)].append(server.device)
     notes = []
     if by_kind["native"]:
-        notes.append(f"{_servers(by_kind['native'])} KServe with it, on the --kserve-port")
+        native = by_kind["native"]
+        notes.append(f"{_servers(native)} KServe with it, on {_own(native)} KServe port or socket")
     if by_kind["python-port"]:
         notes.append(
-            f"{_servers(by_kind['python-port'])} KServe with the python front end on the --kserve-port: "
+            f"{_servers(by_kind['python-port'])} KServe with the python front end on "
+            f"{_own(by_kind['python-port'])} KServe port or socket: "
             "--kserve-frontend auto found no native module where the server runs, so small requests "
             "cost more CPU there"
         )
@@ -81,3 +86,8 @@ def native_finding(loads: bool, text: str, imported: bool, discovery: NodeDiscov
 def _servers(devices: list[str]) -> str:
     """``the node's gpu:0 serves`` or ``the node's gpu:0, gpu:1 serve``."""
     return f"the node's {', '.join(devices)} serve{'s' if len(devices) == 1 else ''}"
+
+
+def _own(devices: list[str]) -> str:
+    """``its`` for one server, ``their`` for several."""
+    return "its" if len(devices) == 1 else "their"

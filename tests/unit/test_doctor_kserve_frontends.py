@@ -1,5 +1,5 @@
 """The doctor's line on the native KServe front end: what the node's servers serve KServe with, and
-why, read from the discovery file's ``kserve_frontend`` and ``kserve_address``."""
+why, read from the discovery file's ``kserve_frontend``, ``kserve_address`` and ``kserve_socket``."""
 
 from __future__ import annotations
 
@@ -58,3 +58,18 @@ def test_several_servers_are_named_together() -> None:
         node(server("gpu:0", "native", "127.0.0.1:1"), server("gpu:1", "native", "127.0.0.1:2")),
     )
     assert "the node's gpu:0, gpu:1 serve KServe with it" in finding.summary
+
+
+def test_a_native_server_on_its_kserve_socket_alone_is_named_as_serving_with_it() -> None:
+    entry = ServerEntry(
+        device="gpu:0", kserve_frontend="native", kserve_socket="/run/udfserve/kserve-gpu0.sock"
+    )
+    finding = native_finding(True, "", True, node(entry))
+    assert finding.status == "ok" and finding.facts["servers_using_it"] == ["gpu:0"]
+    assert "serves KServe with it, on its KServe port or socket" in finding.summary
+
+
+def test_a_server_that_fell_back_on_its_kserve_socket_alone_warns() -> None:
+    entry = ServerEntry(device="cpu", kserve_frontend="python", kserve_socket="/run/udfserve/kserve-cpu.sock")
+    finding = native_finding(False, "not built here", True, node(entry))
+    assert finding.status == "warn" and finding.facts["servers_fallen_back"] == ["cpu"]
