@@ -414,12 +414,14 @@ def readiness(runtime_dir: Path) -> int | None:
 
 
 def test_node_servers_from_a_spark_connect_session(
-    example_repository: Path, drivers: list[Driver], tmp_path: Path
+    example_repository: Path, drivers: list[Driver], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """A Spark Connect session (local, its executor on this machine): the client serves the
     lease, the start stage starts the node, a job is served by it, and leaving the context
     stops it."""
-    runtime_dir = tmp_path / "connect-host" / "runtime"
+    # a short folder: the test's own (named after it, in a parallel worker's folder) leaves the
+    # node's socket paths too long for a unix socket
+    runtime_dir = tmp_path_factory.mktemp("connect-host") / "runtime"
     environment = {k: v for k, v in os.environ.items() if not k.startswith("UDFSERVE_")}
     environment |= {"UDFSERVE_RUNTIME_DIR": str(runtime_dir), "UDFSERVE_NODE_NAME": "connect-host"}
     driver = Driver(["--connect", "--app-name", "connect"], environment, tmp_path / "connect.log")
