@@ -130,30 +130,30 @@ def test_a_request_region_larger_than_the_limit_is_invalid_input_naming_the_limi
 def test_an_answer_is_written_into_its_region_of_the_file(
     regions: StreamRegions, payload: pb.SharedMemoryRegion
 ) -> None:
-    descriptor = client_handle(payload)
     answer = pa.record_batch({"y": pa.array(np.arange(100, dtype=np.float32))})
-    room = pb.SharedMemoryRegion(path=payload.path, offset=1 << 19, size=1 << 19)
-    regions.read(payload, "input_region")
-    written = regions.write(room, "output_region", answer)
-    assert written is not None
-    on_file = os.pread(descriptor, written, room.offset)
-    os.close(descriptor)
-    assert pa.ipc.open_stream(on_file).read_next_batch().equals(answer)
+    assert written_back(regions, payload, answer).equals(answer)
 
 
 def test_an_answer_of_more_buffers_than_one_write_call_takes_is_written_whole(
     regions: StreamRegions, payload: pb.SharedMemoryRegion
 ) -> None:
-    descriptor = client_handle(payload)
     columns = IOV_MAX  # each column is several pieces of the stream (metadata, buffers, padding)
     answer = pa.record_batch({f"y{index}": pa.array([index, None], pa.int32()) for index in range(columns)})
+    assert written_back(regions, payload, answer).equals(answer)
+
+
+def written_back(
+    regions: StreamRegions, payload: pb.SharedMemoryRegion, answer: pa.RecordBatch
+) -> pa.RecordBatch:
+    """``answer`` written into the second half of ``payload``'s file, as the client reads it back."""
+    descriptor = client_handle(payload)
     room = pb.SharedMemoryRegion(path=payload.path, offset=1 << 19, size=1 << 19)
     regions.read(payload, "input_region")
     written = regions.write(room, "output_region", answer)
     assert written is not None
     on_file = os.pread(descriptor, written, room.offset)
     os.close(descriptor)
-    assert pa.ipc.open_stream(on_file).read_next_batch().equals(answer)
+    return pa.ipc.open_stream(on_file).read_next_batch()
 
 
 def test_an_answer_too_large_for_its_region_is_not_written(
