@@ -287,7 +287,7 @@ def trusted_targets(
             refused.append(str(exc))
             dropped[field] = None
         except SocketMissing:
-            pass
+            pass  # kept: in a trusted folder only its owner can create it (a server restarting)
         except FileNotFoundError:
             dropped[field] = None
     return ordered_targets(
