@@ -1,4 +1,5 @@
-"""Real ``udfserve node`` processes serving the example models on simulated devices."""
+"""Real ``udfserve node`` processes serving the example tabular model (its ONNX graph, so that a
+node's servers start without TensorFlow's import) on simulated devices."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ def short_dir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def two_device_node(example_repository: Path) -> Iterator[NodeProcess]:
+def two_device_node(tabular_onnx_repository: Path) -> Iterator[NodeProcess]:
     """A node with simulated devices sim:0 and sim:1, every server ready, restarting quickly."""
     root = Path(tempfile.mkdtemp(prefix="udfn-"))
-    node = NodeProcess(root / "rt", example_repository, "sim:0,sim:1", ["--restart-backoff-initial-s", "0.2"])
+    node = NodeProcess(
+        root / "rt", tabular_onnx_repository, "sim:0,sim:1", ["--restart-backoff-initial-s", "0.2"]
+    )
     try:
         node.wait_all_ready(2)
         yield node

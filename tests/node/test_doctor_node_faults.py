@@ -37,10 +37,10 @@ def gone(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_a_stopped_supervisor_leaves_a_stale_heartbeat_and_says_how_to_resume_it(
-    example_repository: Path, short_dir: Path
+    tabular_onnx_repository: Path, short_dir: Path
 ) -> None:
     heartbeat = ["--discovery-heartbeat-s", "0.5", "--discovery-stale-after-s", "1"]
-    node = NodeProcess(short_dir / "rt", example_repository, "sim:0", heartbeat)
+    node = NodeProcess(short_dir / "rt", tabular_onnx_repository, "sim:0", heartbeat)
     try:
         node.wait_all_ready(1)
         os.kill(node.pid, signal.SIGSTOP)
@@ -68,10 +68,10 @@ def test_a_stopped_supervisor_leaves_a_stale_heartbeat_and_says_how_to_resume_it
 
 @pytest.mark.slow
 def test_a_killed_supervisor_is_found_gone_by_its_free_lock_while_its_file_is_fresh(
-    example_repository: Path, short_dir: Path
+    tabular_onnx_repository: Path, short_dir: Path
 ) -> None:
     fresh_for_long = ["--discovery-stale-after-s", "600"]  # the file alone would still look live
-    node = NodeProcess(short_dir / "rt", example_repository, "sim:0", fresh_for_long)
+    node = NodeProcess(short_dir / "rt", tabular_onnx_repository, "sim:0", fresh_for_long)
     server_pids: list[int] = []
     try:
         discovery = node.wait_all_ready(1)
@@ -104,9 +104,9 @@ def test_a_killed_supervisor_is_found_gone_by_its_free_lock_while_its_file_is_fr
 
 
 def test_a_server_that_cannot_start_is_reported_with_the_reason_and_its_log(
-    example_repository: Path, short_dir: Path
+    tabular_onnx_repository: Path, short_dir: Path
 ) -> None:
-    model_folder = example_repository / "tabular_mlp"  # a model's own folder given as the repository
+    model_folder = tabular_onnx_repository / "tabular_mlp"  # a model's own folder given as the repository
     hour = ["--restart-backoff-initial-s", "3600", "--restart-backoff-max-s", "3600"]
     node = NodeProcess(short_dir / "rt", model_folder, "sim:0", hour)
     try:
@@ -120,17 +120,17 @@ def test_a_server_that_cannot_start_is_reported_with_the_reason_and_its_log(
     line = run.line_of("sim:0")
     assert line.startswith("FAIL  sim:0: restarting: server pid ")
     assert f"serves no model: model repository {model_folder} holds no servable model" in line
-    assert f"its parent {example_repository} is probably the repository" in line
+    assert f"its parent {tabular_onnx_repository} is probably the repository" in line
     assert f"fix: its log: {node.runtime_dir / 'logs' / 'server-sim0.log'}" in line
     assert "Not healthy: 1 problem blocks jobs (sim:0)" in run.output
 
 
 @pytest.mark.slow
 def test_a_version_loaded_on_one_device_only_is_reported_with_each_devices_versions(
-    example_repository: Path, short_dir: Path
+    tabular_onnx_repository: Path, short_dir: Path
 ) -> None:
     repository = short_dir / "models"
-    shutil.copytree(example_repository / "tabular_mlp", repository / "tabular_mlp")
+    shutil.copytree(tabular_onnx_repository / "tabular_mlp", repository / "tabular_mlp")
     node = NodeProcess(short_dir / "rt", repository, "sim:0,sim:1", ["--model-control", "explicit"])
     try:
         discovery = node.wait_all_ready(2)

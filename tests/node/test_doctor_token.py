@@ -17,12 +17,12 @@ TOKEN = "node-secret"
 
 
 @pytest.fixture(scope="module")
-def token_node(example_repository: Path) -> Iterator[NodeProcess]:
+def token_node(tabular_onnx_repository: Path) -> Iterator[NodeProcess]:
     root = Path(tempfile.mkdtemp(prefix="udfd-"))
     token_file = root / "token"
     token_file.write_text(f"{TOKEN}\n")
     node = NodeProcess(
-        root / "rt", example_repository, "sim:0", [f"--server-args=--auth-token-file {token_file}"]
+        root / "rt", tabular_onnx_repository, "sim:0", [f"--server-args=--auth-token-file {token_file}"]
     )
     try:
         node.wait_all_ready(1)

@@ -64,11 +64,11 @@ def supervisors(runtime_dir: Path) -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def started(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
+def started(tabular_onnx_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
     """Four tasks of one host, each a process of its own, ensure the node at the same moment."""
     runtime_dir = tmp_path_factory.mktemp("ensure") / "rt"
     holder = LeaseHolder("127.0.0.1", "127.0.0.1", application="app-ensure")
-    start = node_start(holder, example_repository, runtime_dir)
+    start = node_start(holder, tabular_onnx_repository, runtime_dir)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("UDFSERVE_")}
     tasks = [
         subprocess.Popen(
@@ -112,12 +112,14 @@ def test_the_node_outlives_the_task_that_started_it_in_a_session_of_its_own(star
     assert Path(os.readlink(f"/proc/{supervisor.pid}/fd/1")) == started.runtime_dir / "logs" / "node.log"
 
 
-def test_a_task_starts_no_node_for_a_context_that_has_ended(example_repository: Path, tmp_path: Path) -> None:
+def test_a_task_starts_no_node_for_a_context_that_has_ended(
+    tabular_onnx_repository: Path, tmp_path: Path
+) -> None:
     """A UDF used after its context ended: its holder no longer answers, and the task starts no
     node (one would only wait for the lease's timeout and stop)."""
     holder = LeaseHolder("127.0.0.1", "127.0.0.1", application="app-ended")
     holder.release(wait_s=0)
     runtime_dir = tmp_path / "rt"
-    check = ensure_for_task(node_start(holder, example_repository, runtime_dir), os.environ)
+    check = ensure_for_task(node_start(holder, tabular_onnx_repository, runtime_dir), os.environ)
     assert check is not None and check.action == "unreachable"
     assert supervisors(runtime_dir) == []

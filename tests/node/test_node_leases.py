@@ -48,7 +48,7 @@ def holders() -> Iterator[list[LeaseHolder]]:
 
 
 def test_a_node_stays_while_any_lease_is_held_and_exits_once_the_last_is_released(
-    short_dir: Path, example_repository: Path, holders: list[LeaseHolder]
+    short_dir: Path, tabular_onnx_repository: Path, holders: list[LeaseHolder]
 ) -> None:
     first = LeaseHolder("127.0.0.1", "127.0.0.1", application="app-first")
     second = LeaseHolder("127.0.0.1", "127.0.0.1", application="app-second")
@@ -56,7 +56,7 @@ def test_a_node_stays_while_any_lease_is_held_and_exits_once_the_last_is_release
     runtime_dir = short_dir / "rt"
     hold(runtime_dir, first.lease)
     hold(runtime_dir, second.lease)
-    node = NodeProcess(runtime_dir, example_repository, "cpu", LEASE_FLAGS)
+    node = NodeProcess(runtime_dir, tabular_onnx_repository, "cpu", LEASE_FLAGS)
     try:
         discovery = node.wait_all_ready(1)
 
@@ -85,7 +85,7 @@ sys.stdin.read()
 
 
 def test_a_node_whose_only_holder_was_killed_exits_after_the_lease_timeout(
-    short_dir: Path, example_repository: Path
+    short_dir: Path, tabular_onnx_repository: Path
 ) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER_PROCESS], stdin=subprocess.PIPE, stdout=subprocess.PIPE
@@ -95,7 +95,7 @@ def test_a_node_whose_only_holder_was_killed_exits_after_the_lease_timeout(
         lease = Lease.model_validate_json(holder.stdout.readline())
         runtime_dir = short_dir / "rt"
         hold(runtime_dir, lease)
-        node = NodeProcess(runtime_dir, example_repository, "cpu", LEASE_FLAGS)
+        node = NodeProcess(runtime_dir, tabular_onnx_repository, "cpu", LEASE_FLAGS)
         try:
             node.wait_all_ready(1)
             holder.kill()
@@ -111,11 +111,13 @@ def test_a_node_whose_only_holder_was_killed_exits_after_the_lease_timeout(
                 pipe.close()
 
 
-def test_a_leased_node_with_no_lease_file_exits_at_once(short_dir: Path, example_repository: Path) -> None:
+def test_a_leased_node_with_no_lease_file_exits_at_once(
+    short_dir: Path, tabular_onnx_repository: Path
+) -> None:
     """Nothing holds it: started by hand with --leases and no lease, it stops at its first poll."""
     runtime_dir = short_dir / "rt"
     runtime_dir.mkdir(mode=0o700)
-    node = NodeProcess(runtime_dir, example_repository, "cpu", LEASE_FLAGS)
+    node = NodeProcess(runtime_dir, tabular_onnx_repository, "cpu", LEASE_FLAGS)
     try:
         assert node.process.wait(timeout=EXIT_WAIT_S) == 0
         assert "no application holds a lease on this node" in node.log()

@@ -49,12 +49,12 @@ def start_refused(runtime_dir: Path, repository: Path) -> subprocess.CompletedPr
 
 
 def test_the_node_refuses_a_runtime_folder_another_user_created_first(
-    shared_tmp: Path, example_repository: Path
+    shared_tmp: Path, tabular_onnx_repository: Path
 ) -> None:
     runtime_dir = shared_tmp / "rt"
     as_other_user(f"import os; os.mkdir({str(runtime_dir)!r}, 0o755)")
 
-    refused = start_refused(runtime_dir, example_repository)
+    refused = start_refused(runtime_dir, tabular_onnx_repository)
 
     assert refused.returncode == 2, refused.stderr
     assert f"refusing to start: the runtime folder ({runtime_dir}) belongs to uid 65534 (nobody)" in (
@@ -65,13 +65,13 @@ def test_the_node_refuses_a_runtime_folder_another_user_created_first(
 
 
 def test_the_node_refuses_a_runtime_folder_that_others_may_write(
-    shared_tmp: Path, example_repository: Path
+    shared_tmp: Path, tabular_onnx_repository: Path
 ) -> None:
     runtime_dir = shared_tmp / "rt"
     runtime_dir.mkdir()
     runtime_dir.chmod(0o777)
 
-    refused = start_refused(runtime_dir, example_repository)
+    refused = start_refused(runtime_dir, tabular_onnx_repository)
 
     assert refused.returncode == 2, refused.stderr
     assert f"the runtime folder ({runtime_dir}) has mode 0777: writable by other users" in refused.stderr
@@ -79,11 +79,11 @@ def test_the_node_refuses_a_runtime_folder_that_others_may_write(
 
 
 def test_the_node_refuses_a_discovery_file_folder_another_user_owns(
-    shared_tmp: Path, example_repository: Path
+    shared_tmp: Path, tabular_onnx_repository: Path
 ) -> None:
     elsewhere = shared_tmp / "discovery"
     as_other_user(f"import os; os.mkdir({str(elsewhere)!r}, 0o755)")
-    command = node_command(shared_tmp / "rt", example_repository, "sim:0")
+    command = node_command(shared_tmp / "rt", tabular_onnx_repository, "sim:0")
 
     refused = subprocess.run(
         [*command, "--discovery-file", str(elsewhere / "discovery.json")],
@@ -104,10 +104,10 @@ def test_a_runtime_folder_the_node_creates_is_its_own_and_writable_by_no_one_els
     assert stat.S_IMODE(found.st_mode) & 0o022 == 0
 
 
-def test_the_default_runtime_folder_is_created_private(tmp_path: Path, example_repository: Path) -> None:
+def test_the_default_runtime_folder_is_created_private(tmp_path: Path, tabular_onnx_repository: Path) -> None:
     """Only its user's executors use the default folder: 0700 (the node creates it so; here the same
     function on a folder of the test's)."""
-    config = NodeConfig(model_repository=example_repository)
+    config = NodeConfig(model_repository=tabular_onnx_repository)
     assert config.runtime_dir == Path(f"/tmp/udfserve-{os.geteuid()}")
     assert config.runtime_dir_mode == PRIVATE_MODE
     prepare_runtime_dir(tmp_path / "private", config.runtime_dir_mode)

@@ -52,11 +52,11 @@ def one_prediction(channel: grpc.Channel) -> pb.PredictResponse:
 
 
 def test_a_server_whose_batcher_broke_stops_serving_exits_70_and_serves_again_after_its_restart(
-    example_repository: Path, short_dir: Path
+    tabular_onnx_repository: Path, short_dir: Path
 ) -> None:
     # a grace period longer than the test: the broken server drains until the health stream closes
     extra = ["--restart-backoff-initial-s", "0.2", "--grace-period-s", "600"]
-    node = NodeProcess(short_dir / "rt", example_repository, "cpu", extra)
+    node = NodeProcess(short_dir / "rt", tabular_onnx_repository, "cpu", extra)
     broken = fresh = ServerEntry(device="cpu")
     try:
         broken = entry_for(node.wait_all_ready(1), "cpu")

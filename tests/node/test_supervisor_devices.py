@@ -114,11 +114,11 @@ def test_the_supervisor_exports_when_it_last_wrote_the_discovery_file(two_device
 
 
 def test_a_second_supervisor_on_the_same_runtime_dir_refuses_to_start(
-    two_device_node: NodeProcess, example_repository: Path
+    two_device_node: NodeProcess, tabular_onnx_repository: Path
 ) -> None:
     before = two_device_node.wait_all_ready(2)
     second = subprocess.run(
-        node_command(two_device_node.runtime_dir, example_repository, "sim:0"),
+        node_command(two_device_node.runtime_dir, tabular_onnx_repository, "sim:0"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -131,13 +131,13 @@ def test_a_second_supervisor_on_the_same_runtime_dir_refuses_to_start(
 
 
 def test_a_supervisor_whose_http_port_is_taken_refuses_to_start_naming_the_setting(
-    example_repository: Path, tmp_path: Path
+    tabular_onnx_repository: Path, tmp_path: Path
 ) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        command = node_command(tmp_path / "rt", example_repository, "sim:0")
+        command = node_command(tmp_path / "rt", tabular_onnx_repository, "sim:0")
         command[command.index("--supervisor-http-port") + 1] = str(port)
         refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2, refused.stderr

@@ -27,9 +27,9 @@ def gone(pid: int) -> bool:
 
 
 def test_the_servers_of_a_supervisor_killed_with_sigkill_drain_and_exit(
-    example_repository: Path, short_dir: Path
+    tabular_onnx_repository: Path, short_dir: Path
 ) -> None:
-    node = NodeProcess(short_dir / "rt", example_repository, "sim:0,sim:1")
+    node = NodeProcess(short_dir / "rt", tabular_onnx_repository, "sim:0,sim:1")
     server_pids: list[int] = []
     try:
         discovery = node.wait_all_ready(2)
@@ -53,10 +53,10 @@ def test_the_servers_of_a_supervisor_killed_with_sigkill_drain_and_exit(
 
 
 def test_the_discovery_file_of_a_node_killed_whole_is_taken_for_absent_once_its_heartbeat_is_stale(
-    example_repository: Path, short_dir: Path
+    tabular_onnx_repository: Path, short_dir: Path
 ) -> None:
     heartbeat = ["--discovery-heartbeat-s", "0.5", "--discovery-stale-after-s", "3"]
-    node = NodeProcess(short_dir / "rt", example_repository, "cpu", heartbeat)
+    node = NodeProcess(short_dir / "rt", tabular_onnx_repository, "cpu", heartbeat)
     config = ClientConfig(discovery_file=str(node.discovery_path))
     pids: list[int] = []
     try:

@@ -12,9 +12,9 @@ import tritonclient.http as triton_http
 from node_harness import NodeProcess, stop_node
 
 
-def test_each_servers_kserve_http_address_is_in_the_discovery_file(example_repository: Path) -> None:
+def test_each_servers_kserve_http_address_is_in_the_discovery_file(tabular_onnx_repository: Path) -> None:
     root = Path(tempfile.mkdtemp(prefix="udfn-"))
-    node = NodeProcess(root / "rt", example_repository, "sim:0", ["--server-args=--kserve-http-port 0"])
+    node = NodeProcess(root / "rt", tabular_onnx_repository, "sim:0", ["--server-args=--kserve-http-port 0"])
     try:
         (server,) = node.wait_all_ready(1).servers
         assert server.kserve_http_address is not None, server

@@ -26,11 +26,11 @@ SHIPPED_SERVER_ARGS = "--server-args=--kserve-frontend auto --kserve-port 0"
 NATIVE_MODULE = "udfserve.services.model_server.frontends.kserve.native._kserve_frontend"
 
 
-def test_each_servers_native_kserve_address_is_in_the_discovery_file(example_repository: Path) -> None:
+def test_each_servers_native_kserve_address_is_in_the_discovery_file(tabular_onnx_repository: Path) -> None:
     root = Path(tempfile.mkdtemp(prefix="udfn-"))
     node = NodeProcess(
         root / "rt",
-        example_repository,
+        tabular_onnx_repository,
         "sim:0,sim:1",
         ["--server-args=--kserve-frontend native --kserve-port 0"],
     )
@@ -54,12 +54,12 @@ def test_each_servers_native_kserve_address_is_in_the_discovery_file(example_rep
 
 
 def test_the_shipped_server_args_serve_kserve_natively_and_the_discovery_file_says_so(
-    example_repository: Path,
+    tabular_onnx_repository: Path,
 ) -> None:
     """--kserve-frontend auto --kserve-port 0, what the image, compose and Kubernetes give the servers:
     the native front end here, where the module is built."""
     root = Path(tempfile.mkdtemp(prefix="udfn-"))
-    node = NodeProcess(root / "rt", example_repository, "sim:0", [SHIPPED_SERVER_ARGS])
+    node = NodeProcess(root / "rt", tabular_onnx_repository, "sim:0", [SHIPPED_SERVER_ARGS])
     try:
         [server] = node.wait_all_ready(1).servers
         assert server.kserve_frontend == "native" and server.kserve_address is not None
@@ -73,13 +73,13 @@ def test_the_shipped_server_args_serve_kserve_natively_and_the_discovery_file_sa
 
 
 def test_the_shipped_server_args_serve_kserve_natively_on_a_socket_in_the_runtime_folder(
-    example_repository: Path,
+    tabular_onnx_repository: Path,
 ) -> None:
     """Executors in other containers reach servers only through the runtime folder: each server asked
     for the native front end listens there too, the discovery file names the socket, and it is gone
     once the node has stopped."""
     root = Path(tempfile.mkdtemp(prefix="udfn-"))
-    node = NodeProcess(root / "rt", example_repository, "sim:0", [SHIPPED_SERVER_ARGS])
+    node = NodeProcess(root / "rt", tabular_onnx_repository, "sim:0", [SHIPPED_SERVER_ARGS])
     try:
         [server] = node.wait_all_ready(1).servers
         assert server.kserve_frontend == "native"
@@ -96,11 +96,11 @@ def test_the_shipped_server_args_serve_kserve_natively_on_a_socket_in_the_runtim
 
 
 def test_the_spark_clients_kserve_protocol_sends_its_rows_to_the_published_kserve_socket(
-    example_repository: Path,
+    tabular_onnx_repository: Path,
 ) -> None:
     """The partition runner, as an executor runs it, routed by the node's discovery file alone."""
     root = Path(tempfile.mkdtemp(prefix="udfn-"))
-    node = NodeProcess(root / "rt", example_repository, "sim:0", [SHIPPED_SERVER_ARGS])
+    node = NodeProcess(root / "rt", tabular_onnx_repository, "sim:0", [SHIPPED_SERVER_ARGS])
     try:
         [server] = node.wait_all_ready(1).servers
         config = ClientConfig(protocol="kserve", discovery_file=str(node.discovery_path), fallback="error")
@@ -122,7 +122,7 @@ def test_the_spark_clients_kserve_protocol_sends_its_rows_to_the_published_kserv
 
 
 def test_without_the_native_module_the_kserve_port_is_served_by_python_and_the_doctor_warns(
-    example_repository: Path,
+    tabular_onnx_repository: Path,
 ) -> None:
     """The shipped server args on a node whose Python cannot import the compiled module (an image or
     a wheel built without grpc++): a ``sitecustomize`` puts None in ``sys.modules`` for it, Python's
@@ -132,7 +132,7 @@ def test_without_the_native_module_the_kserve_port_is_served_by_python_and_the_d
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text(f"import sys\nsys.modules[{NATIVE_MODULE!r}] = None\n")
     env = {"PYTHONPATH": str(blocker)}
-    node = NodeProcess(root / "rt", example_repository, "sim:0", [SHIPPED_SERVER_ARGS], env=env)
+    node = NodeProcess(root / "rt", tabular_onnx_repository, "sim:0", [SHIPPED_SERVER_ARGS], env=env)
     try:
         [server] = node.wait_all_ready(1).servers
         assert server.kserve_frontend == "python" and server.kserve_address is not None

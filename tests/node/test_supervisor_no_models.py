@@ -9,9 +9,9 @@ from node_harness import NodeProcess, entry_for, http_get, stop_node
 
 
 def test_a_models_own_folder_as_repository_is_explained_in_the_discovery_file_and_the_nodes_readiness(
-    example_repository: Path, short_dir: Path
+    tabular_onnx_repository: Path, short_dir: Path
 ) -> None:
-    model_folder = example_repository / "tabular_mlp"
+    model_folder = tabular_onnx_repository / "tabular_mlp"
     hour = ["--restart-backoff-initial-s", "3600", "--restart-backoff-max-s", "3600"]
     node = NodeProcess(short_dir / "rt", model_folder, "sim:0", hour)
     try:
@@ -23,7 +23,7 @@ def test_a_models_own_folder_as_repository_is_explained_in_the_discovery_file_an
 
     problem = entry.problem or ""
     assert f"model repository {model_folder} holds no servable model" in problem
-    assert f"its parent {example_repository} is probably the repository" in problem
+    assert f"its parent {tabular_onnx_repository} is probably the repository" in problem
     assert entry.state == "restarting" and entry.tcp_address is None
     readiness = json.loads(body)
     assert status == 503 and readiness["servers"] == {"sim:0": "restarting"}

@@ -11,9 +11,9 @@ from node_harness import NodeProcess, entry_for, pid_exists, stop_node
 
 
 def test_sigterm_stops_every_server_removes_the_files_and_exits_0(
-    example_repository: Path, short_dir: Path
+    tabular_onnx_repository: Path, short_dir: Path
 ) -> None:
-    node = NodeProcess(short_dir / "rt", example_repository, "sim:0,sim:1")
+    node = NodeProcess(short_dir / "rt", tabular_onnx_repository, "sim:0,sim:1")
     try:
         discovery = node.wait_all_ready(2)
         server_pids = [s.pid for s in discovery.servers]
@@ -32,10 +32,10 @@ def test_sigterm_stops_every_server_removes_the_files_and_exits_0(
 
 
 def test_a_dead_server_is_out_of_the_targets_and_not_ready_until_its_back_off_ends(
-    example_repository: Path, short_dir: Path
+    tabular_onnx_repository: Path, short_dir: Path
 ) -> None:
     hour = ["--restart-backoff-initial-s", "3600", "--restart-backoff-max-s", "3600"]
-    node = NodeProcess(short_dir / "rt", example_repository, "cpu", hour)
+    node = NodeProcess(short_dir / "rt", tabular_onnx_repository, "cpu", hour)
     try:
         ready = entry_for(node.wait_all_ready(1), "cpu")
         assert ready.device_index is None and ready.pid is not None
@@ -58,11 +58,11 @@ def test_a_dead_server_is_out_of_the_targets_and_not_ready_until_its_back_off_en
 
 
 def test_a_discovery_file_that_cannot_be_written_stops_the_node_and_every_server(
-    example_repository: Path, short_dir: Path
+    tabular_onnx_repository: Path, short_dir: Path
 ) -> None:
     """A full or read-only disk, played by a folder where the file must go: the supervisor stops
     its servers and exits 1 instead of hanging on a server it never signalled."""
-    node = NodeProcess(short_dir / "rt", example_repository, "sim:0,sim:1")
+    node = NodeProcess(short_dir / "rt", tabular_onnx_repository, "sim:0,sim:1")
     server_pids = [s.pid for s in node.wait_all_ready(2).servers]
     try:
         node.discovery_path.unlink()

@@ -9,12 +9,14 @@ from pathlib import Path
 from node_harness import NodeProcess, predict_tabular, stop_node
 
 
-def test_servers_that_require_a_token_are_published_ready_with_their_models(example_repository: Path) -> None:
+def test_servers_that_require_a_token_are_published_ready_with_their_models(
+    tabular_onnx_repository: Path,
+) -> None:
     root = Path(tempfile.mkdtemp(prefix="udfn-"))
     token_file = root / "token"
     token_file.write_text("node-secret\n")
     node = NodeProcess(
-        root / "rt", example_repository, "sim:0", [f"--server-args=--auth-token-file {token_file}"]
+        root / "rt", tabular_onnx_repository, "sim:0", [f"--server-args=--auth-token-file {token_file}"]
     )
     try:
         (server,) = node.wait_all_ready(1).servers
