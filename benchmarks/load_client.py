@@ -100,7 +100,7 @@ def run_client_load(spec: LoadSpec) -> LoadResult:
         max_in_flight=spec.in_flight,
         rows_per_request=spec.rows,
         max_message_bytes=spec.max_message_bytes,
-    )
+    ).task_config()
     channel, _ = connect(spec.target, config, spec.model)
     batch = make_batch(spec.rows)
     taken: deque[float] = deque()

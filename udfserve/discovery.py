@@ -28,12 +28,12 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from udfserve.node_files import UntrustedNodeFile, read_node_file, trusted_uids
+from udfserve.records import RecordError, check_fields, record_from_json, record_to_dict
 
 RUNTIME_DIR_PARENT = Path("/tmp")
 DISCOVERY_FILE_NAME = "discovery.json"
@@ -48,51 +48,46 @@ class DiscoveryError(ValueError):
     """The discovery file is missing, unreadable or not in the expected format."""
 
 
-class ServerEntry(BaseModel):
+@dataclass(frozen=True)
+class ServerEntry:
     """One model server process of the node."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    device: str = Field(description='"cpu", "gpu:N" or "sim:N" (a CPU process announced as device N)')
-    device_index: int | None = Field(default=None, description="GPU index as Spark and NVML see it")
+    device: str
+    """"cpu", "gpu:N" or "sim:N" (a CPU process announced as device N)"""
+    device_index: int | None = None
+    """GPU index as Spark and NVML see it"""
     device_uuid: str | None = None
-    unix_socket: str | None = Field(default=None, description="path of the gRPC unix socket")
-    tcp_address: str | None = Field(default=None, description="host:port of the gRPC TCP listener")
-    http_address: str | None = Field(default=None, description="host:port of the HTTP admin app")
-    kserve_address: str | None = Field(
-        default=None,
-        description="host:port of the server's --kserve-port: its native KServe front end, or the python "
-        "one where --kserve-frontend auto found no native module (kserve_frontend says which)",
-    )
-    kserve_frontend: str | None = Field(
-        default=None,
-        description='the KServe front end that serves: "native" or "python" (on kserve_address and '
-        "kserve_socket where they are given, else on the main listeners); null for a server not ready, "
-        "or written by an older node",
-    )
-    kserve_socket: str | None = Field(
-        default=None,
-        description="path of the server's --kserve-socket, in the runtime folder: its native KServe front "
-        "end's unix socket (the python one's where --kserve-frontend auto found no native module), for "
-        "KServe clients at unix://<path>; null when the server has none, is not ready, or in a file "
-        "written by an older node",
-    )
-    kserve_http_address: str | None = Field(
-        default=None,
-        description="host:port of the KServe v2 HTTP/REST listener (servers run with --kserve-http-port)",
-    )
+    unix_socket: str | None = None
+    """path of the gRPC unix socket"""
+    tcp_address: str | None = None
+    """host:port of the gRPC TCP listener"""
+    http_address: str | None = None
+    """host:port of the HTTP admin app"""
+    kserve_address: str | None = None
+    """host:port of the server's --kserve-port: its native KServe front end, or the python one where
+    --kserve-frontend auto found no native module (kserve_frontend says which)"""
+    kserve_frontend: str | None = None
+    """the KServe front end that serves: "native" or "python" (on kserve_address and kserve_socket
+    where they are given, else on the main listeners); null for a server not ready, or written by an
+    older node"""
+    kserve_socket: str | None = None
+    """path of the server's --kserve-socket, in the runtime folder: its native KServe front end's unix
+    socket (the python one's where --kserve-frontend auto found no native module), for KServe clients
+    at unix://<path>; null when the server has none, is not ready, or in a file written by an older
+    node"""
+    kserve_http_address: str | None = None
+    """host:port of the KServe v2 HTTP/REST listener (servers run with --kserve-http-port)"""
     pid: int | None = None
-    models: list[str] = Field(default_factory=list)
-    versions: dict[str, list[int]] = Field(
-        default_factory=dict,
-        description="each model's versions the server serves, kept current while it runs (model control "
-        "poll or explicit changes them); empty in the file of a supervisor that did not list them",
-    )
+    models: list[str] = field(default_factory=list)
+    versions: dict[str, list[int]] = field(default_factory=dict)
+    """each model's versions the server serves, kept current while it runs (model control poll or
+    explicit changes them); empty in the file of a supervisor that did not list them"""
     state: ServerState = "ready"
-    problem: str | None = Field(
-        default=None,
-        description="why a server that is not ready failed its last start (it serves no model, it exited)",
-    )
+    problem: str | None = None
+    """why a server that is not ready failed its last start (it serves no model, it exited)"""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     def grpc_targets(self) -> list[str]:
         """gRPC target strings for this server, the unix socket first (it is faster)."""
@@ -104,37 +99,40 @@ class ServerEntry(BaseModel):
         return targets
 
 
-class NodeDiscovery(BaseModel):
-    """The whole file."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
+@dataclass(frozen=True)
+class NodeDiscovery:
+    """The whole file: one plain record that the node writes and the Spark tasks read (a task
+    imports no pydantic, ``udfserve.records``)."""
 
     schema_version: int = SCHEMA_VERSION
     node: str = ""
     supervisor_pid: int | None = None
-    model_repository: str | None = Field(
-        default=None, description="the repository the servers load; the CPU fallback reads it too"
-    )
+    model_repository: str | None = None
+    """the repository the servers load; the CPU fallback reads it too"""
     metrics_targets_file: str | None = None
-    fallback_reports_dir: str | None = Field(
-        default=None,
-        description="the folder where Spark clients report the rows their CPU fallback answered on this "
-        "node, which the supervisor exports (udfserve.fallback_reports); None: a node that does not "
-        "count them",
-    )
-    updated_at: float = Field(
-        default_factory=time.time,
-        description="when the supervisor last wrote the file (seconds since the epoch)",
-    )
-    heartbeat_s: float | None = Field(
-        default=None, description="the supervisor rewrites the file at least this often (seconds)"
-    )
-    stale_after_s: float | None = Field(
-        default=None,
-        description="a file whose updated_at is older than this (seconds) is taken for absent: its "
-        "supervisor is gone; None (a supervisor without a heartbeat): never",
-    )
-    servers: list[ServerEntry] = Field(default_factory=list)
+    fallback_reports_dir: str | None = None
+    """the folder where Spark clients report the rows their CPU fallback answered on this node,
+    which the supervisor exports (udfserve.fallback_reports); None: a node that does not count them"""
+    updated_at: float = field(default_factory=time.time)
+    """when the supervisor last wrote the file (seconds since the epoch)"""
+    heartbeat_s: float | None = None
+    """the supervisor rewrites the file at least this often (seconds)"""
+    stale_after_s: float | None = None
+    """a file whose updated_at is older than this (seconds) is taken for absent: its supervisor is
+    gone; None (a supervisor without a heartbeat): never"""
+    servers: list[ServerEntry] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> NodeDiscovery:
+        """The discovery file's record; ``RecordError`` names the field that is wrong and how."""
+        return record_from_json(cls, text)
+
+    def to_dict(self) -> dict[str, object]:
+        """What the file holds, as JSON values."""
+        return record_to_dict(self)
 
     def ready_servers(self) -> list[ServerEntry]:
         return [s for s in self.servers if s.state == "ready"]
@@ -196,8 +194,8 @@ def read_discovery(path: Path, trusted: frozenset[int] | None = None) -> NodeDis
     except OSError as exc:
         raise DiscoveryError(f"cannot read discovery file {path}: {exc}") from exc
     try:
-        return NodeDiscovery.model_validate_json(raw)
-    except ValidationError as exc:
+        return NodeDiscovery.from_json(raw)
+    except RecordError as exc:
         raise DiscoveryError(f"discovery file {path} is not valid: {exc}") from exc
 
 
@@ -221,7 +219,7 @@ def read_live_discovery(
 def write_discovery(path: Path, discovery: NodeDiscovery) -> None:
     """Replace the file at ``path`` atomically, readable by everyone on the node."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = json.dumps(discovery.model_dump(mode="json"), indent=2, sort_keys=True)
+    payload = json.dumps(discovery.to_dict(), indent=2, sort_keys=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as tmp:

@@ -44,9 +44,8 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlencode
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from udfserve.node_files import UntrustedNodeFile, check_folder, read_node_file
+from udfserve.records import RecordError, check_fields, record_from_json, record_to_dict
 
 LEASES_FOLDER = "leases"
 START_LOCK_FILE = "node-start.lock"
@@ -64,17 +63,39 @@ LEASE_FIX = (
 )
 
 
-class Lease(BaseModel):
-    """One application context's claim on a node, as its tasks write it."""
+@dataclass(frozen=True)
+class Lease:
+    """One application context's claim on a node, as its tasks write it (a plain record: the tasks
+    that write it import no pydantic, ``udfserve.records``)."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    lease_id: str = Field(pattern=LEASE_ID_PATTERN.pattern, description="random, 128 bits, hex")
-    holder_host: str = Field(min_length=1, description="host of the holder's HTTP endpoint (its driver)")
-    holder_port: int = Field(ge=1, le=65535)
-    application: str = Field(default="", description="the Spark application id, for the logs")
+    lease_id: str
+    """random, 128 bits, hex"""
+    holder_host: str
+    """host of the holder's HTTP endpoint (its driver)"""
+    holder_port: int
+    application: str = ""
+    """the Spark application id, for the logs"""
     app_name: str = ""
-    created_at: float = Field(default_factory=time.time)
+    created_at: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if not LEASE_ID_PATTERN.match(self.lease_id):
+            raise RecordError(f"Lease.lease_id: expected 32 lowercase hex digits, received {self.lease_id!r}")
+        if not self.holder_host:
+            raise RecordError("Lease.holder_host: expected the holder's host, received an empty string")
+        if not 1 <= self.holder_port <= 65535:
+            raise RecordError(
+                f"Lease.holder_port: expected a port from 1 to 65535, received {self.holder_port}"
+            )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Lease:
+        """The lease a lease file holds; ``RecordError`` names what is wrong in it."""
+        return record_from_json(cls, text)
+
+    def to_json(self) -> str:
+        return json.dumps(record_to_dict(self))
 
     @property
     def holder(self) -> str:
@@ -112,7 +133,7 @@ def write_lease(runtime_dir: Path, lease: Lease, owners: frozenset[int], trusted
     fd, tmp_name = tempfile.mkstemp(prefix=f".{lease.lease_id}.", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as tmp:
-            tmp.write(lease.model_dump_json())
+            tmp.write(lease.to_json())
         os.chmod(tmp_name, LEASE_FILE_MODE)
         os.replace(tmp_name, target)
     except BaseException:
@@ -145,10 +166,10 @@ def read_leases(runtime_dir: Path, owners: frozenset[int], trusted: frozenset[in
         path = folder / name
         try:
             text = read_node_file(path, trusted, f"lease file {name}", LEASE_FIX)
-            lease = Lease.model_validate_json(text)
+            lease = Lease.from_json(text)
         except FileNotFoundError:
             continue  # removed since the listing
-        except (UntrustedNodeFile, ValidationError, OSError) as exc:
+        except (UntrustedNodeFile, RecordError, OSError) as exc:
             reading.refused.append(f"{path}: {exc}")
             continue
         if f"{lease.lease_id}.json" != name:

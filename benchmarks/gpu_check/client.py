@@ -11,6 +11,7 @@ PySpark's ``TaskContext``: here the placement is given and the counts come back 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -31,14 +32,15 @@ ID_COLUMN = "id"
 def job_for(model: str, config: ClientConfig) -> PredictJob:
     """The job ``arrow_predictor`` builds in the driver: the model described by the server the
     config finds, requests of the rows ``build_job`` plans for it."""
-    described = describe_in_driver(model, config)
+    task = config.task_config()
+    described = describe_in_driver(model, task)
     rows = planned_request_rows(
         config.rows_per_request,
         config.bytes_per_request,
         described.spec.input_bytes_per_row(),
         described.max_rows_per_request,
     )
-    return PredictJob(model, described.spec, config.model_copy(update={"rows_per_request": rows}))
+    return PredictJob(model, described.spec, dataclasses.replace(task, rows_per_request=rows))
 
 
 def score(

@@ -35,7 +35,7 @@ def read_token(config: DoctorConfig) -> tuple[CallMetadata, Finding | None]:
             auth_token=SecretStr(config.auth_token.get_secret_value()) if config.auth_token else None,
             auth_token_file=str(config.auth_token_file) if config.auth_token_file else None,
         )
-        return auth_metadata(client), None
+        return auth_metadata(client.task_config()), None
     except (ClientSetupError, ValueError) as exc:
         return (), Finding(
             group="token",

@@ -34,10 +34,11 @@ import pyarrow.parquet as pq
 from udfserve.spark_client.api.file_listing import filesystem_of, list_files
 from udfserve.spark_client.api.output_names import check_output_names
 from udfserve.spark_client.api.udf import ArrowPredictor, _active_session, arrow_predictor
-from udfserve.spark_client.common.config import ClientConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from udfserve.spark_client.common.config import ClientConfig  # the driver's: no pydantic in a task
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
 """The public UDFs: ``remote_predict`` (a pandas UDF, or an Arrow UDF) and ``predict_arrow``
 (``mapInArrow``).
 
-This module imports no pandas: ``predict_arrow``'s function lives here and its workers stay
-pandas-free (about 45 MiB less per Python worker); the pandas UDF's function is in
+This module imports no pandas and no pydantic: ``predict_arrow``'s function lives here and its
+workers stay pandas-free (about 45 MiB less per Python worker) and pydantic-free (about 15:
+``ClientConfig`` is imported where the driver builds a job); the pandas UDF's function is in
 ``pandas_udf``, the Arrow UDF's in ``arrow_udf``.
 
 Both are built in the driver: the config is completed from the Spark conf, the model's inputs
@@ -25,8 +26,8 @@ import pyarrow as pa
 from udfserve.spark_client.api.output_names import check_output_names
 from udfserve.spark_client.api.return_types import resolve_return_type, spark_type
 from udfserve.spark_client.api.worker_check import check_python_workers, worker_modules
-from udfserve.spark_client.common.config import ClientConfig
 from udfserve.spark_client.common.errors import ModelMetadataError, ServerUnavailable
+from udfserve.spark_client.common.task_config import TaskConfig
 from udfserve.spark_client.common.versions import VERSION_FIELD, wants_version
 from udfserve.spark_client.executor.convert import answer_to_spark_columns, arrow_to_request, match_inputs
 from udfserve.spark_client.executor.partition import PredictJob
@@ -51,6 +52,8 @@ from udfserve.spark_client.wire.protocols import DescribedModel, describe_model
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import DataType
+
+    from udfserve.spark_client.common.config import ClientConfig  # the driver's: no pydantic in a task
 
 logger = logging.getLogger(__name__)
 
@@ -266,12 +269,16 @@ class ArrowPredictor:
 def build_job(model: str, config: ClientConfig | None, overrides: Mapping[str, Any]) -> PredictJob:
     """The immutable job of a UDF: the config completed from the Spark conf, the model's spec, the
     application's id and name, and the accumulator the tasks count into."""
+    from udfserve.spark_client.common.config import ClientConfig  # here: the workers import this module
+
     base = config or ClientConfig()
     if overrides:
         base = ClientConfig.model_validate({**base.model_dump(exclude_unset=True), **overrides})
     spark = _active_session()
     conf = _spark_conf(spark)
-    full = apply_trace_conf(apply_spark_conf(base, conf), conf)
+    # the tasks get the validated values in a plain dataclass: unpickling ClientConfig would
+    # import pydantic in every Python worker (docs/benchmarks.md, "What each import adds")
+    full = apply_trace_conf(apply_spark_conf(base, conf), conf).task_config()
     described = describe_in_driver(model, full)
     bytes_per_row = described.spec.input_bytes_per_row()
     rows = planned_request_rows(
@@ -290,11 +297,11 @@ def build_job(model: str, config: ClientConfig | None, overrides: Mapping[str, A
             full.rows_per_request,
             cause,
         )
-        full = full.model_copy(update={"rows_per_request": rows})
+        full = dataclasses.replace(full, rows_per_request=rows)
     pinned = full.version_consistency == "job" and not full.model_version and described.spec.version > 0
     if pinned:
         # every row of the job from the version serving now (the servers keep it leased for the job)
-        full = full.model_copy(update={"model_version": described.spec.version})
+        full = dataclasses.replace(full, model_version=described.spec.version)
     return PredictJob(
         model=model,
         spec=described.spec,
@@ -313,7 +320,7 @@ def read_stats(job: PredictJob) -> ClientStats:
     return ClientStats().merge(job.counters.value)
 
 
-def describe_in_driver(model: str, config: ClientConfig) -> DescribedModel:
+def describe_in_driver(model: str, config: TaskConfig) -> DescribedModel:
     """The model's spec from a server the driver can reach, else from the repository on the CPU.
 
     Reading it from the repository imports TensorFlow in the driver; it is the price of a driver

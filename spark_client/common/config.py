@@ -1,4 +1,7 @@
-"""The client's settings: one immutable object, built in the driver and shipped inside the UDF.
+"""The client's settings: one immutable object, built and validated in the driver.
+
+The UDF's closure carries ``ClientConfig.task_config()`` (``task_config.TaskConfig``), the same
+values in a plain dataclass, so that no Spark task imports pydantic.
 
 Nothing here reads the environment: Spark reuses Python workers across tasks, so whatever a
 task needs from the executor's environment (``UDFSERVE_ADDRESS``, the discovery file) is read
@@ -7,13 +10,13 @@ at task time by ``routing.py`` from the mapping it is given, and never written.
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, InstanceOf, SecretStr, field_validator, model_validator
 
 from udfserve.shared_memory import DEFAULT_DIRECTORY as DEFAULT_SHARED_MEMORY_DIRECTORY
 from udfserve.spark_client.common.node_start import NodeStart
+from udfserve.spark_client.common.task_config import TaskConfig, check_target
 from udfserve.tracing import parse_traceparent
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
@@ -26,19 +29,7 @@ Python worker its converted rows and its shared-memory file: smaller requests of
 the workers' peak memory at the same rows/s (measured: docs/benchmarks.md, section 1, "Reading
 the numbers")."""
 
-_TARGET_PATTERN = re.compile(
-    r"^(unix:|unix-abstract:|dns:|ipv4:|ipv6:|[^\s/:]+:\d+$|\[[0-9a-fA-F:.]+\]:\d+$)"
-)
-
-
-def check_target(value: str, what: str) -> str:
-    """Refuse what gRPC could not dial: a unix socket URI or ``host:port``."""
-    value = value.strip()
-    if not value or not _TARGET_PATTERN.match(value):
-        raise ValueError(
-            f"{what} {value!r} is not a gRPC target; expected 'unix:///path/to/socket' or 'host:port'"
-        )
-    return value
+__all__ = ["ClientConfig", "TaskConfig", "check_target", "with_conf_values"]
 
 
 class ClientConfig(BaseModel):
@@ -192,7 +183,7 @@ class ClientConfig(BaseModel):
         "under which every task's requests are traced when its sampled flag is set; beats "
         "trace_sample_ratio",
     )
-    node_start: NodeStart | None = Field(
+    node_start: InstanceOf[NodeStart] | None = Field(
         default=None,
         description="set by node_servers(...): each task first makes sure its host runs a node, starting "
         "one, detached, where none runs (without waiting for it: the rows go to the CPU fallback until "
@@ -235,8 +226,11 @@ class ClientConfig(BaseModel):
     @field_validator("node_start", mode="before")
     @classmethod
     def _node_start(cls, value: object) -> object:
-        """A Spark conf value is the JSON ``node_servers`` wrote there."""
-        return NodeStart.model_validate_json(value) if isinstance(value, str) else value
+        """A Spark conf value is the JSON ``node_servers`` wrote there; a mapping is what
+        ``model_dump`` gave (a config rebuilt with more values)."""
+        if isinstance(value, str):
+            return NodeStart.from_json(value)
+        return NodeStart.from_dict(value) if isinstance(value, dict) else value
 
     @field_validator("traceparent")
     @classmethod
@@ -276,15 +270,14 @@ class ClientConfig(BaseModel):
     @property
     def tls_enabled(self) -> bool:
         """TCP channels use TLS when any TLS setting is given; unix sockets stay plaintext (local only)."""
-        return any(
-            f is not None
-            for f in (
-                self.tls_root_certificates_file,
-                self.tls_client_certificate_file,
-                self.tls_client_key_file,
-                self.tls_server_name,
-            )
-        )
+        return self.task_config().tls_enabled
+
+    def task_config(self) -> TaskConfig:
+        """These values as the UDF's closure carries them to the tasks: a plain dataclass whose
+        unpickling imports no pydantic, the token as its text (left out of its ``repr``)."""
+        values = {name: getattr(self, name) for name in type(self).model_fields}
+        values["auth_token"] = None if self.auth_token is None else self.auth_token.get_secret_value()
+        return TaskConfig(**values)
 
 
 def with_conf_values(config: ClientConfig, update: dict[str, object], used: list[str]) -> ClientConfig:

@@ -1,51 +1,66 @@
 """What a task needs to make sure its host runs a node: the node's settings and the application's lease.
 
 ``node_servers`` (the driver) builds one ``NodeStart`` per context and ships it inside the UDFs'
-config (``ClientConfig.node_start``), and in the session's Spark conf as JSON
-(``spark.udfserve.nodeStart``) so that UDFs built inside the context take it up too. Executors
-read nothing else to start a node: the host's own environment only says where its runtime folder
-is (``UDFSERVE_RUNTIME_DIR``, as for a node installed there).
+config (``ClientConfig.node_start``, then ``TaskConfig.node_start``), and in the session's Spark
+conf as JSON (``spark.udfserve.nodeStart``) so that UDFs built inside the context take it up too.
+Executors read nothing else to start a node: the host's own environment only says where its
+runtime folder is (``UDFSERVE_RUNTIME_DIR``, as for a node installed there). A plain record
+(``udfserve.records``): the tasks that read it import no pydantic.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
 from udfserve.node_leases import Lease
+from udfserve.records import RecordError, check_fields, record_from_dict, record_from_json, record_to_dict
 
 
-class NodeStart(BaseModel):
+@dataclass(frozen=True)
+class NodeStart:
     """A node as one application context asks for it on every host, and that context's lease."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model_repository: str = Field(
-        description="the repository every server loads (the same path on every host)"
-    )
-    devices: str = Field(
-        default="auto", description="`udfserve node --devices`: auto, cpu, 0,1 or sim:0,sim:1"
-    )
-    models: tuple[str, ...] = Field(default=(), description="load only these models (default: all)")
-    runtime_dir: str | None = Field(
-        default=None,
-        description="the node's runtime folder on every host (default: the executor's UDFSERVE_RUNTIME_DIR, "
-        "else /tmp/udfserve-<uid>)",
-    )
-    node_args: tuple[str, ...] = Field(
-        default=(), description="more `udfserve node` flags, after the ones the context sets"
-    )
+    model_repository: str
+    """the repository every server loads (the same path on every host)"""
     lease: Lease
-    lease_poll_s: float = Field(default=2.0, gt=0)
-    lease_timeout_s: float = Field(default=30.0, gt=0)
+    devices: str = "auto"
+    """`udfserve node --devices`: auto, cpu, 0,1 or sim:0,sim:1"""
+    models: tuple[str, ...] = ()
+    """load only these models (default: all)"""
+    runtime_dir: str | None = None
+    """the node's runtime folder on every host (default: the executor's UDFSERVE_RUNTIME_DIR, else
+    /tmp/udfserve-<uid>)"""
+    node_args: tuple[str, ...] = ()
+    """more `udfserve node` flags, after the ones the context sets"""
+    lease_poll_s: float = 2.0
+    lease_timeout_s: float = 30.0
 
-    @field_validator("model_repository")
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if not Path(self.model_repository).is_absolute():
+            raise RecordError(
+                f"NodeStart.model_repository {self.model_repository!r} must be an absolute path, the same "
+                "on every host"
+            )
+        for name in ("lease_poll_s", "lease_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise RecordError(
+                    f"NodeStart.{name}: expected seconds above 0, received {getattr(self, name)}"
+                )
+
     @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not Path(value).is_absolute():
-            raise ValueError(f"model_repository {value!r} must be an absolute path, the same on every host")
-        return value
+    def from_json(cls, text: str | bytes) -> NodeStart:
+        """The node start ``node_servers`` wrote (the Spark conf's JSON); unknown fields are refused."""
+        return record_from_json(cls, text, extra="forbid")
+
+    @classmethod
+    def from_dict(cls, data: object) -> NodeStart:
+        return record_from_dict(cls, data, extra="forbid")
+
+    def to_json(self) -> str:
+        return json.dumps(record_to_dict(self))
 
     def node_arguments(self, runtime_dir: Path, starter_lock_fd: int) -> list[str]:
         """The flags of ``udfserve node`` for this host's node."""

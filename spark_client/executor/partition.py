@@ -13,6 +13,7 @@ answered is never computed again, so each row is answered exactly once.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Iterator, Mapping
@@ -22,9 +23,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from udfserve.spark_client.common.config import ClientConfig
 from udfserve.spark_client.common.errors import RemotePredictError, ServerUnavailable
 from udfserve.spark_client.common.model_spec import ModelSpec
+from udfserve.spark_client.common.task_config import TaskConfig
 from udfserve.spark_client.common.versions import empty_versioned, with_version_column
 from udfserve.spark_client.executor.circuit import BREAKERS, CircuitBreakers
 from udfserve.spark_client.nodes.routing import (
@@ -58,7 +59,7 @@ class PredictJob:
 
     model: str
     spec: ModelSpec
-    config: ClientConfig
+    config: TaskConfig
     application: SparkJobContext = field(default_factory=SparkJobContext)
     counters: Any = field(default=None, compare=False)
     with_version: bool = False
@@ -191,7 +192,7 @@ class _PartitionRunner:
             self._config.model_version,
             reason,
         )
-        self._config = self._config.model_copy(update={"model_version": 0})
+        self._config = dataclasses.replace(self._config, model_version=0)
         self._stats.pinned_version_switches += 1
 
     # -- the server path -------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 from udfserve.discovery import DiscoveryError, read_live_discovery
 from udfserve.fallback_reports import add_fallback_rows, check_reports_folder, report_path
 from udfserve.node_files import UntrustedNodeFile, trusted_uids
-from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.task_config import TaskConfig
 from udfserve.spark_client.nodes.routing import ADDRESS_ENV, discovery_path
 
 logger = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ _TOKENS: dict[int, str] = {}
 
 
 def report_fallback_rows(
-    config: ClientConfig, environ: Mapping[str, str], application: str, model: str, rows: int
+    config: TaskConfig, environ: Mapping[str, str], application: str, model: str, rows: int
 ) -> Path | None:
     """Add ``rows`` the fallback answered for ``model`` to this process's report on the node; the
     report's path, or None when the node takes no report (no node, an untrusted or old one)."""

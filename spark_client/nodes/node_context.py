@@ -222,7 +222,7 @@ def _set_conf(nodes: NodeServers) -> None:
     """Write the context's settings into the session's conf, for UDFs built inside it without
     ``client_config()``; ``close`` takes them out again."""
     spark = nodes.spark
-    spark.conf.set(SPARK_CONF_NODE_START, nodes.start.model_dump_json())
+    spark.conf.set(SPARK_CONF_NODE_START, nodes.start.to_json())
     nodes._conf_set.append(SPARK_CONF_NODE_START)
     if not _conf(spark, SPARK_CONF_MODEL_REPOSITORY):
         spark.conf.set(SPARK_CONF_MODEL_REPOSITORY, nodes.start.model_repository)

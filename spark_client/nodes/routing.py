@@ -17,10 +17,12 @@ placement, so it is tested without Spark and nothing leaks from one task into th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from udfserve.discovery import (
     TRUST_FIX,
@@ -33,7 +35,10 @@ from udfserve.discovery import (
     read_live_discovery,
 )
 from udfserve.node_files import SocketMissing, UntrustedNodeFile, check_node_socket, trusted_uids
-from udfserve.spark_client.common.config import ClientConfig, check_target, with_conf_values
+from udfserve.spark_client.common.task_config import TaskConfig, check_target
+
+if TYPE_CHECKING:  # the driver's type: a task imports no pydantic
+    from udfserve.spark_client.common.config import ClientConfig
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +149,8 @@ def apply_spark_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientCon
     The explicit config wins; the conf's values are frozen into the config that ships with the UDF.
     A token file or a token in the UDF's config beats both token keys of the conf.
     """
+    from udfserve.spark_client.common.config import with_conf_values  # the driver's: pydantic
+
     update: dict[str, object] = {}
     used: list[str] = []
     if config.address is None and conf.get(SPARK_CONF_ADDRESS):
@@ -166,14 +173,14 @@ def apply_spark_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientCon
     return with_conf_values(config, update, used)
 
 
-def discovery_path(config: ClientConfig, environ: Mapping[str, str]) -> Path:
+def discovery_path(config: TaskConfig, environ: Mapping[str, str]) -> Path:
     """The discovery file of this node: the config's, else the environment's default."""
     if config.discovery_file:
         return Path(config.discovery_file)
     return default_discovery_path(environ)
 
 
-def resolve_route(config: ClientConfig, environ: Mapping[str, str], placement: TaskPlacement) -> Route:
+def resolve_route(config: TaskConfig, environ: Mapping[str, str], placement: TaskPlacement) -> Route:
     """The server this task should call; raises ``NoServerFound`` saying where it looked."""
     if config.address:
         return Route(targets=(config.address,), origin="the configured address")
@@ -220,7 +227,7 @@ def resolve_route(config: ClientConfig, environ: Mapping[str, str], placement: T
     )
 
 
-def discovery_stamp(config: ClientConfig, environ: Mapping[str, str]) -> tuple[int, int, int] | None:
+def discovery_stamp(config: TaskConfig, environ: Mapping[str, str]) -> tuple[int, int, int] | None:
     """What changes whenever the node rewrites its discovery file (file, time, size); None when
     the route does not come from the file, or there is none. Cheap enough to ask at every batch."""
     if config.address or environ.get(ADDRESS_ENV):
@@ -276,7 +283,7 @@ def trusted_targets(
     problem appended to ``refused``): the rows sent there would go to that user's process. A socket
     missing from a trusted folder stays (nobody else can create it there: dialling it fails
     plainly, as for a server that is restarting); one whose folder is missing goes."""
-    dropped: dict[str, None] = {}
+    dropped: dict[str, Any] = {}
     for field, what in (("unix_socket", "socket"), ("kserve_socket", "KServe socket")):
         path = getattr(server, field)
         if not path or (field == "kserve_socket" and not kserve):
@@ -291,11 +298,11 @@ def trusted_targets(
         except FileNotFoundError:
             dropped[field] = None
     return ordered_targets(
-        server.model_copy(update=dropped) if dropped else server, prefer_unix_socket, kserve
+        dataclasses.replace(server, **dropped) if dropped else server, prefer_unix_socket, kserve
     )
 
 
-def fallback_repository(config: ClientConfig, environ: Mapping[str, str]) -> tuple[Path, str]:
+def fallback_repository(config: TaskConfig, environ: Mapping[str, str]) -> tuple[Path, str]:
     """Where the CPU fallback loads the model from, and how that was decided.
 
     The config's (or the Spark conf's) ``model_repository``; else, only with

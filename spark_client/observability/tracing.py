@@ -22,17 +22,21 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from udfserve.spark_client.common.config import ClientConfig, with_conf_values
+from udfserve.spark_client.common.task_config import TaskConfig
 from udfserve.spark_client.wire.credentials import CallMetadata
 from udfserve.tracing import TRACEPARENT_KEY, TraceParent, new_traceparent, parse_traceparent, sampled_with
+
+if TYPE_CHECKING:  # the driver's type: a task imports no pydantic
+    from udfserve.spark_client.common.config import ClientConfig
 
 logger = logging.getLogger(__name__)
 
 _TRUE, _FALSE = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off", ""})
 
 
-def task_trace_metadata(config: ClientConfig) -> CallMetadata:
+def task_trace_metadata(config: TaskConfig) -> CallMetadata:
     """The ``traceparent`` pair this task's streams carry, or nothing when tracing is off."""
     if config.traceparent is not None:
         return ((TRACEPARENT_KEY, config.traceparent),)
@@ -77,6 +81,8 @@ def apply_trace_conf(config: ClientConfig, conf: Mapping[str, str]) -> ClientCon
     field the config sets beats its key, ``spark.udfserve.trace.parent`` beats
     ``spark.udfserve.trace.job`` (a new trace for the UDF's job, made here and logged).
     ValueError naming the key for a value that is not a switch, a traceparent or a ratio."""
+    from udfserve.spark_client.common.config import with_conf_values  # the driver's: pydantic
+
     update: dict[str, object] = {}
     used: list[str] = []
     if "trace_sample_ratio" not in config.model_fields_set and conf.get(SPARK_CONF_TRACE_SAMPLE_RATIO):

@@ -17,7 +17,7 @@ import pyarrow as pa
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
 from udfserve.protocol.arrow_ipc import ArrowPayloadError, decode_batch, encode_batch
-from udfserve.spark_client.common.config import ClientConfig
+from udfserve.spark_client.common.task_config import TaskConfig
 from udfserve.spark_client.wire.credentials import CallMetadata
 from udfserve.spark_client.wire.shared_memory import SharedMemoryPayloads
 from udfserve.spark_client.wire.transport import PredictStream
@@ -37,7 +37,7 @@ class ArrowWire:
         channel: grpc.Channel,
         target: str,
         model: str,
-        config: ClientConfig,
+        config: TaskConfig,
         metadata: CallMetadata = (),
         payloads: SharedMemoryPayloads | None = None,
     ) -> None:
@@ -153,7 +153,7 @@ def _reply(response: pb.PredictResponse) -> Reply:
 
 
 def arrow_stream(
-    channel: grpc.Channel, target: str, model: str, config: ClientConfig, metadata: CallMetadata = ()
+    channel: grpc.Channel, target: str, model: str, config: TaskConfig, metadata: CallMetadata = ()
 ) -> PredictStream:
     """A ``PredictStream`` over udfserve's Arrow protocol, with its payloads in shared memory when
     the server is on this node (a unix socket), the config allows it and the server has not
@@ -173,7 +173,7 @@ trying again (the server may be restarted with another --shared-memory-dir)."""
 _refused_shared_memory: dict[str, float] = {}
 
 
-def _may_use_shared_memory(target: str, config: ClientConfig) -> bool:
+def _may_use_shared_memory(target: str, config: TaskConfig) -> bool:
     if not config.shared_memory or not target.startswith("unix:"):
         return False
     refused_at = _refused_shared_memory.get(target)

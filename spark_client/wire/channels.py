@@ -16,9 +16,9 @@ import grpc
 
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol import inference_pb2_grpc as pb_grpc
-from udfserve.spark_client.common.config import ClientConfig
 from udfserve.spark_client.common.errors import AuthenticationFailed, ModelMetadataError, ModelNotFound
 from udfserve.spark_client.common.model_spec import ModelSpec, spec_from_tensors
+from udfserve.spark_client.common.task_config import TaskConfig
 from udfserve.spark_client.wire.credentials import CallMetadata, channel_credentials, uses_tls
 from udfserve.spark_client.wire.wire import AUTH_ERROR_CODES
 
@@ -33,7 +33,7 @@ class ConnectFailed(ConnectionError):
     """No connection to the target within the connect timeout."""
 
 
-def _channel_key(target: str, config: ClientConfig) -> ChannelKey:
+def _channel_key(target: str, config: TaskConfig) -> ChannelKey:
     tls = (
         (
             config.tls_root_certificates_file,
@@ -47,7 +47,7 @@ def _channel_key(target: str, config: ClientConfig) -> ChannelKey:
     return (target, config.max_message_bytes, tls)
 
 
-def channel_for(target: str, config: ClientConfig) -> grpc.Channel:
+def channel_for(target: str, config: TaskConfig) -> grpc.Channel:
     """The worker process's channel to ``target``, created once and reused by every later task.
 
     TCP targets get TLS when the config names any TLS file; unix sockets stay plaintext.
@@ -72,7 +72,7 @@ def channel_for(target: str, config: ClientConfig) -> grpc.Channel:
         return channel
 
 
-def forget_channel(target: str, config: ClientConfig) -> None:
+def forget_channel(target: str, config: TaskConfig) -> None:
     """Drop a failed channel so the next task dials afresh instead of waiting out gRPC's back-off."""
     with _channels_lock:
         channel = _channels.pop(_channel_key(target, config), None)
@@ -85,7 +85,7 @@ Described = TypeVar("Described")
 
 def connect(
     target: str,
-    config: ClientConfig,
+    config: TaskConfig,
     model: str,
     metadata: CallMetadata = (),
     describe: Callable[[grpc.Channel, str, str, int, float, CallMetadata], Described] | None = None,

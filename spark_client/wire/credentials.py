@@ -3,8 +3,8 @@
 Files (token, certificates, key) are read where the call is made, at task time on the executor
 and when the UDF is built in the driver, never shipped inside the UDF: a Kubernetes secret or a
 file deployed to every node stays where it is. A token given as a value (``auth_token``, or the
-Spark conf ``spark.udfserve.authToken``) travels inside the UDF as a ``SecretStr``, which no log
-line or ``repr`` shows.
+Spark conf ``spark.udfserve.authToken``) travels inside the UDF in ``TaskConfig.auth_token``, which
+no log line or ``repr`` shows.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from pathlib import Path
 
 import grpc
 
-from udfserve.spark_client.common.config import ClientConfig
 from udfserve.spark_client.common.errors import ClientSetupError
+from udfserve.spark_client.common.task_config import TaskConfig
 
 AUTHORIZATION_KEY = "authorization"
 CallMetadata = tuple[tuple[str, str], ...]
 """gRPC call metadata: the headers of one call, as grpcio takes them ((key, value) pairs)."""
 
 
-def auth_metadata(config: ClientConfig) -> CallMetadata:
+def auth_metadata(config: TaskConfig) -> CallMetadata:
     """``authorization: Bearer <token>`` when a token is configured, else nothing."""
     if config.auth_token is not None:
-        token = config.auth_token.get_secret_value().strip()
+        token = config.auth_token.strip()
     elif config.auth_token_file is not None:
         token = _read(config.auth_token_file, "auth_token_file").decode("utf-8", errors="replace").strip()
         if not token:
@@ -38,12 +38,12 @@ def auth_metadata(config: ClientConfig) -> CallMetadata:
     return ((AUTHORIZATION_KEY, f"Bearer {token}"),)
 
 
-def uses_tls(target: str, config: ClientConfig) -> bool:
+def uses_tls(target: str, config: TaskConfig) -> bool:
     """TLS for TCP targets when configured; a unix socket is local and protected by its file mode."""
     return config.tls_enabled and not target.startswith(("unix:", "unix-abstract:"))
 
 
-def channel_credentials(config: ClientConfig) -> grpc.ChannelCredentials:
+def channel_credentials(config: TaskConfig) -> grpc.ChannelCredentials:
     """TLS credentials from the configured files; the system's CAs when no root file is given."""
     root = _read_optional(config.tls_root_certificates_file, "tls_root_certificates_file")
     certificate = _read_optional(config.tls_client_certificate_file, "tls_client_certificate_file")

@@ -35,9 +35,9 @@ import pyarrow as pa
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from udfserve.kserve_tensors import NUMPY_DTYPE_OF, KServeCodecError, TensorSpec
-from udfserve.spark_client.common.config import ClientConfig
 from udfserve.spark_client.common.errors import ModelMetadataError, RequestRejected
 from udfserve.spark_client.common.model_spec import ModelSpec, Tensor
+from udfserve.spark_client.common.task_config import TaskConfig
 from udfserve.spark_client.common.versions import kserve_version
 from udfserve.spark_client.wire.credentials import CallMetadata
 from udfserve.spark_client.wire.kserve_messages import (
@@ -160,7 +160,7 @@ class KServeWire:
     """Each batch a unary ``ModelInfer`` call; the answers come back as ``Reply`` events."""
 
     def __init__(
-        self, channel: grpc.Channel, model: KServeModel, config: ClientConfig, metadata: CallMetadata = ()
+        self, channel: grpc.Channel, model: KServeModel, config: TaskConfig, metadata: CallMetadata = ()
     ) -> None:
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         self._model = model
@@ -238,7 +238,7 @@ def _error_reply(batch_id: int, error: BaseException) -> Reply | StreamBroken:
 
 
 def kserve_stream(
-    channel: grpc.Channel, target: str, model: KServeModel, config: ClientConfig, metadata: CallMetadata = ()
+    channel: grpc.Channel, target: str, model: KServeModel, config: TaskConfig, metadata: CallMetadata = ()
 ) -> PredictStream:
     """A ``PredictStream`` over KServe v2."""
     return PredictStream(KServeWire(channel, model, config, metadata), target, model.name, config)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from udfserve.spark_client.common.config import ClientConfig
 from udfserve.spark_client.common.errors import ClientSetupError
 from udfserve.spark_client.common.model_spec import ModelSpec
+from udfserve.spark_client.common.task_config import TaskConfig
 from udfserve.spark_client.wire.arrow_wire import arrow_stream
 from udfserve.spark_client.wire.channels import connect
 from udfserve.spark_client.wire.credentials import CallMetadata
@@ -28,7 +28,7 @@ class DescribedModel:
 
 
 def describe_model(
-    target: str, config: ClientConfig, model: str, metadata: CallMetadata = ()
+    target: str, config: TaskConfig, model: str, metadata: CallMetadata = ()
 ) -> DescribedModel:
     """The model as the server at ``target`` describes it; raises ``ConnectFailed`` as ``connect``."""
     if config.protocol == "kserve":
@@ -40,7 +40,7 @@ def describe_model(
     return DescribedModel(spec)
 
 
-def open_stream(target: str, config: ClientConfig, model: str, metadata: CallMetadata = ()) -> PredictStream:
+def open_stream(target: str, config: TaskConfig, model: str, metadata: CallMetadata = ()) -> PredictStream:
     """A connected ``PredictStream`` to ``target``; raises ``ConnectFailed`` as ``connect``.
 
     The metadata call inside ``connect`` is here the readiness check (the server is up, accepts

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import grpc
 import pyarrow as pa
 
-from udfserve.spark_client.common.config import ClientConfig
 from udfserve.spark_client.common.errors import AuthenticationFailed, ModelNotFound, RequestRejected
+from udfserve.spark_client.common.task_config import TaskConfig
 from udfserve.spark_client.wire.wire import (
     AUTH_ERROR_CODES,
     CLIENT_TOO_LARGE_TEXT,
@@ -107,7 +107,7 @@ class _Closing:
 class PredictStream:
     """A partition's batches through one ``Wire`` to one server; use once."""
 
-    def __init__(self, wire: Wire, target: str, model: str, config: ClientConfig) -> None:
+    def __init__(self, wire: Wire, target: str, model: str, config: TaskConfig) -> None:
         self._wire = wire
         self._target = target
         self._model = model

@@ -2,9 +2,12 @@
 
 A ``mapInArrow`` or Arrow UDF worker imports no pandas of its own (PySpark's worker does not),
 so the functions of ``predict_arrow``, ``predict_files`` and of ``remote_predict(..., udf_type="arrow")``
-must not either: pandas is about 45 MiB of resident memory in each Python worker. The function is pickled
-as Spark ships it (cloudpickle), given the rows as Spark gives them (Arrow IPC: the batches, or
-the input column of each), and run in a fresh interpreter against a real server.
+must not either: pandas is about 45 MiB of resident memory in each Python worker. No function
+imports pydantic, whether the server is given by its address or found in the node's discovery
+file: pydantic is about 15 MiB in each worker (the job carries a ``TaskConfig``, not the driver's
+``ClientConfig``). The function is pickled as Spark ships it (cloudpickle), given the rows as Spark
+gives them (Arrow IPC: the batches, or the input column of each, as a pandas Series for the pandas
+UDF), and run in a fresh interpreter against a real server.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark import cloudpickle
 
+from udfserve.discovery import NodeDiscovery, ServerEntry, write_discovery
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.spark_client.api.file_reads import FileScorer
 from udfserve.spark_client.api.udf import ArrowPredictor
 from udfserve.spark_client.common.config import ClientConfig
 from udfserve.spark_client.executor.arrow_udf import arrow_function
+from udfserve.spark_client.executor.pandas_udf import pandas_function
 from udfserve.spark_client.executor.partition import PredictJob
 from udfserve.spark_client.wire.protocols import describe_model
 
@@ -32,13 +37,14 @@ MODEL = "tabular_mlp"
 RUN_IN_A_FRESH_WORKER = """
 import json, pickle, sys
 import pyarrow as pa
-function, ipc_stream, column = pickle.loads(sys.stdin.buffer.read())
+function, ipc_stream, column, as_pandas = pickle.loads(sys.stdin.buffer.read())
 batches = iter(pa.ipc.open_stream(ipc_stream))
-answers = list(function(batches if column is None else (batch.column(column) for batch in batches)))
+inputs = batches if column is None else (batch.column(column) for batch in batches)
+answers = list(function((array.to_pandas() for array in inputs) if as_pandas else inputs))
 print(json.dumps({
-    "answered": str(answers[0].schema.names if column is None else answers[0].type),
+    "answered": str(answers[0].schema.names if column is None else getattr(answers[0], "type", "a Series")),
     "rows": sum(len(answer) for answer in answers),
-    "imported": sorted(name for name in ("pandas", "tensorflow") if name in sys.modules),
+    "imported": sorted(name for name in ("pandas", "tensorflow", "pydantic") if name in sys.modules),
 }))
 """
 
@@ -56,10 +62,12 @@ def rows_of_features(count: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array(np.arange(count)), features], names=["id", "features"])
 
 
-def run_in_a_fresh_worker(function: object, rows: pa.RecordBatch, column: str | None) -> dict[str, object]:
+def run_in_a_fresh_worker(
+    function: object, rows: pa.RecordBatch, column: str | None, as_pandas: bool = False
+) -> dict[str, object]:
     completed = subprocess.run(
         [sys.executable, "-c", RUN_IN_A_FRESH_WORKER],
-        input=cloudpickle.dumps((function, ipc_stream_of(rows), column)),
+        input=cloudpickle.dumps((function, ipc_stream_of(rows), column, as_pandas)),
         capture_output=True,
         check=True,
         timeout=60,
@@ -67,9 +75,16 @@ def run_in_a_fresh_worker(function: object, rows: pa.RecordBatch, column: str | 
     return dict(json.loads(completed.stdout))
 
 
-def job_of(server: ServerProcess) -> PredictJob:
-    config = ClientConfig(address=server.grpc_target(), fallback="error")
-    return PredictJob(MODEL, describe_model(config.address or "", config, MODEL).spec, config)
+def job_of(server: ServerProcess, discovery_file: Path | None = None) -> PredictJob:
+    """The job the driver builds: with the server's address, or (``discovery_file``) without one,
+    each task then reading the node's discovery file."""
+    config = ClientConfig(address=server.grpc_target(), fallback="error").task_config()
+    spec = describe_model(server.grpc_target(), config, MODEL).spec
+    if discovery_file is not None:
+        entry = ServerEntry(device="cpu", unix_socket=server.unix_socket, tcp_address=server.tcp_address)
+        write_discovery(discovery_file, NodeDiscovery(servers=[entry]))
+        config = ClientConfig(discovery_file=str(discovery_file), fallback="error").task_config()
+    return PredictJob(MODEL, spec, config)
 
 
 def test_predict_arrows_function_answers_in_a_fresh_worker_without_importing_pandas(
@@ -115,3 +130,23 @@ def test_predict_files_function_reads_and_answers_in_a_fresh_worker_without_impo
     worker = run_in_a_fresh_worker(scorer, splits, column=None)
 
     assert worker == {"answered": "['id', 'scores']", "rows": 100, "imported": []}
+
+
+def test_the_pandas_udfs_function_answers_in_a_fresh_worker_without_importing_pydantic(
+    server: ServerProcess,
+) -> None:
+    function = pandas_function(job_of(server), as_struct=False)
+
+    worker = run_in_a_fresh_worker(function, rows_of_features(100), column="features", as_pandas=True)
+
+    assert worker == {"answered": "a Series", "rows": 100, "imported": ["pandas"]}
+
+
+def test_a_function_that_finds_its_server_in_the_discovery_file_imports_no_pydantic(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    function = pandas_function(job_of(server, tmp_path / "discovery.json"), as_struct=False)
+
+    worker = run_in_a_fresh_worker(function, rows_of_features(100), column="features", as_pandas=True)
+
+    assert worker == {"answered": "a Series", "rows": 100, "imported": ["pandas"]}

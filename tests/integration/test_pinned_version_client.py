@@ -83,7 +83,7 @@ def pinned_job(server: ServerProcess, repository: Path, when_gone: str) -> Predi
     )
     spec = describe_model(target, config, MODEL).spec
     assert spec.version == 1
-    pinned = config.model_copy(update={"model_version": spec.version})
+    pinned = config.model_copy(update={"model_version": spec.version}).task_config()
     return PredictJob(MODEL, spec, pinned, with_version=True, version_pinned=True)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -179,13 +180,13 @@ def test_a_task_with_several_gpus_takes_the_server_of_the_first(node_file: Path)
 
 
 def test_a_gpu_without_a_ready_server_falls_back_to_round_robin(node_file: Path) -> None:
-    discovery = NodeDiscovery.model_validate_json(node_file.read_text())
+    discovery = NodeDiscovery.from_json(node_file.read_text())
     chosen = choose_server(discovery, TaskPlacement(partition_id=3, gpu_addresses=("2",)), node_file)
     assert chosen.device == "gpu:1"  # gpu:2 is restarting; partition 3 of the ready [gpu:0, gpu:1]
 
 
 def test_tasks_without_gpus_spread_round_robin_over_ready_servers_in_device_order(node_file: Path) -> None:
-    discovery = NodeDiscovery.model_validate_json(node_file.read_text())
+    discovery = NodeDiscovery.from_json(node_file.read_text())
     devices = [choose_server(discovery, TaskPlacement(partition_id=p), node_file).device for p in range(5)]
     assert devices == ["gpu:0", "gpu:1", "gpu:0", "gpu:1", "gpu:0"]
 
@@ -207,7 +208,7 @@ def test_the_unix_socket_is_dialled_first_unless_told_otherwise(node_file: Path)
 
 def kserve_node_file(tmp_path: Path, kserve_socket: str) -> Path:
     path = tmp_path / "d.json"
-    server = gpu_server(0).model_copy(update={"kserve_socket": kserve_socket})
+    server = dataclasses.replace(gpu_server(0), kserve_socket=kserve_socket)
     write_discovery(path, NodeDiscovery(servers=[server]))
     return path
 
@@ -269,7 +270,7 @@ def test_a_discovery_file_without_ready_servers_is_no_server(tmp_path: Path) -> 
 
 def test_each_target_from_the_discovery_file_is_known_by_its_servers_pid(tmp_path: Path) -> None:
     path = tmp_path / "d.json"
-    servers = [gpu_server(0).model_copy(update={"pid": 10}), gpu_server(1).model_copy(update={"pid": 11})]
+    servers = [dataclasses.replace(gpu_server(0), pid=10), dataclasses.replace(gpu_server(1), pid=11)]
     write_discovery(path, NodeDiscovery(servers=servers))
     route = resolve_route(ClientConfig(discovery_file=str(path)), {}, TaskPlacement())
     assert [route.server_of(target) for target in route.targets + route.alternates] == [
@@ -285,7 +286,7 @@ def test_a_configured_address_is_known_by_no_server_identity() -> None:
 def test_no_ready_server_is_explained_with_why_a_server_failed_its_start(tmp_path: Path) -> None:
     path = tmp_path / "d.json"
     problem = "server pid 7 serves no model: model repository /models/m holds no servable model"
-    restarting = gpu_server(0, state="restarting").model_copy(update={"problem": problem})
+    restarting = dataclasses.replace(gpu_server(0, state="restarting"), problem=problem)
     write_discovery(path, NodeDiscovery(servers=[restarting]))
     with pytest.raises(NoServerFound, match=f"'gpu:0': 'restarting: {problem}'"):
         resolve_route(ClientConfig(discovery_file=str(path)), {}, TaskPlacement())

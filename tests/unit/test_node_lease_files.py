@@ -67,7 +67,7 @@ def test_a_runtime_folder_without_a_lease_folder_holds_no_lease(runtime_dir: Pat
 def test_a_lease_file_others_may_write_or_under_another_name_is_refused(runtime_dir: Path) -> None:
     write_lease(runtime_dir, lease(1), ME, trusted_uids())
     os.chmod(lease_file(runtime_dir, lease(1).lease_id), 0o666)
-    (runtime_dir / "leases" / f"{lease(2).lease_id}.json").write_text(lease(3).model_dump_json())
+    (runtime_dir / "leases" / f"{lease(2).lease_id}.json").write_text(lease(3).to_json())
     os.chmod(runtime_dir / "leases" / f"{lease(2).lease_id}.json", 0o600)
 
     reading = read_leases(runtime_dir, ME, trusted_uids())
@@ -131,7 +131,7 @@ def test_a_relative_model_repository_is_refused_in_the_driver() -> None:
 def test_udfs_built_in_the_context_take_its_node_start_from_the_spark_conf(tmp_path: Path) -> None:
     start = NodeStart(model_repository=str(tmp_path), lease=lease())
 
-    config = apply_spark_conf(ClientConfig(), {SPARK_CONF_NODE_START: start.model_dump_json()})
+    config = apply_spark_conf(ClientConfig(), {SPARK_CONF_NODE_START: start.to_json()})
 
     assert config.node_start == start
 
