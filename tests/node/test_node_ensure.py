@@ -26,7 +26,7 @@ TASK_PROCESS = """
 import json, os, sys
 from udfserve.spark_client.nodes.node_ensure import ensure_node
 from udfserve.spark_client.common.node_start import NodeStart
-start = NodeStart.model_validate_json(sys.argv[1])
+start = NodeStart.from_json(sys.argv[1])
 sys.stdin.read()  # every task waits for the word, then all go at once
 check = ensure_node(start, os.environ, lock_wait_s=60)
 print(json.dumps({"action": check.action, "pid": check.pid, "me": os.getpid(), "sid": os.getsid(0)}))
@@ -72,7 +72,7 @@ def started(tabular_onnx_repository: Path, tmp_path_factory: pytest.TempPathFact
     environment = {k: v for k, v in os.environ.items() if not k.startswith("UDFSERVE_")}
     tasks = [
         subprocess.Popen(
-            [sys.executable, "-c", TASK_PROCESS, start.model_dump_json()],
+            [sys.executable, "-c", TASK_PROCESS, start.to_json()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=environment,

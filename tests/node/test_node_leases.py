@@ -79,7 +79,7 @@ HOLDER_PROCESS = """
 import sys
 from udfserve.spark_client.nodes.node_lease import LeaseHolder
 holder = LeaseHolder("127.0.0.1", "127.0.0.1", application="app-killed")
-print(holder.lease.model_dump_json(), flush=True)
+print(holder.lease.to_json(), flush=True)
 sys.stdin.read()
 """
 
@@ -92,7 +92,7 @@ def test_a_node_whose_only_holder_was_killed_exits_after_the_lease_timeout(
     )
     try:
         assert holder.stdout is not None
-        lease = Lease.model_validate_json(holder.stdout.readline())
+        lease = Lease.from_json(holder.stdout.readline())
         runtime_dir = short_dir / "rt"
         hold(runtime_dir, lease)
         node = NodeProcess(runtime_dir, tabular_onnx_repository, "cpu", LEASE_FLAGS)
