@@ -121,9 +121,9 @@ class InitNode:
 
 
 @pytest.fixture
-def init_node(example_repository: Path, tmp_path: Path) -> Iterator[InitNode]:
+def init_node(tabular_onnx_repository: Path, tmp_path: Path) -> Iterator[InitNode]:
     """A node started by the init script; stopped by it (again) at the end."""
-    env = init_environment(example_repository, tmp_path / "rt")
+    env = init_environment(tabular_onnx_repository, tmp_path / "rt")
     node = InitNode(env, tmp_path / "rt", init("start", env))
     try:
         yield node
@@ -167,8 +167,8 @@ def test_stop_leaves_no_process_of_the_node(init_node: InitNode) -> None:
 
 
 @pytest.mark.slow
-def test_two_starts_at_once_make_one_node(example_repository: Path, tmp_path: Path) -> None:
-    env = init_environment(example_repository, tmp_path / "rt")
+def test_two_starts_at_once_make_one_node(tabular_onnx_repository: Path, tmp_path: Path) -> None:
+    env = init_environment(tabular_onnx_repository, tmp_path / "rt")
     try:
         starts = [
             subprocess.Popen(["bash", str(INIT), "start"], env=env, stdout=subprocess.PIPE, text=True)

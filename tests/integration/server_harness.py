@@ -75,16 +75,19 @@ def running_server_without(
         yield process
 
 
-def module_server(name: str, extra_args: Sequence[str] = (), **launch: Any) -> Any:
-    """A module-scoped fixture of a server of the example models with flags of its own."""
+def module_server(
+    name: str, extra_args: Sequence[str] = (), repository: str = "example_repository", **launch: Any
+) -> Any:
+    """A module-scoped fixture of a server with flags of its own, of the repository the session
+    fixture ``repository`` names: the example models, or ``tabular_onnx_repository`` where the
+    module tests the server around a model rather than TensorFlow (a start without its import)."""
 
     @pytest.fixture(scope="module")
     def fixture(
-        example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+        request: pytest.FixtureRequest, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
     ) -> Iterator[ServerProcess]:
-        with running_server(
-            example_repository, socket_dir, tmp_path_factory, name, extra_args, **launch
-        ) as process:
+        models = request.getfixturevalue(repository)
+        with running_server(models, socket_dir, tmp_path_factory, name, extra_args, **launch) as process:
             yield process
 
     return fixture

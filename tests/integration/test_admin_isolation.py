@@ -32,10 +32,14 @@ RENDER_INTERVAL_S = 10.0
 paced_server = module_server(
     "admin-paced",
     ["--metrics-min-interval-s", str(RENDER_INTERVAL_S), "--models", "tabular_mlp"],
+    repository="tabular_onnx_repository",
     http_port=0,
 )
 limited_server = module_server(
-    "admin-limited", ["--admin-requests-per-s", "0.001", "--models", "tabular_mlp"], http_port=0
+    "admin-limited",
+    ["--admin-requests-per-s", "0.001", "--models", "tabular_mlp"],
+    repository="tabular_onnx_repository",
+    http_port=0,
 )
 
 

@@ -20,6 +20,7 @@ ROWS = 3_000  # 8 float32 outputs per row: 96,000 bytes of values, over the limi
 small_messages = module_server(
     "small-messages",
     ["--models", MODEL, "--max-message-bytes", str(MAX_MESSAGE_BYTES)],
+    repository="tabular_onnx_repository",
     port=None,
     http_port=0,
 )

@@ -39,7 +39,9 @@ NATIVE = ["--kserve-frontend", "native", "--kserve-port", "0"]
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 SERVER_LIVE = "/inference.GRPCInferenceService/ServerLive"
 
-server = module_server("bounded", ["--models", "tabular_mlp"], port=None, http_port=0)
+server = module_server(
+    "bounded", ["--models", "tabular_mlp"], repository="tabular_onnx_repository", port=None, http_port=0
+)
 
 
 class Requests:
@@ -149,11 +151,11 @@ def test_a_client_on_another_stream_is_answered_while_a_stream_that_never_reads_
 
 
 def launch_token_server(
-    example_repository: Path, folder: Path, socket: Path, extra_args: list[str]
+    tabular_onnx_repository: Path, folder: Path, socket: Path, extra_args: list[str]
 ) -> ServerProcess:
     (folder / "token").write_text(TOKEN + "\n")
     return launch_server(
-        example_repository,
+        tabular_onnx_repository,
         socket=socket,
         port=None,
         http_port=None,
@@ -164,20 +166,20 @@ def launch_token_server(
 
 @pytest.fixture(scope="module")
 def token_server(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("bounded-token")
-    process = launch_token_server(example_repository, folder, socket_dir / "bounded-token.sock", [])
+    process = launch_token_server(tabular_onnx_repository, folder, socket_dir / "bounded-token.sock", [])
     yield process
     process.terminate()
 
 
 @pytest.fixture(scope="module")
 def native_token_server(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("bounded-native-token")
-    process = launch_token_server(example_repository, folder, socket_dir / "bounded-native.sock", NATIVE)
+    process = launch_token_server(tabular_onnx_repository, folder, socket_dir / "bounded-native.sock", NATIVE)
     yield process
     process.terminate()
 
@@ -316,10 +318,10 @@ CONCURRENT_CALLS = 2
 
 @pytest.fixture(scope="module")
 def limited_server(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     process = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         socket=socket_dir / "bounded-calls.sock",
         port=None,
         http_port=0,
@@ -374,10 +376,10 @@ NATIVE_HELD_BYTES = 64 * MIB
 
 @pytest.fixture(scope="module")
 def native_limited_server(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     process = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         socket=socket_dir / "bounded-native-calls.sock",
         port=None,
         http_port=0,

@@ -11,7 +11,9 @@ from test_predictions import example_inputs, predict_over
 
 from udfserve.services.model_server.launcher import ServerProcess
 
-asyncio_server = module_server("asyncio_loop", ["--event-loop", "asyncio"], port=0, http_port=0)
+asyncio_server = module_server(
+    "asyncio_loop", ["--event-loop", "asyncio"], repository="tabular_onnx_repository", port=0, http_port=0
+)
 
 
 def test_the_default_server_runs_on_uvloop(server: ServerProcess) -> None:

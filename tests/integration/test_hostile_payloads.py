@@ -21,7 +21,7 @@ from udfserve.services.model_server.launcher import ServerProcess
 ABSURD = (-1, (1 << 31) - 1, 1 << 40, 1 << 62)
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}
 
-own_server = module_server("hostile", port=0, http_port=0)
+own_server = module_server("hostile", repository="tabular_onnx_repository", port=0, http_port=0)
 """A server of this module's own, not the shared one: its last test reads the server's count of
 INTERNAL answers whole (none since the start), which only these payloads may have moved."""
 

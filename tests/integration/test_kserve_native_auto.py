@@ -31,21 +31,21 @@ AUTO_WITH_PORT = ["--models", "tabular_mlp", "--kserve-frontend", "auto", "--kse
 
 @pytest.fixture(scope="module")
 def auto_server(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     load_frontend_module()  # this environment has it built (scripts/native.sh): auto must pick it
     with running_server(
-        example_repository, socket_dir, tmp_path_factory, "auto-native", AUTO_WITH_PORT
+        tabular_onnx_repository, socket_dir, tmp_path_factory, "auto-native", AUTO_WITH_PORT
     ) as process:
         yield process
 
 
 @pytest.fixture(scope="module")
 def fallback_server(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     with running_server_without(
-        [NATIVE_MODULE], example_repository, socket_dir, tmp_path_factory, "auto-python", AUTO_WITH_PORT
+        [NATIVE_MODULE], tabular_onnx_repository, socket_dir, tmp_path_factory, "auto-python", AUTO_WITH_PORT
     ) as process:
         yield process
 
@@ -108,10 +108,10 @@ def test_auto_without_the_module_warns_naming_the_build_command(fallback_server:
 
 
 def test_auto_without_a_port_serves_kserve_on_the_main_listeners_only(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     with running_server(
-        example_repository, socket_dir, tmp_path_factory, "auto-no-port", ["--models", "tabular_mlp"]
+        tabular_onnx_repository, socket_dir, tmp_path_factory, "auto-no-port", ["--models", "tabular_mlp"]
     ) as process:
         assert (process.kserve_frontend, process.kserve_address) == ("python", None)
         assert process.tcp_address is not None

@@ -41,10 +41,10 @@ MAX_REGIONS_PER_CLIENT = 4
 
 @pytest.fixture(scope="module")
 def server(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("native-shm-repo")
-    shutil.copytree(example_repository / "tabular_mlp", repository / "tabular_mlp")
+    shutil.copytree(tabular_onnx_repository / "tabular_mlp", repository / "tabular_mlp")
     process = launch_server(
         repository,
         socket=socket_dir / "native-shm.sock",

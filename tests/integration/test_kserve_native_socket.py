@@ -28,13 +28,13 @@ HEADERS = {"authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture(scope="module")
 def socket_and_port_server(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     """The native front end on a port and a socket at once, with a token and a group-readable mode."""
     folder = tmp_path_factory.mktemp("native-socket")
     (folder / "token").write_text(TOKEN)
     process = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         socket=socket_dir / "main.sock",
         extra_args=[
             *("--models", "tabular_mlp", "--kserve-frontend", "native", "--kserve-port", "0"),
@@ -101,13 +101,13 @@ def test_the_kserve_socket_has_the_mode_of_the_main_socket(socket_and_port_serve
 
 
 def test_a_server_refuses_to_start_on_a_kserve_socket_another_server_listens_on(
-    socket_and_port_server: ServerProcess, example_repository: Path, socket_dir: Path, tmp_path: Path
+    socket_and_port_server: ServerProcess, tabular_onnx_repository: Path, socket_dir: Path, tmp_path: Path
 ) -> None:
     taken = socket_and_port_server.kserve_socket
     assert taken is not None
     with pytest.raises(ServerStartError) as raised:
         launch_server(
-            example_repository,
+            tabular_onnx_repository,
             socket=socket_dir / "second.sock",
             extra_args=["--models", "tabular_mlp", "--kserve-frontend", "native", "--kserve-socket", taken],
             log_path=tmp_path / "server.log",
@@ -118,12 +118,14 @@ def test_a_server_refuses_to_start_on_a_kserve_socket_another_server_listens_on(
 
 
 @pytest.fixture
-def socket_only_server(example_repository: Path, socket_dir: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+def socket_only_server(
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path: Path
+) -> Iterator[ServerProcess]:
     """The native front end on a socket alone, started where a previous run left its socket behind."""
     path = socket_dir / "only.kserve.sock"
     stale_socket(path)
     process = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         socket=socket_dir / "only.sock",
         extra_args=["--models", "tabular_mlp", "--kserve-frontend", "native", "--kserve-socket", str(path)],
         log_path=tmp_path / "server.log",
@@ -147,12 +149,12 @@ def test_a_clean_stop_removes_the_kserve_socket(socket_only_server: ServerProces
 
 
 def test_without_the_native_module_auto_serves_the_kserve_socket_with_the_python_front_end(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     path = socket_dir / "fallback.kserve.sock"
     arguments = ["--models", "tabular_mlp", "--kserve-frontend", "auto", "--kserve-socket", str(path)]
     with running_server_without(
-        [NATIVE_MODULE], example_repository, socket_dir, tmp_path_factory, "socket-fallback", arguments
+        [NATIVE_MODULE], tabular_onnx_repository, socket_dir, tmp_path_factory, "socket-fallback", arguments
     ) as server:
         assert server.kserve_frontend == "python"
         assert server.kserve_socket == str(path)

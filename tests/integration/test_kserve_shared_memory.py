@@ -45,10 +45,10 @@ MAX_BYTES_PER_CLIENT = 1 << 20
 
 @pytest.fixture(scope="module")
 def server(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("kserve-shm-repo")
-    shutil.copytree(example_repository / "tabular_mlp", repository / "tabular_mlp")
+    shutil.copytree(tabular_onnx_repository / "tabular_mlp", repository / "tabular_mlp")
     process = launch_server(
         repository,
         socket=socket_dir / "kserve-shm.sock",
@@ -387,10 +387,10 @@ def test_cuda_shared_memory_is_refused_naming_why(
 
 @pytest.fixture(scope="module")
 def server_without_shared_memory(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("kserve-shm-off-repo")
-    shutil.copytree(example_repository / "tabular_mlp", repository / "tabular_mlp")
+    shutil.copytree(tabular_onnx_repository / "tabular_mlp", repository / "tabular_mlp")
     process = launch_server(
         repository,
         socket=socket_dir / "kserve-shm-off.sock",

@@ -50,10 +50,10 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 @pytest.fixture(scope="module")
 def small_queue_server(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("overload-repository")
-    shutil.copytree(example_repository / MODEL, repository / MODEL)
+    shutil.copytree(tabular_onnx_repository / MODEL, repository / MODEL)
     config = {
         "max_batch_size": MAX_BATCH_SIZE,
         "dynamic_batching": {"max_queue_delay_s": 0.002, "max_queue_rows": MAX_QUEUE_ROWS},

@@ -1,23 +1,32 @@
-"""The scaling benchmark keeps working: its quick mode runs every contender at both of its sizes
-(the smallest and one the targets compare with it), each in its own Spark application, and reports
-each point with its rows counted exactly and measured."""
+"""The scaling benchmark keeps working: its quick mode runs every contender at the smallest size
+and one remote contender at the larger size too (the comparison between sizes, each target kind),
+each point in its own Spark application, and reports each point with its rows counted exactly and
+measured, and the targets of the contender it measured at both sizes."""
 
 from __future__ import annotations
 
 import pytest
 from benchmark_script import run_quick
 
-QUICK_SIZES = (8_192, 16_384)
+SMALLEST, LARGER = 8_192, 16_384
 CONTENDERS = {"remote_predict", "remote_predict_arrow", "predict_batch_udf"}
+AT_BOTH_SIZES = "remote_predict"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1260)
-def test_the_quick_scaling_run_measures_every_contender_at_every_size() -> None:
-    points = run_quick("benchmarks.scaling", timeout_s=1200)["raw"]["points"]
+def test_the_quick_scaling_run_measures_every_contender_and_compares_one_across_sizes() -> None:
+    result = run_quick("benchmarks.scaling", timeout_s=1200)
+    points = result["raw"]["points"]
     measured = {(p["model"], p["contender"], p["rows_expected"]) for p in points}
-    assert measured == {("tabular_mlp", c, rows) for c in CONTENDERS for rows in QUICK_SIZES}
+    assert measured == {("tabular_mlp", c, SMALLEST) for c in CONTENDERS} | {
+        ("tabular_mlp", AT_BOTH_SIZES, LARGER)
+    }
     assert len(points) == len(measured)
+    # rows/s, the workers' memory and the server's memory: each at the larger size against the smallest
+    targets = [target["target"] for target in result["targets"]]
+    assert len(targets) == 3 and all(f"{LARGER:,} rows" in target for target in targets), targets
+    assert all(target.startswith(f"tabular_mlp: {AT_BOTH_SIZES},") for target in targets), targets
     for point in points:
         job = point["job"]
         assert job["rows"] == point["rows_expected"]

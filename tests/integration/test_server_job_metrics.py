@@ -18,9 +18,9 @@ MAX_TRACKED_APPS = 8
 
 
 @pytest.fixture(scope="module")
-def app_server(example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def app_server(tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     process = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         socket=socket_dir / "apps.sock",
         extra_args=["--models", "tabular_mlp", "--max-tracked-apps", str(MAX_TRACKED_APPS)],
         log_path=tmp_path_factory.mktemp("apps") / "server.log",

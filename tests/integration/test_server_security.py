@@ -41,16 +41,20 @@ def serve_command_exit(repository: Path, *flags: str) -> subprocess.CompletedPro
     )
 
 
-def test_a_plaintext_listener_beyond_loopback_is_refused_naming_the_choices(example_repository: Path) -> None:
-    result = serve_command_exit(example_repository, "--host", "0.0.0.0", "--port", "0", "--http-port", "off")
+def test_a_plaintext_listener_beyond_loopback_is_refused_naming_the_choices(
+    tabular_onnx_repository: Path,
+) -> None:
+    result = serve_command_exit(
+        tabular_onnx_repository, "--host", "0.0.0.0", "--port", "0", "--http-port", "off"
+    )
     assert result.returncode == 2
     assert "0.0.0.0" in result.stderr and "--tls-cert-file" in result.stderr
     assert "--allow-insecure-remote" in result.stderr
 
 
-def test_a_plaintext_http_admin_app_beyond_loopback_is_refused_too(example_repository: Path) -> None:
+def test_a_plaintext_http_admin_app_beyond_loopback_is_refused_too(tabular_onnx_repository: Path) -> None:
     result = serve_command_exit(
-        example_repository, "--port", "0", "--http-host", "0.0.0.0", "--http-port", "0"
+        tabular_onnx_repository, "--port", "0", "--http-host", "0.0.0.0", "--http-port", "0"
     )
     assert result.returncode == 2 and "--http-host 0.0.0.0" in result.stderr
 
@@ -61,9 +65,9 @@ def test_the_unix_socket_is_private_to_the_servers_user_by_default(server: Serve
 
 
 @pytest.fixture(scope="module")
-def tls_server(example_repository: Path, pki: Path, tmp_path_factory: pytest.TempPathFactory):
+def tls_server(tabular_onnx_repository: Path, pki: Path, tmp_path_factory: pytest.TempPathFactory):
     process = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         port=0,
         http_port=0,
         extra_args=[
@@ -120,10 +124,10 @@ def tls_flags(pki: Path) -> list[str]:
 
 
 def test_a_tls_listener_beyond_loopback_authenticating_no_client_is_refused_naming_the_choices(
-    example_repository: Path, pki: Path
+    tabular_onnx_repository: Path, pki: Path
 ) -> None:
     result = serve_command_exit(
-        example_repository, "--host", "0.0.0.0", "--port", "0", "--http-port", "off", *tls_flags(pki)
+        tabular_onnx_repository, "--host", "0.0.0.0", "--port", "0", "--http-port", "off", *tls_flags(pki)
     )
 
     assert result.returncode == 2
@@ -133,11 +137,11 @@ def test_a_tls_listener_beyond_loopback_authenticating_no_client_is_refused_nami
 
 
 def test_a_tls_listener_beyond_loopback_authenticating_no_client_serves_when_the_operator_says_so(
-    example_repository: Path, pki: Path, tmp_path: Path
+    tabular_onnx_repository: Path, pki: Path, tmp_path: Path
 ) -> None:
     server_only = grpc.ssl_channel_credentials(root_certificates=(pki / "ca.pem").read_bytes())
     process = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         port=0,
         http_port=None,
         extra_args=[
@@ -154,11 +158,11 @@ def test_a_tls_listener_beyond_loopback_authenticating_no_client_serves_when_the
 
 
 @pytest.fixture(scope="module")
-def token_server(example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def token_server(tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("token")
     (folder / "token").write_text(TOKEN + "\n")
     process = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         socket=socket_dir / "token.sock",
         http_port=0,
         extra_args=["--models", "tabular_mlp", "--auth-token-file", str(folder / "token"), "--http-docs"],

@@ -31,14 +31,14 @@ def answers(target: str) -> bool:
 
 
 def test_a_second_server_on_a_socket_in_use_refuses_to_start_and_the_first_serves_on(
-    example_repository: Path, socket_dir: Path, tmp_path: Path
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path: Path
 ) -> None:
     socket = socket_dir / "shared.sock"
-    first = launch_server(example_repository, socket=socket, port=None, http_port=None, extra_args=ARGS)
+    first = launch_server(tabular_onnx_repository, socket=socket, port=None, http_port=None, extra_args=ARGS)
     try:
         with pytest.raises(ServerStartError) as refused:
             launch_server(
-                example_repository, socket=socket, port=None, http_port=None, extra_args=ARGS,
+                tabular_onnx_repository, socket=socket, port=None, http_port=None, extra_args=ARGS,
                 log_path=tmp_path / "second.log",
             )  # fmt: skip
         assert f"cannot listen on unix socket {socket}: another process is listening on it" in str(
@@ -50,13 +50,15 @@ def test_a_second_server_on_a_socket_in_use_refuses_to_start_and_the_first_serve
 
 
 def test_the_socket_of_a_killed_server_is_taken_by_the_next(
-    example_repository: Path, socket_dir: Path
+    tabular_onnx_repository: Path, socket_dir: Path
 ) -> None:
     socket = socket_dir / "stale.sock"
-    killed = launch_server(example_repository, socket=socket, port=None, http_port=None, extra_args=ARGS)
+    killed = launch_server(tabular_onnx_repository, socket=socket, port=None, http_port=None, extra_args=ARGS)
     killed.kill()  # SIGKILL: the socket file stays, nothing listens on it
     assert socket.is_socket()
-    next_server = launch_server(example_repository, socket=socket, port=None, http_port=None, extra_args=ARGS)
+    next_server = launch_server(
+        tabular_onnx_repository, socket=socket, port=None, http_port=None, extra_args=ARGS
+    )
     try:
         assert answers(next_server.grpc_target())
     finally:
@@ -64,10 +66,14 @@ def test_the_socket_of_a_killed_server_is_taken_by_the_next(
 
 
 def test_the_launchers_scratch_folder_goes_with_the_server(
-    example_repository: Path, socket_dir: Path
+    tabular_onnx_repository: Path, socket_dir: Path
 ) -> None:
     server = launch_server(
-        example_repository, socket=socket_dir / "scratch.sock", port=None, http_port=None, extra_args=ARGS
+        tabular_onnx_repository,
+        socket=socket_dir / "scratch.sock",
+        port=None,
+        http_port=None,
+        extra_args=ARGS,
     )
     scratch = server.ready_file.parent
     assert scratch.is_dir()
@@ -75,9 +81,9 @@ def test_the_launchers_scratch_folder_goes_with_the_server(
     assert not scratch.exists()
 
 
-def serve(example_repository: Path, socket_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+def serve(tabular_onnx_repository: Path, socket_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     command = [
-        sys.executable, "-m", "udfserve", "serve", "--model-repository", str(example_repository),
+        sys.executable, "-m", "udfserve", "serve", "--model-repository", str(tabular_onnx_repository),
         "--socket", str(socket_dir / "refused.sock"), "--port", "off", "--http-port", "off", *ARGS, *flags,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("UDFSERVE_")}
@@ -85,19 +91,19 @@ def serve(example_repository: Path, socket_dir: Path, *flags: str) -> subprocess
 
 
 def test_a_token_file_that_cannot_be_read_stops_the_start_naming_the_flag(
-    example_repository: Path, socket_dir: Path, tmp_path: Path
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path: Path
 ) -> None:
-    refused = serve(example_repository, socket_dir, "--auth-token-file", str(tmp_path / "none"))
+    refused = serve(tabular_onnx_repository, socket_dir, "--auth-token-file", str(tmp_path / "none"))
     assert refused.returncode == 2, refused.stderr
     assert f"refusing to start: cannot read --auth-token-file {tmp_path / 'none'}" in refused.stderr
     assert "Traceback" not in refused.stderr
 
 
 def test_an_http_host_that_does_not_resolve_stops_the_start_naming_the_flag(
-    example_repository: Path, socket_dir: Path
+    tabular_onnx_repository: Path, socket_dir: Path
 ) -> None:
     refused = serve(
-        example_repository, socket_dir,
+        tabular_onnx_repository, socket_dir,
         "--http-host", "no-such-host.invalid", "--http-port", "0", "--allow-insecure-remote",
     )  # fmt: skip
     assert refused.returncode == 2, refused.stderr
@@ -126,23 +132,23 @@ def start_without_models(repository: Path, socket_dir: Path, tmp_path: Path) -> 
 
 
 def test_a_models_own_folder_given_as_the_repository_is_named_with_the_repository_it_belongs_to(
-    example_repository: Path, socket_dir: Path, tmp_path: Path
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path: Path
 ) -> None:
-    model_folder = example_repository / "tabular_mlp"
+    model_folder = tabular_onnx_repository / "tabular_mlp"
     refused, reason, log = start_without_models(model_folder, socket_dir, tmp_path)
     explained = (
         f"model repository {model_folder} holds no servable model: found '1' (no version folder in "
         f"{model_folder / '1'}"
     )
-    hint = f"its parent {example_repository} is probably the repository"
+    hint = f"its parent {tabular_onnx_repository} is probably the repository"
     for text in (refused, log):
         assert explained in text and LAYOUT in text
         assert hint in text
     # /health/ready is open to anyone: the same words, with the server's paths left out
     assert "model repository holds no servable model: found '1' (no version folder in 1" in reason
-    assert f"its parent {example_repository.name} is probably the repository" in reason
+    assert f"its parent {tabular_onnx_repository.name} is probably the repository" in reason
     assert LAYOUT in reason
-    assert str(example_repository) not in reason
+    assert str(tabular_onnx_repository) not in reason
     assert any(" WARNING " in line and explained in line and hint in line for line in log.splitlines())
 
 

@@ -457,10 +457,13 @@ def small_tmpfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def server_on_small_tmpfs(
-    small_tmpfs: Path, example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    small_tmpfs: Path,
+    tabular_onnx_repository: Path,
+    socket_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerProcess]:
     with running_server(
-        example_repository,
+        tabular_onnx_repository,
         socket_dir,
         tmp_path_factory,
         "shm-small",

@@ -31,7 +31,7 @@ sys.modules["tokenizers"] = None
 
 
 @pytest.fixture(scope="module")
-def text_repository(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def text_repository(tabular_onnx_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``reviews`` (imported to ONNX), ``broken_tokenizer`` (the same with its tokenizer.json cut
     in half) and ``tabular_mlp``, a model without a tokenizer."""
     root = tmp_path_factory.mktemp("text_models")
@@ -42,7 +42,7 @@ def text_repository(example_repository: Path, tmp_path_factory: pytest.TempPathF
     broken.write_bytes(broken.read_bytes()[: broken.stat().st_size // 2])
     config = root / "broken_tokenizer" / "config.yaml"
     config.write_text(config.read_text().replace("name: reviews", "name: broken_tokenizer"))
-    shutil.copytree(example_repository / "tabular_mlp", root / "tabular_mlp")
+    shutil.copytree(tabular_onnx_repository / "tabular_mlp", root / "tabular_mlp")
     return root
 
 

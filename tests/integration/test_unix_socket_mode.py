@@ -111,13 +111,13 @@ def test_a_failed_bind_names_the_socket_and_leaves_no_private_folder(folder: Pat
 
 
 def test_a_server_started_under_umask_000_serves_on_a_socket_of_its_mode_and_leaves_no_folder(
-    folder: Path, example_repository: Path, tmp_path: Path
+    folder: Path, tabular_onnx_repository: Path, tmp_path: Path
 ) -> None:
     path = folder / "server.sock"
     previous = os.umask(0)  # inherited by the server child only for its start
     try:
         server = launch_server(
-            example_repository,
+            tabular_onnx_repository,
             socket=path,
             port=None,
             http_port=None,
