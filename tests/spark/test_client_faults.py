@@ -112,11 +112,15 @@ def wait_until_draining(http_address: str) -> None:
 
 
 def test_sigterm_mid_job_the_draining_server_answers_what_it_accepted_and_another_server_the_rest(
-    spark: SparkSession, server: ServerProcess, example_repository: Path, tmp_path: Path
+    spark: SparkSession,
+    server: ServerProcess,
+    example_repository: Path,
+    tabular_onnx_repository: Path,
+    tmp_path: Path,
 ) -> None:
     rows, sigterm_at = 40_000, 20_000
     draining = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         socket=tmp_path / "draining.sock",
         port=None,
         http_port=0,
@@ -172,13 +176,13 @@ def test_sigterm_mid_job_the_draining_server_answers_what_it_accepted_and_anothe
 
 
 @pytest.fixture
-def node(example_repository: Path) -> Iterator[Path]:
+def node(tabular_onnx_repository: Path) -> Iterator[Path]:
     """``udfserve node`` on one simulated device, restarting a dead server after 0.5 s; its
     discovery file. A short runtime folder: unix socket paths are limited to about 100 bytes."""
     runtime_dir = Path(tempfile.mkdtemp(prefix="udfc-"))
     command = [
         sys.executable, "-m", "udfserve", "node",
-        "--model-repository", str(example_repository),
+        "--model-repository", str(tabular_onnx_repository),
         "--devices", "sim:0",
         "--models", "tabular_mlp",
         "--runtime-dir", str(runtime_dir),
@@ -240,7 +244,7 @@ def wait_for_ready_server(path: Path, other_than: int | None) -> ServerEntry:
 
 
 def test_a_server_restarted_by_the_node_supervisor_takes_the_partition_back_from_the_cpu(
-    spark: SparkSession, node: Path, example_repository: Path
+    spark: SparkSession, node: Path, example_repository: Path, tabular_onnx_repository: Path
 ) -> None:
     rows, kill_at, resume_at, rows_per_request = 50_000, 10_000, 30_000, 2_000
     killed = read_discovery(node).servers[0]
@@ -250,7 +254,7 @@ def test_a_server_restarted_by_the_node_supervisor_takes_the_partition_back_from
         config=ClientConfig(
             discovery_file=str(node),
             rows_per_request=rows_per_request,
-            model_repository=str(example_repository),
+            model_repository=str(tabular_onnx_repository),
             circuit_reset_s=0,  # probe at every batch; the delay itself: tests/unit/test_client_circuit.py
         ),
     )
@@ -275,7 +279,7 @@ def test_a_server_restarted_by_the_node_supervisor_takes_the_partition_back_from
 
 
 def test_a_server_restarted_by_the_node_supervisor_is_dialled_through_its_unix_socket_again(
-    spark: SparkSession, node: Path, example_repository: Path
+    spark: SparkSession, node: Path, example_repository: Path, tabular_onnx_repository: Path
 ) -> None:
     """The killed server's circuits (its socket and its old TCP port) stay open for ten minutes;
     the server announced in its place gets the partition back through the same socket at once,
@@ -288,7 +292,7 @@ def test_a_server_restarted_by_the_node_supervisor_is_dialled_through_its_unix_s
         config=ClientConfig(
             discovery_file=str(node),
             rows_per_request=rows_per_request,
-            model_repository=str(example_repository),
+            model_repository=str(tabular_onnx_repository),
             circuit_reset_s=600,
         ),
     )

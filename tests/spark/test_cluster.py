@@ -105,14 +105,14 @@ def wait_for_workers(
 
 
 @pytest.fixture(scope="module")
-def cluster(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tabular_onnx_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("cluster")
     nodes: list[Node] = []
     for name in NODES:
         folder = root / name
         servers = {
             index: launch_server(
-                example_repository,
+                tabular_onnx_repository,
                 device=f"sim:{index}",
                 socket=folder / f"gpu{index}.sock",
                 port=0,
@@ -141,7 +141,7 @@ def cluster(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) 
             ]
             write_discovery(
                 node.discovery_file,
-                NodeDiscovery(node=node.name, model_repository=str(example_repository), servers=entries),
+                NodeDiscovery(node=node.name, model_repository=str(tabular_onnx_repository), servers=entries),
             )
         environment = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
         master = start_daemon(

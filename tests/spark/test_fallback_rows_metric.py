@@ -26,9 +26,9 @@ HOUR = ["--restart-backoff-initial-s", "3600", "--restart-backoff-max-s", "3600"
 
 
 @pytest.fixture
-def node_without_servers(example_repository: Path) -> Iterator[NodeProcess]:
+def node_without_servers(tabular_onnx_repository: Path) -> Iterator[NodeProcess]:
     root = Path(tempfile.mkdtemp(prefix="udfn-"))  # unix socket paths must stay short
-    node = NodeProcess(root / "rt", example_repository / "tabular_mlp", "sim:0", HOUR)
+    node = NodeProcess(root / "rt", tabular_onnx_repository / "tabular_mlp", "sim:0", HOUR)
     try:
         node.wait_for(lambda d: bool(entry_for(d, "sim:0").problem), "the problem of sim:0")
         yield node
@@ -48,12 +48,14 @@ def fallback_rows(text: str) -> dict[tuple[str, str, str], float]:
 
 
 def test_a_jobs_fallback_rows_on_a_node_appear_on_its_supervisors_metrics(
-    spark: SparkSession, example_repository: Path, node_without_servers: NodeProcess
+    spark: SparkSession, tabular_onnx_repository: Path, node_without_servers: NodeProcess
 ) -> None:
     node = node_without_servers
     address = node.supervisor_http_address()
     assert fallback_rows(scrape(address)) == {}
-    config = ClientConfig(discovery_file=str(node.discovery_path), model_repository=str(example_repository))
+    config = ClientConfig(
+        discovery_file=str(node.discovery_path), model_repository=str(tabular_onnx_repository)
+    )
     frame = spark.range(ROWS, numPartitions=2).withColumn("features", feature_column((64,)))
     answered = predict_arrow(frame, "tabular_mlp", config=config).count()
 

@@ -218,13 +218,13 @@ class Application:
 
 @pytest.fixture(scope="module")
 def application(
-    cluster: Cluster, example_repository: Path, tmp_path_factory: pytest.TempPathFactory
+    cluster: Cluster, tabular_onnx_repository: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Application]:
     """One application inside ``node_servers``: four one-core executors on the two hosts (two on
     each) when it starts, and a fifth core for a host that joins later."""
     driver = cluster_driver(cluster, "one-context", cores=5, tmp_path=tmp_path_factory.mktemp("driver"))
     try:
-        yield Application(driver, driver.start(4, example_repository))
+        yield Application(driver, driver.start(4, tabular_onnx_repository))
     finally:
         driver.quit()
 
@@ -295,7 +295,7 @@ def rows_served(runtime_dir: Path, app_id: str) -> int:
 
 
 def test_a_node_shared_by_two_applications_lives_until_the_last_one_is_killed(
-    cluster: Cluster, example_repository: Path, drivers: list[Driver], tmp_path: Path
+    cluster: Cluster, tabular_onnx_repository: Path, drivers: list[Driver], tmp_path: Path
 ) -> None:
     """Two applications with one executor on each host: the second finds the first one's nodes.
     The first driver killed (SIGKILL), every node drops its lease and keeps serving the second;
@@ -303,8 +303,8 @@ def test_a_node_shared_by_two_applications_lives_until_the_last_one_is_killed(
     first = cluster_driver(cluster, "first", cores=2, tmp_path=tmp_path)
     second = cluster_driver(cluster, "second", cores=2, tmp_path=tmp_path)
     drivers += [first, second]
-    first_hosts = first.start(2, example_repository)
-    second_hosts = second.start(2, example_repository)
+    first_hosts = first.start(2, tabular_onnx_repository)
+    second_hosts = second.start(2, tabular_onnx_repository)
 
     assert all(h["started"] for h in first_hosts) and not any(h["started"] for h in second_hosts)
     assert {h["node"]: h["supervisor_pid"] for h in second_hosts} == {
@@ -414,7 +414,10 @@ def readiness(runtime_dir: Path) -> int | None:
 
 
 def test_node_servers_from_a_spark_connect_session(
-    example_repository: Path, drivers: list[Driver], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path,
+    drivers: list[Driver],
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """A Spark Connect session (local, its executor on this machine): the client serves the
     lease, the start stage starts the node, a job is served by it, and leaving the context
@@ -429,7 +432,7 @@ def test_node_servers_from_a_spark_connect_session(
     answer = driver.send(
         {
             "do": "start",
-            "model_repository": str(example_repository),
+            "model_repository": str(tabular_onnx_repository),
             "devices": "cpu",
             "models": ["tabular_mlp"],
             "lease_poll_s": LEASE_POLL_S,

@@ -55,7 +55,7 @@ def run_job(spark: SparkSession, target: str, traceparent: str) -> None:
 
 @pytest.fixture(scope="module")
 def traced_jobs(
-    spark: SparkSession, example_repository: Path, tmp_path_factory: pytest.TempPathFactory
+    spark: SparkSession, tabular_onnx_repository: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TracedJobs]:
     """A server exporting its spans to a file, one job of one task with a sampled traceparent and
     one with an unsampled one; the server stopped (its spans flushed) before they are read."""
@@ -63,7 +63,7 @@ def traced_jobs(
     spans_file = folder / "spans.jsonl"
     env = {**os.environ, "UDFSERVE_TRACING_SPANS_FILE": str(spans_file)}
     server = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         socket=folder / "grpc.sock",
         port=0,
         http_port=0,

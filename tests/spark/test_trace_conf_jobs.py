@@ -45,12 +45,12 @@ def run_job(spark: SparkSession, target: str, name: str, conf: dict[str, str]) -
 
 @pytest.fixture(scope="module")
 def jobs(
-    spark: SparkSession, example_repository: Path, tmp_path_factory: pytest.TempPathFactory
+    spark: SparkSession, tabular_onnx_repository: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Jobs]:
     folder = tmp_path_factory.mktemp("trace-conf")
     spans_file = folder / "spans.jsonl"
     server = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         socket=folder / "grpc.sock",
         port=0,
         http_port=0,
