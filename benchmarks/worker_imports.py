@@ -57,13 +57,13 @@ CLIENT = (
     ("grpc", "import grpc"),
     ("protobuf + udfserve's protocol messages", "import udfserve.protocol"),
     (
-        "pydantic (BaseModel and its validators)",
-        "from pydantic import BaseModel, Field, SecretStr, field_validator",
+        "the node's plain records (udfserve.records, node_leases, discovery)",
+        "import udfserve.discovery, udfserve.node_leases",
     ),
-    ("udfserve.node_leases (pydantic model)", "import udfserve.node_leases"),
-    ("udfserve.discovery (pydantic models)", "import udfserve.discovery"),
-    ("common/node_start.py (pydantic model)", "import udfserve.spark_client.common.node_start"),
-    ("common/config.py (ClientConfig, pydantic)", "import udfserve.spark_client.common.config"),
+    (
+        "common/node_start.py, task_config.py (plain dataclasses)",
+        "import udfserve.spark_client.common.task_config",
+    ),
     (
         "common/ rest (errors, model_spec, versions)",
         "import udfserve.spark_client.common.versions, udfserve.spark_client.common.errors",
@@ -84,6 +84,10 @@ CLIENT = (
 )
 # Not on that path: measured after it, for comparison.
 OFF_PATH = (
+    (
+        "pydantic with ClientConfig, the driver's (not on the path)",
+        "import udfserve.spark_client.common.config",
+    ),
     ("pydantic_settings (not on the path)", "import pydantic_settings"),
     (
         "the KServe wire: tritonclient (not on the default path)",

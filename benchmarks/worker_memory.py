@@ -14,9 +14,9 @@ imported).
 Variants: ``floor``, the model-less pandas UDF of ``benchmarks.spark_e2e``; ``floor + client
 loaded``, the same function carrying ``remote_predict``'s job and importing its worker modules,
 sending nothing (what loading the client costs, apart from using it); ``floor + pydantic
-models``, the floor importing only pydantic and the client's models (what taking pydantic off a
-task's path would save); ``remote_predict``, its pandas UDF's own function; and variants of it
-under other settings. ``--baseline DIR`` adds
+models``, the floor importing only pydantic and ``ClientConfig`` (what a task saves now that its
+path imports neither: the job carries a plain ``TaskConfig``); ``remote_predict``, its pandas
+UDF's own function; and variants of it under other settings. ``--baseline DIR`` adds
 ``remote_predict`` with the client of another source tree (``DIR/spark_client``), for
 before/after figures in the same run. Memory only: no rate is printed, as the runs are too short
 and too few to time.
@@ -51,11 +51,8 @@ MODEL = "tabular_mlp"
 VARIANTS: dict[str, dict[str, Any]] = {
     "floor": {"remote": False},
     "floor + client loaded": {"remote": False, "client": True},
-    # pydantic and the client's models alone: what taking pydantic off a task's path would save
-    "floor + pydantic models": {
-        "remote": False,
-        "imports": ("udfserve.discovery", "udfserve.spark_client.common.config"),
-    },
+    # pydantic and ClientConfig alone: what a task saves now that its path imports neither
+    "floor + pydantic models": {"remote": False, "imports": ("udfserve.spark_client.common.config",)},
     "remote_predict": {"remote": True},
     "remote_predict max_in_flight=1": {"remote": True, "config": {"max_in_flight": 1}},
     "remote_predict rows_per_request=1024": {"remote": True, "config": {"rows_per_request": 1024}},
