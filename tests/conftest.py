@@ -134,12 +134,11 @@ def tabular_onnx_repository(generated_repositories: tuple[Path, Path]) -> Path:
     return generated_repositories[1]
 
 
-@pytest.fixture(scope="session")
-def tabular_version_2(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A version 2 folder of ``tabular_mlp`` with other weights than version 1 (so its predictions
-    differ), kept aside for tests to publish: written by ``models generate --publish-version 2``."""
-    scratch = tmp_path_factory.mktemp("tabular_version_2")
-    shutil.copytree(example_repository / "tabular_mlp", scratch / "tabular_mlp")
+def published_version_2(repository: Path, scratch: Path) -> Path:
+    """Version 2 of ``repository``'s ``tabular_mlp``, in its format, with other weights than
+    version 1 (so its predictions differ), written by ``models generate --publish-version 2`` into
+    a copy in ``scratch``: kept aside for tests to publish."""
+    shutil.copytree(repository / "tabular_mlp", scratch / "tabular_mlp")
     command = [sys.executable, "-m", "udfserve", "models", "generate", "--output", str(scratch)]
     subprocess.run(
         [*command, "--publish-version", "2", "--only", "tabular_mlp"],
@@ -148,6 +147,18 @@ def tabular_version_2(example_repository: Path, tmp_path_factory: pytest.TempPat
         timeout=300,
     )
     return scratch / "tabular_mlp" / "2"
+
+
+@pytest.fixture(scope="session")
+def tabular_version_2(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Version 2 of the example ``tabular_mlp`` (Keras)."""
+    return published_version_2(example_repository, tmp_path_factory.mktemp("tabular_version_2"))
+
+
+@pytest.fixture(scope="session")
+def tabular_onnx_version_2(tabular_onnx_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Version 2 of ``tabular_onnx_repository``'s ``tabular_mlp`` (an ONNX graph)."""
+    return published_version_2(tabular_onnx_repository, tmp_path_factory.mktemp("tabular_onnx_version_2"))
 
 
 # -- one local-mode SparkSession for every Spark test ----------------------------------------------

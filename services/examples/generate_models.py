@@ -29,6 +29,7 @@ from udfserve.services.examples.backend_examples import (
     backend_examples_missing,
     generate_backend_examples,
 )
+from udfserve.services.examples.onnx_models import ONNX_FILE_NAME, ONNX_SUFFIX, save_tabular_mlp_onnx
 
 if TYPE_CHECKING:
     import keras
@@ -37,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 KERAS_FILE_NAME = "model.keras"
 SAVEDMODEL_SUFFIX = "_savedmodel"
+ONNX_EXPORT = f"tabular_mlp{ONNX_SUFFIX}"
+"""The folder ``--onnx`` writes ``tabular_mlp``'s ONNX graph to."""
 
 
 def _tabular_mlp() -> keras.Model:
@@ -191,8 +194,6 @@ def generate_example_repository(
             named = keras.Model(model.input, {"probabilities": model.output}, name=exported)
             _write_model(root, exported, config, partial(_save_savedmodel, named))
         if onnx_export in missing:
-            from udfserve.services.examples.onnx_models import save_tabular_mlp_onnx
-
             _write_model(root, onnx_export, config, partial(save_tabular_mlp_onnx, model))
     if include_text_classifier:
         from udfserve.services.examples.text_classifier import NAME, generate_text_classifier
@@ -210,31 +211,34 @@ def publish_example_version(root: Path, version: int, only: Sequence[str] = ()) 
     """Write ``version`` of the example models in ``root`` (or of those ``only`` names), with
     other weights than version 1, the way a version is published to a repository a server
     watches: written into a hidden folder of the model, then renamed to its number, so that a
-    server never sees half a version. Returns the version folders written."""
+    server never sees half a version. A folder whose version 1 is ``tabular_mlp``'s ONNX graph
+    (``tabular_mlp_onnx``, or a copy of it under another name) gets the graph of the new
+    weights. Returns the version folders written."""
     from udfserve.runtime.backends.tensorflow.framework import import_tensorflow
 
     if version < 2:
         raise ValueError(f"version {version}: expected 2 or more (version 1 is what generate writes)")
-    unknown = [name for name in only if name not in EXAMPLES]
+    publishable = [*EXAMPLES, ONNX_EXPORT]
+    unknown = [name for name in only if name not in publishable]
     if unknown:
-        raise ValueError(f"no example model named {unknown}; expected some of {list(EXAMPLES)}")
+        raise ValueError(f"no example model named {unknown}; expected some of {publishable}")
     import_tensorflow()
     import keras
 
     written = []
-    for name, (build, seed, _config) in EXAMPLES.items():
-        if only and name not in only:
-            continue
+    for name in only or [*EXAMPLES, *([ONNX_EXPORT] if (Path(root) / ONNX_EXPORT).is_dir() else [])]:
         model_dir = Path(root) / name
         if not model_dir.is_dir():
             raise FileNotFoundError(f"{model_dir} is not a model folder: generate the repository first")
         target = model_dir / str(version)
         if target.exists():
             raise FileExistsError(f"{target} exists: a published version is never rewritten in place")
+        save = _version_writer(model_dir, name)
+        build, seed, _config = EXAMPLES[name.removesuffix(ONNX_SUFFIX)]
         keras.utils.set_random_seed(seed + VERSION_SEED_STEP * (version - 1))
         staging = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=model_dir))
         try:
-            _save_keras(build(), staging)
+            save(build(), staging)
             staging.chmod(0o755)  # as readable as version 1: the server may run as another user
             staging.rename(target)
         finally:
@@ -243,6 +247,19 @@ def publish_example_version(root: Path, version: int, only: Sequence[str] = ()) 
         logger.info("published %s", target)
         written.append(target)
     return written
+
+
+def _version_writer(model_dir: Path, name: str) -> Callable[[keras.Model, Path], None]:
+    """How a new version of ``model_dir`` is written: in the format of its version 1, so that the
+    server keeps serving it with the same backend."""
+    if not (model_dir / "1" / ONNX_FILE_NAME).is_file():
+        return _save_keras
+    if name not in ("tabular_mlp", ONNX_EXPORT):
+        raise ValueError(
+            f"{model_dir / '1' / ONNX_FILE_NAME}: only tabular_mlp's ONNX graph has a version to publish, "
+            f"expected the model tabular_mlp or {ONNX_EXPORT}"
+        )
+    return save_tabular_mlp_onnx
 
 
 def _kept(target: Path) -> bool:
@@ -344,13 +361,14 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="instead: publish version N (2 or more) of the example models already in --output, with "
         "other weights, written to a hidden folder and renamed to N (how to publish to a repository "
-        "a server watches with --model-control poll)",
+        "a server watches with --model-control poll); a model whose version 1 is tabular_mlp's ONNX "
+        "graph (--onnx) gets the graph of the new weights",
     )
     parser.add_argument(
         "--only",
         type=lambda text: tuple(text.split(",")),
         default=(),
-        help="with --publish-version: these models",
+        help="with --publish-version: these models, comma-separated (tabular_mlp_onnx among them)",
     )
 
 

@@ -41,6 +41,7 @@ from udfserve.runtime.errors import DeviceOutOfMemory, InvalidInput, ModelLoadEr
 from udfserve.runtime.model_source import ModelSource
 from udfserve.runtime.repository import load_model, scan_repository
 from udfserve.runtime.tensor_spec import TensorSpec
+from udfserve.services.examples.generate_models import publish_example_version
 
 TOLERANCE = 1e-5
 
@@ -106,6 +107,43 @@ def test_the_onnx_export_of_tabular_mlp_has_the_keras_models_specs(onnx_example_
     keras_model = load_model(source_of(onnx_example_repository, "tabular_mlp"))
 
     assert (exported.inputs, exported.outputs) == (keras_model.inputs, keras_model.outputs)
+
+
+def test_a_published_version_of_the_onnx_export_is_the_graph_of_that_versions_keras_weights(
+    onnx_example_repository: Path, tmp_path: Path
+) -> None:
+    for name in ("tabular_mlp", "tabular_mlp_onnx"):
+        shutil.copytree(onnx_example_repository / name / "1", tmp_path / name / "1")
+        shutil.copy(onnx_example_repository / name / "config.yaml", tmp_path / name / "config.yaml")
+
+    written = publish_example_version(tmp_path, 2, only=("tabular_mlp", "tabular_mlp_onnx"))
+
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
+        "tabular_mlp/2",
+        "tabular_mlp_onnx/2",
+    ]
+    assert [p.name for p in (tmp_path / "tabular_mlp_onnx" / "2").iterdir()] == ["model.onnx"]
+    features = np.random.default_rng(2).standard_normal((64, 64)).astype(np.float32)
+
+    def graph_answers(version: int) -> np.ndarray:
+        session = ort.InferenceSession(str(tmp_path / "tabular_mlp_onnx" / str(version) / "model.onnx"))
+        return np.asarray(session.run(["probabilities"], {"features": features})[0])
+
+    served = graph_answers(2)
+    original = keras.saving.load_model(tmp_path / "tabular_mlp" / "2" / "model.keras")
+    np.testing.assert_allclose(served, np.asarray(original(features)), atol=TOLERANCE, rtol=0)
+    version_1 = graph_answers(1)
+    assert not np.allclose(served, version_1, atol=1e-3), "version 2 must have other weights"
+
+
+def test_publishing_a_version_of_an_onnx_model_other_than_tabular_mlps_graph_is_refused(
+    tmp_path: Path,
+) -> None:
+    write_model(tmp_path, "multi_io", scored_graph())
+
+    with pytest.raises(ValueError, match="only tabular_mlp's ONNX graph has a version to publish"):
+        publish_example_version(tmp_path, 2, only=("multi_io",))
+    assert not (tmp_path / "multi_io" / "2").exists()
 
 
 # -- specs from the graph --------------------------------------------------------------------------

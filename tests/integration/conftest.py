@@ -37,9 +37,10 @@ def server(
 
 
 @pytest.fixture
-def tabular_repository(example_repository: Path, tmp_path: Path) -> Path:
-    """A repository of the test's own holding ``tabular_mlp`` version 1 alone, where the test may
-    publish versions (``tabular_version_2``)."""
+def tabular_repository(tabular_onnx_repository: Path, tmp_path: Path) -> Path:
+    """A repository of the test's own holding ``tabular_mlp`` version 1 alone (its ONNX graph: a
+    server of it starts without TensorFlow's import), where the test may publish versions
+    (``tabular_onnx_version_2``)."""
     root = tmp_path / "repository"
-    shutil.copytree(example_repository / "tabular_mlp", root / "tabular_mlp")
+    shutil.copytree(tabular_onnx_repository / "tabular_mlp", root / "tabular_mlp")
     return root

@@ -136,13 +136,13 @@ class SteadyClient:
 
 
 def test_a_version_published_while_requests_flow_takes_over_and_no_request_fails(
-    poll_server: ServerProcess, repository: Path, tabular_version_2: Path
+    poll_server: ServerProcess, repository: Path, tabular_onnx_version_2: Path
 ) -> None:
     before = predict(poll_server)
     assert before.outputs is not None
     with SteadyClient(poll_server) as client:
         wait_until(lambda: client.answers or None, 120, "the first answers")
-        publish(tabular_version_2, repository / MODEL, 2)
+        publish(tabular_onnx_version_2, repository / MODEL, 2)
         wait_until(lambda: 2 in client.versions() or None, 120, "answers computed by version 2")
         seen = len(client.answers)
         wait_until(lambda: len(client.answers) >= seen + 16 or None, 120, "answers after the switch")
@@ -163,9 +163,9 @@ def test_a_version_published_while_requests_flow_takes_over_and_no_request_fails
 
 
 def test_a_published_version_is_counted_in_the_lifecycle_metrics(
-    poll_server: ServerProcess, repository: Path, tabular_version_2: Path
+    poll_server: ServerProcess, repository: Path, tabular_onnx_version_2: Path
 ) -> None:
-    publish(tabular_version_2, repository / MODEL, 2)
+    publish(tabular_onnx_version_2, repository / MODEL, 2)
     wait_until(lambda: answered_version(poll_server) == 2 or None, 120, "version 2 serving")
 
     def unloaded() -> str | None:
@@ -186,7 +186,7 @@ def test_a_broken_version_leaves_the_old_one_serving_and_says_why_in_metadata_he
 ) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(repository / MODEL / "1", broken)
-    artifact = broken / "model.keras"
+    artifact = broken / "model.onnx"
     artifact.write_bytes(artifact.read_bytes()[: artifact.stat().st_size // 2])  # a truncated copy
 
     with SteadyClient(poll_server) as client:
@@ -235,11 +235,11 @@ def test_a_model_removed_from_the_repository_unloads_and_its_requests_get_not_fo
 
 @pytest.mark.parametrize("poll_server", [["--version-swap", "unload-first"]], indirect=True)
 def test_unload_first_refuses_with_back_off_while_it_swaps_and_never_fails_a_request(
-    poll_server: ServerProcess, repository: Path, tabular_version_2: Path
+    poll_server: ServerProcess, repository: Path, tabular_onnx_version_2: Path
 ) -> None:
     with SteadyClient(poll_server) as client:
         wait_until(lambda: client.answers or None, 120, "the first answers")
-        publish(tabular_version_2, repository / MODEL, 2)
+        publish(tabular_onnx_version_2, repository / MODEL, 2)
         wait_until(lambda: 2 in client.versions() or None, 120, "answers computed by version 2")
 
     refusals = {(code, message) for code, message, _, _ in client.answers if code is not grpc.StatusCode.OK}
@@ -249,9 +249,9 @@ def test_unload_first_refuses_with_back_off_while_it_swaps_and_never_fails_a_req
 
 
 def test_a_version_policy_serves_several_versions_and_a_request_pinning_one_gets_it(
-    repository: Path, tabular_version_2: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    repository: Path, tabular_onnx_version_2: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    publish(tabular_version_2, repository / MODEL, 2)
+    publish(tabular_onnx_version_2, repository / MODEL, 2)
     config = repository / MODEL / "config.yaml"
     config.write_text(config.read_text() + "version_policy: {latest: 2}\n")
 

@@ -88,12 +88,12 @@ def pinned_job(server: ServerProcess, repository: Path, when_gone: str) -> Predi
 
 
 def test_a_job_whose_pinned_version_the_server_no_longer_keeps_fails_saying_why(
-    keeping_none: ServerProcess, repository: Path, tabular_version_2: Path
+    keeping_none: ServerProcess, repository: Path, tabular_onnx_version_2: Path
 ) -> None:
     job = pinned_job(keeping_none, repository, "fail")
     answers = predict_partition(
         job,
-        batches(keeping_none, repository, tabular_version_2),
+        batches(keeping_none, repository, tabular_onnx_version_2),
         {},
         TaskPlacement(),
         breakers=CircuitBreakers(),
@@ -107,7 +107,7 @@ def test_a_job_whose_pinned_version_the_server_no_longer_keeps_fails_saying_why(
 
 
 def test_a_job_that_asked_to_follow_goes_on_with_the_version_serving_and_counts_it(
-    keeping_none: ServerProcess, repository: Path, tabular_version_2: Path
+    keeping_none: ServerProcess, repository: Path, tabular_onnx_version_2: Path
 ) -> None:
     job = pinned_job(keeping_none, repository, "follow")
     stats = ClientStats()
@@ -115,7 +115,7 @@ def test_a_job_that_asked_to_follow_goes_on_with_the_version_serving_and_counts_
     answers = list(
         predict_partition(
             job,
-            batches(keeping_none, repository, tabular_version_2),
+            batches(keeping_none, repository, tabular_onnx_version_2),
             {},
             TaskPlacement(),
             stats=stats,
@@ -132,9 +132,9 @@ def test_a_job_that_asked_to_follow_goes_on_with_the_version_serving_and_counts_
 
 
 def test_the_cpu_fallback_computes_the_pinned_version_after_the_policy_moved_on(
-    repository: Path, tabular_version_2: Path
+    repository: Path, tabular_onnx_version_2: Path
 ) -> None:
-    shutil.copytree(tabular_version_2, repository / MODEL / "2")  # the policy (latest 1) serves 2
+    shutil.copytree(tabular_onnx_version_2, repository / MODEL / "2")  # the policy (latest 1) serves 2
     features = np.random.default_rng(6).normal(size=(8, 64)).astype(np.float32)
 
     _, pinned = predict_on_cpu(repository, MODEL, 1, batch_of({"features": features}), pinned=True)

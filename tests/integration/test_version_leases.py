@@ -92,9 +92,9 @@ def wait_for_states(server: ServerProcess, expected: dict[int, str], what: str) 
 
 
 def test_a_replaced_version_keeps_answering_the_requests_that_name_it(
-    server: ServerProcess, repository: Path, tabular_version_2: Path
+    server: ServerProcess, repository: Path, tabular_onnx_version_2: Path
 ) -> None:
-    publish(tabular_version_2, repository, 2)
+    publish(tabular_onnx_version_2, repository, 2)
     wait_until(lambda: answer(server)[1] == 2 or None, WAIT_S, "version 2 answering requests naming none")
 
     assert answer(server, version=1)[:2] == (grpc.StatusCode.OK, 1)
@@ -102,9 +102,9 @@ def test_a_replaced_version_keeps_answering_the_requests_that_name_it(
 
 
 def test_a_lease_renewed_by_requests_outlives_its_length_and_lapses_after_the_last(
-    server: ServerProcess, repository: Path, tabular_version_2: Path
+    server: ServerProcess, repository: Path, tabular_onnx_version_2: Path
 ) -> None:
-    publish(tabular_version_2, repository, 2)
+    publish(tabular_onnx_version_2, repository, 2)
     wait_for_states(server, {1: "READY", 2: "READY"}, "version 1 leased beside version 2")
 
     renewing_until = time.monotonic() + 2 * LEASE_S
@@ -119,11 +119,11 @@ def test_a_lease_renewed_by_requests_outlives_its_length_and_lapses_after_the_la
 
 
 def test_past_the_bound_a_replaced_version_is_unloaded_and_a_request_naming_it_is_told_why(
-    bounded_server: ServerProcess, repository: Path, tabular_version_2: Path
+    bounded_server: ServerProcess, repository: Path, tabular_onnx_version_2: Path
 ) -> None:
-    publish(tabular_version_2, repository, 2)
+    publish(tabular_onnx_version_2, repository, 2)
     wait_for_states(bounded_server, {1: "READY", 2: "READY"}, "version 1 leased beside version 2")
-    publish(tabular_version_2, repository, 3)
+    publish(tabular_onnx_version_2, repository, 3)
     wait_for_states(bounded_server, {1: "READY", 3: "READY"}, "version 3 serving, version 2 not kept")
 
     code, _, message = answer(bounded_server, version=2)
@@ -134,10 +134,10 @@ def test_past_the_bound_a_replaced_version_is_unloaded_and_a_request_naming_it_i
 
 
 def test_a_version_of_the_repository_a_request_names_is_loaded_for_it_leased(
-    repository: Path, tabular_version_2: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    repository: Path, tabular_onnx_version_2: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """A server started after a newer version was published, asked for the job's older one."""
-    publish(tabular_version_2, repository, 2)
+    publish(tabular_onnx_version_2, repository, 2)
     with leasing_server(repository, socket_dir, tmp_path_factory) as server:
         assert states(server) == {2: "READY"}
 
