@@ -62,9 +62,9 @@ def expected(example_repository: Path, tabular_version_2: Path) -> dict[int, np.
 
 
 @pytest.fixture
-def repository(example_repository: Path, tmp_path: Path) -> Path:
+def repository(tabular_onnx_repository: Path, tmp_path: Path) -> Path:
     root = tmp_path / "repository"
-    shutil.copytree(example_repository / MODEL, root / MODEL)
+    shutil.copytree(tabular_onnx_repository / MODEL, root / MODEL)
     return root
 
 
@@ -222,7 +222,7 @@ def finish(thread: threading.Thread, failure: list[BaseException]) -> None:
 def test_a_million_row_job_runs_while_a_version_is_published_and_no_row_fails(
     spark: SparkSession,
     repository: Path,
-    tabular_version_2: Path,
+    tabular_onnx_version_2: Path,
     expected: dict[int, np.ndarray],
     tmp_path: Path,
 ) -> None:
@@ -231,7 +231,7 @@ def test_a_million_row_job_runs_while_a_version_is_published_and_no_row_fails(
         gates = Gates(tmp_path / "gates", [4])
         predict, thread, failure = run_job(spark, server, repository, gates, tmp_path / "scored")
         when(lambda: rows_answered(server) >= 300_000, "the third partition's rows flowing")
-        publish_version_2(repository, tabular_version_2)  # published while the first partitions stream
+        publish_version_2(repository, tabular_onnx_version_2)  # published while the first partitions stream
         when(lambda: served_versions(server) == [2], "version 2 serving alone")
         gates.open(1)
         finish(thread, failure)
@@ -246,7 +246,7 @@ def test_a_million_row_job_runs_while_a_version_is_published_and_no_row_fails(
 def test_a_million_row_job_runs_while_a_version_is_loaded_and_another_unloaded_by_calls(
     spark: SparkSession,
     repository: Path,
-    tabular_version_2: Path,
+    tabular_onnx_version_2: Path,
     expected: dict[int, np.ndarray],
     tmp_path: Path,
 ) -> None:
@@ -257,7 +257,7 @@ def test_a_million_row_job_runs_while_a_version_is_loaded_and_another_unloaded_b
         predict, thread, failure = run_job(spark, server, repository, gates, tmp_path / "scored")
         with triton.InferenceServerClient(str(server.tcp_address)) as client:
             when(lambda: rows_answered(server) >= 200_000, "a fifth of the rows answered")
-            shutil.copytree(tabular_version_2, repository / MODEL / "2")  # not served until loaded
+            shutil.copytree(tabular_onnx_version_2, repository / MODEL / "2")  # not served until loaded
             client.load_model(MODEL, client_timeout=600)  # version 2 loads; version 1 drains, unloads
             assert served_versions(server) == [2]
             gates.open(1)
@@ -297,7 +297,7 @@ AFTER_THE_PUBLISH_ROWS = 100_000
 def test_a_job_gets_every_row_from_the_version_it_started_with_while_a_new_one_is_published(
     spark: SparkSession,
     repository: Path,
-    tabular_version_2: Path,
+    tabular_onnx_version_2: Path,
     expected: dict[int, np.ndarray],
     tmp_path: Path,
 ) -> None:
@@ -311,7 +311,7 @@ def test_a_job_gets_every_row_from_the_version_it_started_with_while_a_new_one_i
             spark, server, repository, gates, tmp_path / "pinned", consistency="job"
         )
         when(lambda: rows_answered(server) >= 300_000, "30% of the job's rows answered")
-        publish_version_2(repository, tabular_version_2)
+        publish_version_2(repository, tabular_onnx_version_2)
         when(lambda: served_versions(server) == [2], "version 2 serving requests naming none")
         gates.open(1)
         finish(thread, failure)
@@ -349,7 +349,7 @@ def test_a_job_gets_every_row_from_the_version_it_started_with_while_a_new_one_i
 def test_a_pinned_job_keeps_its_version_through_a_server_killed_after_a_publish(
     spark: SparkSession,
     repository: Path,
-    tabular_version_2: Path,
+    tabular_onnx_version_2: Path,
     expected: dict[int, np.ndarray],
     tmp_path: Path,
 ) -> None:
@@ -365,7 +365,7 @@ def test_a_pinned_job_keeps_its_version_through_a_server_killed_after_a_publish(
             spark, server, repository, gates, tmp_path / "scored", consistency="job"
         )
         when(lambda: rows_answered(server) >= 300_000, "30% of the job's rows answered")
-        publish_version_2(repository, tabular_version_2)
+        publish_version_2(repository, tabular_onnx_version_2)
         when(lambda: served_versions(server) == [2], "version 2 serving requests naming none")
         server.kill()
         replacement = start_server(repository, tmp_path, LEASED_POLL)

@@ -1,10 +1,11 @@
 """The version of each row: a column the job can ask for, driver-side counters per version, and the
 CPU fallback computing the version a server would serve (or the pinned one).
 
-The repository holds ``tabular_mlp`` in two versions whose predictions differ (version 2: the same
-model with other weights, ``tabular_version_2``), served by the policy ``latest: 2``: a request naming no
-version gets version 2, one pinning version 1 gets version 1. ``tabular_mlp_newest`` holds the
-same two versions under ``latest: 1``, which does not serve version 1.
+The repository holds ``tabular_mlp`` (the example's ONNX graph) in two versions whose predictions
+differ (version 2: the same model with other weights, ``tabular_onnx_version_2``), served by the
+policy ``latest: 2``: a request naming no version gets version 2, one pinning version 1 gets
+version 1. ``tabular_mlp_newest`` holds the same two versions under ``latest: 1``, which does not
+serve version 1.
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ POLICIES = {"tabular_mlp": {"latest": 2}, "tabular_mlp_newest": {"latest": 1}}
 
 @pytest.fixture(scope="module")
 def versioned_repository(
-    example_repository: Path, tabular_version_2: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, tabular_onnx_version_2: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """``tabular_mlp`` version 1 from the example repository and a version 2 of another seed,
+    """``tabular_mlp`` version 1 (the example's ONNX graph) and a version 2 of another seed,
     under each model of ``POLICIES`` with its version policy."""
     root = tmp_path_factory.mktemp("versions") / "repository"
-    second = tabular_version_2
-    example = example_repository / "tabular_mlp"
+    second = tabular_onnx_version_2
+    example = tabular_onnx_repository / "tabular_mlp"
     for name, policy in POLICIES.items():
         shutil.copytree(example / "1", root / name / "1")
         shutil.copytree(second, root / name / "2")
@@ -72,12 +73,13 @@ def versioned_server(
 
 
 @pytest.fixture(scope="module")
-def expected(versioned_repository: Path) -> dict[int, np.ndarray]:
-    """Each version's own probabilities for the rows of ids 0 to ROWS - 1."""
+def expected(example_repository: Path, tabular_version_2: Path) -> dict[int, np.ndarray]:
+    """Each version's own probabilities for the rows of ids 0 to ROWS - 1, by Keras from the
+    versions' weights."""
     inputs = {"features": feature_values(np.arange(ROWS), (64,))}
     outputs = {
-        version: reference_outputs(versioned_repository, "tabular_mlp", inputs, version)["probabilities"]
-        for version in (1, 2)
+        1: reference_outputs(example_repository, "tabular_mlp", inputs)["probabilities"],
+        2: reference_outputs(tabular_version_2.parent.parent, "tabular_mlp", inputs, 2)["probabilities"],
     }
     assert not np.allclose(outputs[1], outputs[2], atol=1e-3), "the two versions must predict differently"
     return outputs
@@ -187,9 +189,9 @@ def test_a_pinned_version_is_what_the_fallback_computes(
 
 
 @pytest.fixture
-def version_one_server(example_repository: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+def version_one_server(tabular_onnx_repository: Path, tmp_path: Path) -> Iterator[ServerProcess]:
     """A server that loaded ``tabular_mlp`` when version 1 was its only version; the test kills it."""
-    shutil.copytree(example_repository / "tabular_mlp", tmp_path / "repository" / "tabular_mlp")
+    shutil.copytree(tabular_onnx_repository / "tabular_mlp", tmp_path / "repository" / "tabular_mlp")
     process = launch_server(
         tmp_path / "repository",
         socket=tmp_path / "grpc.sock",
