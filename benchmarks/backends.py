@@ -73,7 +73,7 @@ class Settings:
     @classmethod
     def make(cls, quick: bool) -> Settings:
         if quick:
-            return cls(quick, rounds=1, load_s=1.5, spark_rows=8_192, spark_runs=1)
+            return cls(quick, rounds=1, load_s=0.5, spark_rows=8_192, spark_runs=1)
         return cls(quick, rounds=3, load_s=8.0, spark_rows=400_000, spark_runs=2)
 
 
