@@ -20,6 +20,10 @@ rows/s), the busy one with 2 tasks of 16 requests in flight each, the small one 
 are warm, their timed jobs start together, and the small one's ends before the busy one's, so that it runs
 entirely beside it. The servers run on one CPU and the applications on the others (``cpus_apart``), as a
 GPU node's device is apart from its executors' CPUs.
+
+``--quick`` checks that the script works: one round of short cells, the load cells on
+``tabular_mlp``'s ONNX copy (``tabular_mlp_onnx``, the same weights), and only the two Spark
+applications together, under fair shares.
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ logger = logging.getLogger(__name__)
 
 NAME = "fairness"
 MODEL = "tabular_mlp"
+QUICK_MODEL = "tabular_mlp_onnx"
+"""The quick mode's model of the load cells: ``MODEL``'s ONNX copy (same weights, same batching
+settings), which spares each of the two servers TensorFlow's import (about 5 of its 6 CPU-seconds
+of start); the scheduling compared is the server's, whatever backend computes the batches."""
 FIFO, FAIR = "fifo", "fair"
 BUSY, SMALL = "busy (16 streams)", "small (2 streams)"
 STREAMS = {BUSY: 16, SMALL: 2}
@@ -62,20 +70,26 @@ class Settings:
     rounds: int
     rows: int
     in_flight: int
+    model: str = MODEL
+    """The model the load cells' servers serve."""
+    generate_flags: tuple[str, ...] = ()
+    """``udfserve models generate`` flags that write ``model`` beside ``SPARK_MODEL``."""
 
     @classmethod
     def make(cls, quick: bool) -> Settings:
         # Requests as the Spark client sends them: rows_per_request 4096 (the model's max_batch_size),
         # max_in_flight 4 per task.
         if quick:
-            return cls(cell_s=0.8, rounds=1, rows=4096, in_flight=2)
+            return cls(
+                cell_s=0.8, rounds=1, rows=4096, in_flight=2, model=QUICK_MODEL, generate_flags=("--onnx",)
+            )
         return cls(cell_s=6.0, rounds=3, rows=4096, in_flight=4)
 
 
 def load(server: ServerProcess, app: str, settings: Settings, start_at_epoch_s: float) -> LoadSpec:
     return LoadSpec(
         target=server.grpc_target(prefer_unix=True),
-        model=MODEL,
+        model=settings.model,
         kind="preencoded",
         rows=settings.rows,
         streams=STREAMS[app],
@@ -269,10 +283,10 @@ def run(
     del profile  # nothing to profile here
     settings = Settings.make(quick)
     started = time.perf_counter()
-    repository = workspace.example_models()
+    repository = workspace.example_models(settings.generate_flags)
     servers = {
         mode: workspace.start_server(
-            repository, f"fairness-{mode}", ["--models", MODEL, "--application-scheduling", mode]
+            repository, f"fairness-{mode}", ["--models", settings.model, "--application-scheduling", mode]
         )
         for mode in (FIFO, FAIR)
     }
@@ -382,7 +396,8 @@ def _result(
     duration_s: float,
 ) -> ComparisonResult:
     table = Table(
-        f"{MODEL}, rows/s of each application alone and together (median of {settings.rounds} rounds)",
+        f"{settings.model}, rows/s of each application alone and together "
+        f"(median of {settings.rounds} rounds)",
         [
             "scheduling",
             "application",
@@ -426,9 +441,10 @@ def _result(
         ),
     ]
     method = (
-        f"One `{MODEL}` (64→256→256→8, max_batch_size 4096, max_queue_delay_s 0.002) on two servers of this "
-        "tree, `--application-scheduling fifo` and `fair`, both up, over the unix socket. Each application "
-        "is a client process of its own (`benchmarks/load_client.py`) whose `grpc.aio` streams, each on its "
+        f"One `{settings.model}` (64→256→256→8, max_batch_size 4096, max_queue_delay_s 0.002) on two "
+        "servers of this tree, `--application-scheduling fifo` and `fair`, both up, over the unix socket. "
+        "Each application is a client process of its own (`benchmarks/load_client.py`) whose `grpc.aio` "
+        "streams, each on its "
         "own connection, name the application in their metadata (`udfserve-spark-app-id`) and keep "
         f"{settings.in_flight} requests of {settings.rows} rows outstanding (a closed loop, as Spark tasks "
         f"are): {STREAMS[BUSY]} streams for the busy application, {STREAMS[SMALL]} for the small one. Each "
