@@ -75,31 +75,35 @@ def launch(repository: Path, folder: Path) -> ServerProcess:
 
 
 @pytest.fixture(scope="session")
-def server(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A model server of the example repository, shared by the folder's tests that leave it running."""
-    process = launch(example_repository, tmp_path_factory.mktemp("connect-server"))
+def server(
+    tabular_onnx_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """A model server of the tabular model's ONNX graph, shared by the folder's tests that leave it
+    running."""
+    process = launch(tabular_onnx_repository, tmp_path_factory.mktemp("connect-server"))
     yield process
     process.terminate()
 
 
 @pytest.fixture
-def own_server(example_repository: Path, tmp_path: Path) -> Iterator[ServerProcess]:
-    """A server of the example repository for one test, which the test may kill."""
-    process = launch(example_repository, tmp_path / "server")
+def own_server(tabular_onnx_repository: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of the tabular model's ONNX graph for one test, which the test may kill."""
+    process = launch(tabular_onnx_repository, tmp_path / "server")
     yield process
     process.kill()
 
 
 @pytest.fixture(scope="session")
 def versioned_repository(
-    example_repository: Path, tabular_version_2: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, tabular_onnx_version_2: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """``tabular_mlp`` in versions 1 and 2 (other weights), under the policy ``latest: 1``: a server
-    and the CPU fallback compute version 2, so a row saying 1 would be a wrong answer."""
+    """``tabular_mlp``'s ONNX graph in versions 1 and 2 (other weights), under the policy
+    ``latest: 1``: a server and the CPU fallback compute version 2, so a row saying 1 would be a
+    wrong answer."""
     root = tmp_path_factory.mktemp("connect-versions") / "repository"
-    model = example_repository / "tabular_mlp"
+    model = tabular_onnx_repository / "tabular_mlp"
     shutil.copytree(model / "1", root / "tabular_mlp" / "1")
-    shutil.copytree(tabular_version_2, root / "tabular_mlp" / "2")
+    shutil.copytree(tabular_onnx_version_2, root / "tabular_mlp" / "2")
     config = yaml.safe_load((model / "config.yaml").read_text())
     config["version_policy"] = {"latest": 1}
     (root / "tabular_mlp" / "config.yaml").write_text(yaml.safe_dump(config))

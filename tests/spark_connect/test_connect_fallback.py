@@ -38,10 +38,15 @@ def cpu_warnings(spark_log: Path, address: str) -> list[str]:
 
 @pytest.mark.parametrize("path", PATHS)
 def test_with_no_server_reachable_every_row_is_answered_on_the_cpu(
-    connect_spark: SparkSession, example_repository: Path, spark_log: Path, tmp_path: Path, path: str
+    connect_spark: SparkSession,
+    example_repository: Path,
+    tabular_onnx_repository: Path,
+    spark_log: Path,
+    tmp_path: Path,
+    path: str,
 ) -> None:
     absent = f"unix://{tmp_path / 'no-server.sock'}"
-    config = ClientConfig(address=absent, model_repository=str(example_repository))
+    config = ClientConfig(address=absent, model_repository=str(tabular_onnx_repository))
     frame = predicted(path, connect_spark, FALLBACK_ROWS, config, tmp_path / "files")
 
     assert_every_row_once_as_the_model(frame.toPandas(), example_repository, FALLBACK_ROWS)
@@ -50,7 +55,11 @@ def test_with_no_server_reachable_every_row_is_answered_on_the_cpu(
 
 
 def test_a_server_killed_mid_job_loses_and_duplicates_no_row(
-    connect_spark: SparkSession, own_server: ServerProcess, example_repository: Path, spark_log: Path
+    connect_spark: SparkSession,
+    own_server: ServerProcess,
+    example_repository: Path,
+    tabular_onnx_repository: Path,
+    spark_log: Path,
 ) -> None:
     """The partition's own function kills the server with SIGKILL once its first answer is handed
     back, so the server fails mid-partition whatever the machine's pace: the client's warning says
@@ -59,7 +68,7 @@ def test_a_server_killed_mid_job_loses_and_duplicates_no_row(
     target = own_server.grpc_target()
     config = ClientConfig(
         address=target,
-        model_repository=str(example_repository),
+        model_repository=str(tabular_onnx_repository),
         rows_per_request=rows_per_request,
         max_in_flight=2,
     )

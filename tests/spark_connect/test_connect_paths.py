@@ -32,7 +32,7 @@ def test_every_row_is_answered_once_as_the_model_answers_it(
 def test_each_row_carries_the_version_that_computed_it(
     connect_spark: SparkSession,
     versioned_server: ServerProcess,
-    versioned_repository: Path,
+    tabular_version_2: Path,
     tmp_path: Path,
     path: str,
 ) -> None:
@@ -44,4 +44,4 @@ def test_each_row_carries_the_version_that_computed_it(
     assert frame.schema["model_version"].dataType == T.LongType()
     rows = frame.toPandas()
     assert rows["model_version"].value_counts().to_dict() == {2: ROWS // 4}
-    assert_every_row_once_as_the_model(rows, versioned_repository, ROWS // 4, version=2)
+    assert_every_row_once_as_the_model(rows, tabular_version_2.parent.parent, ROWS // 4, version=2)
