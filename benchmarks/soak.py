@@ -17,9 +17,10 @@ of the node's shared-memory folder (named, or held open), the supervisor's resta
 the Spark workers' and JVM's memory. After the warm-up (the first sixth of the run: 10 of 60
 minutes; longer if some model and kind had not finished a job by then) memory must not rise by
 1 MiB per 10 minutes on a least-squares line, and descriptors, threads and files must show no
-rising trend (see ``soak_sampling.trend``). ``--quick`` checks that the script works: 30 s of
-small jobs, sampled every 2 s, at least two rounds of the six model-and-kind jobs whatever the
-time (the second round's samples come after the warm-up, so every trend is computed).
+rising trend (see ``soak_sampling.trend``). ``--quick`` checks that the script works: two rounds
+of the six model-and-kind jobs, small ones, sampled every second (the second round's samples come
+after the warm-up, so every trend is computed), and more jobs only if the two rounds end within
+12 s.
 """
 
 from __future__ import annotations
@@ -79,8 +80,9 @@ class Settings:
         if quick:
             rows = {"tabular_mlp": 8_192, "sequence_bilstm": 2_048}
             # two rounds of the 2 models x 3 kinds: each pair's first job ends the warm-up
-            # (``warm_up_end_s``), the second round runs while the trends' samples are taken
-            return cls(quick, minutes=0.5, sample_s=2, application_minutes=None, rows=rows, min_jobs=12)
+            # (``warm_up_end_s``), the second round runs while the trends' samples are taken; a
+            # job here is a second or two, mostly Spark's own, so the two rounds outlast 12 s
+            return cls(quick, minutes=0.2, sample_s=1, application_minutes=None, rows=rows, min_jobs=12)
         rows = {"tabular_mlp": 200_000, "sequence_bilstm": 20_000}
         return cls(quick, minutes=60, sample_s=30, application_minutes=None, rows=rows)
 
@@ -499,8 +501,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_common_arguments(parser)
-    parser.add_argument("--minutes", type=float, help="how long the jobs run (default 60; 0.5 with --quick)")
-    parser.add_argument("--sample-s", type=float, help="seconds between samples (default 30; 2 with --quick)")
+    parser.add_argument("--minutes", type=float, help="how long the jobs run (default 60; 0.2 with --quick)")
+    parser.add_argument("--sample-s", type=float, help="seconds between samples (default 30; 1 with --quick)")
     parser.add_argument(
         "--application-minutes",
         type=float,

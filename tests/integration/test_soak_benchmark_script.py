@@ -1,7 +1,7 @@
-"""The soak keeps working: its quick mode runs half a minute of Spark jobs (two rounds of every
-model and kind at least) against a real ``udfserve node``, checks every job's rows exactly once,
+"""The soak keeps working: its quick mode runs two rounds of Spark jobs of every model and kind
+(12 s of them at least) against a real ``udfserve node``, checks every job's rows exactly once,
 samples the node throughout, and computes every trend and target it reports (whether the short
-run meets them is not asserted: half a minute is too short to judge a slope)."""
+run meets them is not asserted: seconds are too short to judge a slope)."""
 
 from __future__ import annotations
 
