@@ -31,12 +31,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def secure_server(
-    example_repository: Path, pki: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, pki: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("secure")
     (folder / "token").write_text(TOKEN + "\n")
     process = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         socket=folder / "grpc.sock",
         port=0,
         http_port=None,
@@ -125,14 +125,14 @@ SERVICE_NAME = "udfserve.internal"
 
 @pytest.fixture(scope="module")
 def named_server(
-    example_repository: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServerProcess, Path]]:
     """A TLS server whose certificate names a service, not the address the client dials; and its CA."""
     folder = tmp_path_factory.mktemp("named")
     ca = make_certificate(folder, "ca", None)
     make_certificate(folder, "service", ca, dns_names=(SERVICE_NAME,))
     process = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         socket=folder / "grpc.sock",
         port=0,
         http_port=None,
