@@ -3,31 +3,25 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from tests.short_lived_jvms import short_lived_jvm_environment
+
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 QUICK_RESULTS = REPOSITORY_ROOT / "benchmarks" / "results" / "tmp" / "quick"
-QUICK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
-"""Options of every JVM a quick run starts (its Spark applications'): the client compiler alone.
-A quick run's applications live seconds, where the optimising compiler's threads spend more CPU
-compiling Spark than the jobs run (about 8 of a small application's 23 CPU-seconds on 2 cores);
-the applications run the same code either way."""
 
 
 def run_module(module: str, arguments: list[str], timeout_s: float) -> str:
     """Run ``python -m <module> <arguments>`` from the repository's root, its Spark workers on this
-    interpreter and its JVMs with ``QUICK_JVM_OPTIONS``; its standard output, or a failure with the
-    end of its output."""
-    jvm_options = " ".join(o for o in (os.environ.get("JAVA_TOOL_OPTIONS", ""), QUICK_JVM_OPTIONS) if o)
+    interpreter and its JVMs short-lived ones (``short_lived_jvm_environment``: a quick run's
+    applications live seconds); its standard output, or a failure with the end of its output."""
     environment = {
-        **os.environ,
+        **short_lived_jvm_environment(),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "JAVA_TOOL_OPTIONS": jvm_options,
     }
     completed = subprocess.run(
         [sys.executable, "-m", module, *arguments],

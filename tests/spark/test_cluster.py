@@ -12,7 +12,6 @@ exactly those rows, server by server.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.short_lived_jvms import short_lived_jvm_environment
 from udfserve.discovery import DISCOVERY_FILE_ENV, NodeDiscovery, ServerEntry, write_discovery
 from udfserve.services.model_server.launcher import ServerProcess, launch_server, wait_until_serving
 
@@ -143,7 +143,11 @@ def cluster(tabular_onnx_repository: Path, tmp_path_factory: pytest.TempPathFact
                 node.discovery_file,
                 NodeDiscovery(node=node.name, model_repository=str(tabular_onnx_repository), servers=entries),
             )
-        environment = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
+        environment = {
+            **short_lived_jvm_environment(),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_NO_DAEMONIZE": "1",
+        }
         master = start_daemon(
             ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
              "--port", "0", "--webui-port", "0"],
@@ -196,7 +200,10 @@ def rows_served(server: ServerProcess) -> float:
 
 
 def run_job(cluster: Cluster, *, gpu_per_task: bool) -> dict[str, object]:
-    driver_environment = {**os.environ, DISCOVERY_FILE_ENV: str(cluster.nodes[0].discovery_file)}
+    driver_environment = {
+        **short_lived_jvm_environment(),
+        DISCOVERY_FILE_ENV: str(cluster.nodes[0].discovery_file),
+    }
     completed = subprocess.run(
         [sys.executable, str(DRIVER), "--master", cluster.master_url, "--rows", str(ROWS),
          "--partitions", "16", "--executors", "4"] + (["--gpu-per-task"] if gpu_per_task else []),

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.short_lived_jvms import short_lived_jvm_environment
+
 pytestmark = pytest.mark.slow
 
 ROWS = 300
@@ -54,6 +56,7 @@ def demo(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> 
             stdout=subprocess.PIPE,
             stderr=errors,
             text=True,
+            env=short_lived_jvm_environment(),  # the demo's Spark application lives seconds
         )  # fmt: skip
     assert process.stdout is not None
     lines = []

@@ -30,6 +30,7 @@ import psutil
 import pytest
 from test_cluster import master_addresses, start_daemon, wait_for_workers
 
+from tests.short_lived_jvms import short_lived_jvm_environment
 from udfserve.discovery import DISCOVERY_FILE_ENV, read_discovery
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -82,7 +83,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("node-servers-cluster")
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("UDFSERVE_")}
+    environment = {k: v for k, v in short_lived_jvm_environment().items() if not k.startswith("UDFSERVE_")}
     environment |= {"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"}
     master = start_daemon(
         ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0", "--webui-port", "0"],
