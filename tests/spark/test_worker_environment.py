@@ -9,7 +9,6 @@ driver run with ``.venv/bin/python`` while ``python3`` on PATH is another instal
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.short_lived_jvms import short_lived_jvm_environment
 from udfserve.services.model_server.launcher import ServerProcess
 
 DRIVER = Path(__file__).with_name("worker_env_driver.py")
@@ -33,7 +33,7 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_driver(worker_python: Path, server: ServerProcess, *args: str) -> dict[str, object]:
-    env = {**os.environ, "PYSPARK_PYTHON": str(worker_python)}
+    env = {**short_lived_jvm_environment(), "PYSPARK_PYTHON": str(worker_python)}  # one job per JVM
     completed = subprocess.run(
         [sys.executable, str(DRIVER), "--address", server.grpc_target(), "--rows", "100", *args],
         env=env,
