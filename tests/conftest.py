@@ -92,22 +92,8 @@ def generated_repositories(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
     import TensorFlow themselves.
     """
     root = tmp_path_factory.mktemp("model_repository")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "udfserve",
-            "models",
-            "generate",
-            "--output",
-            str(root),
-            "--savedmodel",
-            "--onnx",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    command = [sys.executable, "-m", "udfserve", "models", "generate", "--output", str(root)]
+    subprocess.run([*command, "--savedmodel", "--onnx"], check=True, capture_output=True, timeout=300)
     onnx_root = tmp_path_factory.mktemp("tabular_onnx_repository")
     shutil.move(root / ONNX_EXPORT, onnx_root / "tabular_mlp")
     config = onnx_root / "tabular_mlp" / "config.yaml"
