@@ -201,3 +201,22 @@ def write_model(root: Path, name: str, model: ModelProto | bytes, *, config: str
     if config is not None:
         (root / name / "config.yaml").write_text(config, encoding="utf-8")
     return path
+
+
+def doubled_sum_graph(features: int = 4) -> ModelProto:
+    """``features`` float32 (batch, ``features``) in, ``doubled_sum`` = 2 x the row's sum out: the
+    numbers of ``tests/spark/slow_model.py``'s model, computed at once and without TensorFlow."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["features", "rows_axis"], ["total"], keepdims=0),
+            helper.make_node("Mul", ["total", "two"], ["doubled_sum"]),
+        ],
+        "doubled_sum",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", features])],
+        [helper.make_tensor_value_info("doubled_sum", TensorProto.FLOAT, ["batch"])],
+        initializer=[
+            numpy_helper.from_array(np.array([1], dtype=np.int64), "rows_axis"),
+            numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two"),
+        ],
+    )
+    return model_of(graph)

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from idle_stream import IdleStream
+from onnx_graphs import doubled_sum_graph, write_model
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
@@ -319,25 +320,39 @@ DEADLINE_S = 10.0
 milliseconds idle and well under a second at several times the idle load."""
 
 
+FAST_CONFIG = """\
+max_batch_size: 4096
+warmup: false
+dynamic_batching:
+  max_queue_delay_s: 0.002
+"""
+"""The slow model's batching settings (``slow_model.py``), for its fast ONNX twin."""
+
+
 @pytest.fixture(scope="module")
 def slow_and_fast_repositories(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The same numbers twice: a model that sleeps ``SLOW_CALL_S`` per call, and a fast one."""
+    """The same numbers twice: a SavedModel that sleeps ``SLOW_CALL_S`` per call (the sleep is a
+    TensorFlow op), and their ONNX graph, fast, which a server and a CPU fallback run without
+    importing TensorFlow."""
     root = tmp_path_factory.mktemp("slow-model")
-    for name, sleep_s in (("slow", SLOW_CALL_S), ("fast", 0.0)):
-        subprocess.run(
-            [sys.executable, str(SLOW_MODEL), str(root / name), "1", str(sleep_s)],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
+    subprocess.run(
+        [sys.executable, str(SLOW_MODEL), str(root / "slow"), "1", str(SLOW_CALL_S)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    write_model(root / "fast", "slow_sum", doubled_sum_graph(), config=FAST_CONFIG)
     return root / "slow", root / "fast"
 
 
 @pytest.fixture(scope="module")
 def slow_server(slow_and_fast_repositories: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory):
+    """The slow model's server, on a unix socket and a TCP port, shared by the module's tests:
+    each finds it asleep in a call (its first, or an earlier test's), which a deadline misses
+    alike."""
     folder = tmp_path_factory.mktemp("slow-server")
     process = launch_server(
-        slow_and_fast_repositories[0], socket=folder / "grpc.sock", port=None, http_port=0,
+        slow_and_fast_repositories[0], socket=folder / "grpc.sock", port=0, http_port=0,
         log_path=folder / "server.log",
     )  # fmt: skip
     yield process
@@ -376,23 +391,23 @@ def test_a_server_slower_than_the_deadline_leaves_the_batch_and_the_rest_to_the_
 
 @pytest.fixture(scope="module")
 def node_of_a_slow_and_a_fast_server(
-    slow_and_fast_repositories: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+    slow_server: ServerProcess,
+    slow_and_fast_repositories: tuple[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Path]:
     """A discovery file: sim:0 the slow model (unix socket and TCP port), sim:1 the fast one."""
     folder = tmp_path_factory.mktemp("slow-and-fast")
-    servers = [
-        launch_server(repository, socket=folder / f"{name}.sock", port=0, http_port=None,
-                      log_path=folder / f"{name}.log")
-        for name, repository in zip(("slow", "fast"), slow_and_fast_repositories, strict=True)
-    ]  # fmt: skip
+    fast = launch_server(
+        slow_and_fast_repositories[1], socket=folder / "fast.sock", port=0, http_port=None,
+        log_path=folder / "fast.log",
+    )  # fmt: skip
     entries = [
         ServerEntry(device=f"sim:{i}", device_index=i, unix_socket=s.unix_socket, tcp_address=s.tcp_address)
-        for i, s in enumerate(servers)
+        for i, s in enumerate((slow_server, fast))
     ]
     write_discovery(folder / "discovery.json", NodeDiscovery(servers=entries))
     yield folder / "discovery.json"
-    for server in servers:
-        server.kill()  # the slow one is asleep in a call; neither has state worth a drain
+    fast.kill()  # no state worth a drain
 
 
 def test_a_server_that_missed_the_deadline_is_not_tried_again_through_its_tcp_port(
