@@ -3,6 +3,9 @@ to an OpenTelemetry Collector: a real receiver in this process (``otlp_receiver`
 the service's resource, every span the server records of a request, the trace of the request's
 ``traceparent``, and the batch's links. And a collector that is down costs spans, not answers.
 
+The servers serve the tabular model's ONNX graph: the spans are the server's, whatever backend
+computes, and a server starts without TensorFlow's import.
+
 The server exports in batches (the SDK's batch processor, a few seconds apart): the tests wait for
 the spans, or for the log line, with a deadline of minutes.
 """
@@ -49,7 +52,7 @@ def receiver() -> Iterator[tuple[TraceReceiver, str]]:
 def tracing_server_args(endpoint: str) -> list[str]:
     return [
         "--models",
-        "multi_io",
+        "tabular_mlp",
         "--tracing-otlp-endpoint",
         endpoint,
         "--tracing-otlp-insecure",
@@ -63,12 +66,12 @@ def tracing_server_args(endpoint: str) -> list[str]:
 @pytest.fixture(scope="module")
 def server(
     receiver: tuple[TraceReceiver, str],
-    example_repository: Path,
+    tabular_onnx_repository: Path,
     socket_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerProcess]:
     with running_server(
-        example_repository, socket_dir, tmp_path_factory, "otlp", tracing_server_args(receiver[1])
+        tabular_onnx_repository, socket_dir, tmp_path_factory, "otlp", tracing_server_args(receiver[1])
     ) as process:
         yield process
 
@@ -76,12 +79,12 @@ def server(
 def predict_traced(server: ServerProcess, traceparent: str, requests: int) -> list[str]:
     """``requests`` requests on one Predict stream carrying ``traceparent``; the error of each
     answer that is one (none when all were answered)."""
-    inputs = batch_of({"numeric": np.zeros((4, 8), np.float32), "category": np.arange(4, dtype=np.int32)})
+    inputs = batch_of({"features": np.zeros((4, 64), np.float32)})
     with grpc.insecure_channel(server.grpc_target()) as channel:
         stub = pb_grpc.InferenceStub(channel)
         answers = list(
             stub.Predict(
-                iter([request("multi_io", inputs, batch_id) for batch_id in range(requests)]),
+                iter([request("tabular_mlp", inputs, batch_id) for batch_id in range(requests)]),
                 timeout=120,
                 metadata=((TRACEPARENT_KEY, traceparent),),
             )
@@ -164,11 +167,11 @@ EXPORT_TRIED = "Reinitializing gRPC channel for traces exporter"
 
 
 def test_a_collector_that_is_down_costs_the_spans_not_the_answers_and_is_logged_once_not_per_export(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     endpoint = f"127.0.0.1:{unused_port()}"
     args = [*tracing_server_args(endpoint), "--log-level", "DEBUG"]
-    with running_server(example_repository, socket_dir, tmp_path_factory, "otlp-down", args) as server:
+    with running_server(tabular_onnx_repository, socket_dir, tmp_path_factory, "otlp-down", args) as server:
         assert server.log_path is not None
         for exports in (1, 2, 3):
             # the spans of each round go in the export after the last one failed: one worker
@@ -190,4 +193,4 @@ def wait_for_log(path: Path, text: str, times: int, timeout_s: float = 180.0) ->
             raise TimeoutError(
                 f"{text!r} not {times} times in the server's log in {timeout_s:.0f}s:\n{path.read_text()}"
             )
-        time.sleep(1.0)
+        time.sleep(0.2)  # a short look between reads of a file another process writes
