@@ -17,9 +17,13 @@ sending nothing (what loading the client costs, apart from using it); ``floor + 
 models``, the floor importing only pydantic and ``ClientConfig`` (what a task saves now that its
 path imports neither: the job carries a plain ``TaskConfig``); ``remote_predict``, its pandas
 UDF's own function; and variants of it under other settings. ``--baseline DIR`` adds
-``remote_predict`` with the client of another source tree (``DIR/spark_client``), for
-before/after figures in the same run. Memory only: no rate is printed, as the runs are too short
-and too few to time.
+``remote_predict`` with the client of another checkout (``DIR``: a checkout such as a ``git
+worktree`` of an earlier commit, or a tree of links made from one by ``scripts/source_tree.py``),
+for before/after figures in the same run: its driver and workers import that checkout's
+``udfserve`` and nothing of this one's (``benchmarks.client_trees``; the same Python and
+packages). Every process of a variant reports where its ``udfserve`` came from, and the run stops
+without a table when a variant's client is not the checkout it names. Memory only: no rate is
+printed, as the runs are too short and too few to time.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import subprocess
 import sys
 import tempfile
@@ -41,9 +44,10 @@ from typing import Any
 import psutil
 
 from benchmarks.cli import configure_logging
+from benchmarks.client_trees import WrongTreeError, baseline_checkout, baseline_path, check_trees
 from benchmarks.processes import LOGS_DIR, PeakRssSampler, Workspace, child_env
 from benchmarks.spark_job import MODELS, REPO_ROOT, _python_workers, write_dataset
-from benchmarks.worker_smaps import breakdown, status_mib
+from benchmarks.worker_smaps import breakdown, status_mib, udfserve_files
 
 logger = logging.getLogger(__name__)
 
@@ -68,16 +72,18 @@ SHOWN = (
 
 
 # -- in the child: one Spark application ---------------------------------------------------------
-def _session(client_dir: str, executor_env: dict[str, str], batch_rows: int) -> Any:
+def _session(python_path: str, executor_env: dict[str, str], batch_rows: int) -> Any:
+    """The variant's Spark session: its Python workers import from ``python_path`` only, not from
+    the folder Spark starts them in (``python -m pyspark.daemon`` would put it first)."""
     from pyspark.sql import SparkSession
 
-    path = os.pathsep.join(p for p in (client_dir, str(REPO_ROOT)) if p)
     builder = (
         SparkSession.builder.master("local[2]")
         .appName("udfserve-worker-memory")
         .config("spark.pyspark.python", sys.executable)
         .config("spark.pyspark.driver.python", sys.executable)
-        .config("spark.executorEnv.PYTHONPATH", path)
+        .config("spark.executorEnv.PYTHONPATH", python_path)
+        .config("spark.executorEnv.PYTHONSAFEPATH", "1")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(batch_rows))
         .config("spark.sql.parquet.columnarReaderBatchSize", str(batch_rows))
@@ -153,16 +159,15 @@ class _PeakSmaps:
 
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """One variant's application: its workers' peaks and their reports, as JSON-able data."""
-    if spec["client_dir"]:
-        sys.path.insert(0, spec["client_dir"])
+    """One variant's application: its workers' peaks and their reports, as JSON-able data. Its
+    path (``PYTHONPATH``, set by the parent) already names the checkout whose client it runs."""
     from pyspark.sql.functions import pandas_udf
     from pyspark.sql.types import ArrayType, FloatType
 
     from benchmarks.worker_smaps import reported
 
     column, _, _, output_width = MODELS[MODEL]
-    spark = _session(spec["client_dir"], spec["env"], spec["batch_rows"])
+    spark = _session(spec["python_path"], spec["env"], spec["batch_rows"])
     frame = spark.read.parquet(spec["data"])
     job = None
     if spec["remote"] or spec["client"]:
@@ -189,14 +194,25 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         "peak_total_mib": total.peak_total_bytes / 2**20,
         "peaks": list(peaks.peaks.values()),
         "reports": reports,
+        "driver udfserve files": udfserve_files(),
     }
 
 
 # -- in the parent: the variants, interleaved ----------------------------------------------------
 def _run_variant(
-    name: str, data: Path, address: str, args: argparse.Namespace, scratch: Path
+    name: str,
+    data: Path,
+    address: str,
+    args: argparse.Namespace,
+    scratch: Path,
+    trees: dict[str, tuple[Path, str]],
 ) -> dict[str, Any]:
+    """One application of variant ``name``, in a child on the path of the checkout it runs
+    (``trees``: name -> checkout, ``PYTHONPATH``; the baseline's for ``BASELINE``, this one's
+    otherwise); ``WrongTreeError`` if its driver or a worker imported another's ``udfserve``."""
     variant = VARIANTS.get(name, {"remote": True})
+    tree = "baseline" if name == BASELINE else "current"
+    python_path = trees[tree][1]
     report_dir = Path(tempfile.mkdtemp(prefix="reports-", dir=scratch))
     spec = {
         "remote": variant["remote"],
@@ -204,7 +220,7 @@ def _run_variant(
         "imports": variant.get("imports", ()),
         "config": variant.get("config", {}),
         "env": variant.get("env", {}),
-        "client_dir": args.baseline if name == BASELINE else "",
+        "python_path": python_path,
         "data": str(data),
         "address": address,
         "report_dir": str(report_dir),
@@ -218,12 +234,25 @@ def _run_variant(
             [sys.executable, "-m", "benchmarks.worker_memory", "--child", json.dumps(spec)],
             stdout=subprocess.PIPE,
             stderr=stderr,
-            env=child_env({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}),
+            env=child_env(
+                {
+                    "PYSPARK_PYTHON": sys.executable,
+                    "PYSPARK_DRIVER_PYTHON": sys.executable,
+                    "PYTHONPATH": python_path,
+                    "PYTHONSAFEPATH": "1",
+                }
+            ),
             check=False,
         )
     if completed.returncode != 0:
         raise RuntimeError(f"variant {name!r} failed with exit code {completed.returncode}; see {log}")
-    return dict(json.loads(completed.stdout.decode().strip().splitlines()[-1]))
+    result = dict(json.loads(completed.stdout.decode().strip().splitlines()[-1]))
+    imports = [("driver", result["driver udfserve files"])]
+    imports += [(f"Spark worker {r['pid']}", r["udfserve files"]) for r in result["reports"]]
+    client = variant["remote"] or variant.get("client", False) or bool(variant.get("imports"))
+    checkouts = {key: checkout for key, (checkout, _) in trees.items()}
+    result["client file"] = check_trees(name, imports, tree, checkouts, client_required=client)
+    return result
 
 
 def _row(name: str, result: dict[str, Any]) -> str:
@@ -252,7 +281,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=2, help="runs of the job in each application")
     parser.add_argument("--rounds", type=int, default=2, help="rounds over the variants, in alternate order")
     parser.add_argument("--variants", default="floor,remote_predict", help=f"among: {', '.join(VARIANTS)}")
-    parser.add_argument("--baseline", default="", help="a source tree whose client runs as a further variant")
+    parser.add_argument(
+        "--baseline",
+        default="",
+        help="another checkout (or its tree of links) whose client runs as a further variant",
+    )
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(run_child(json.loads(args.child))))
@@ -262,9 +295,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; expected some of {list(VARIANTS)}")
+    baseline = None
     if args.baseline:
-        if not (Path(args.baseline) / "spark_client").is_dir():
-            parser.error(f"--baseline {args.baseline!r} holds no spark_client folder; expected a source tree")
+        try:
+            baseline = baseline_checkout(Path(args.baseline))
+        except ValueError as error:
+            parser.error(f"--baseline: {error}")
         names.append(BASELINE)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     with Workspace() as workspace:
@@ -272,11 +308,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = workspace.start_server(repository, "memory")
         data = workspace.path("data")
         write_dataset(data, MODEL, args.rows, args.files)
+        trees = {"current": (REPO_ROOT, str(REPO_ROOT))}
+        if baseline is not None:
+            trees["baseline"] = (baseline, baseline_path(baseline, workspace.path("baseline")))
         for round_index in range(args.rounds):
             for name in names if round_index % 2 == 0 else names[::-1]:
                 logger.info("worker memory: %s, round %d", name, round_index + 1)
                 started = time.perf_counter()
-                results[name].append(_run_variant(name, data, server.grpc_target(), args, workspace.root))
+                try:
+                    result = _run_variant(name, data, server.grpc_target(), args, workspace.root, trees)
+                except WrongTreeError as error:
+                    logger.error("worker memory: %s", error)
+                    return 1
+                results[name].append(result)
                 logger.info("worker memory: %s done in %.0f s", name, time.perf_counter() - started)
     header = ["variant", "daemon + workers peak", "worker VmHWM", *(f"worker: {k}" for k in SHOWN)]
     print(f"\nMiB; per-worker columns: mean over a run's workers at each one's peak ({args.rows:,} rows)")
@@ -293,6 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, imported in packages.items():
         if name != "floor" and floor:
             print(f"\npackages in {name}'s workers, not in the floor's: {sorted(imported - floor)}")
+    print("\nthe client each variant's driver and workers imported (checked against its checkout):")
+    for name, runs in results.items():
+        print(f"- {name}: {sorted({run['client file'] or 'none imported' for run in runs})}")
     return 0
 
 

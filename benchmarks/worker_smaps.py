@@ -111,9 +111,21 @@ def glibc_heap_mib() -> dict[str, float]:
     }
 
 
+def udfserve_files() -> dict[str, str]:
+    """The real path (links followed) of each ``udfserve`` module this process imported: which
+    checkout's client it ran (``benchmarks.client_trees``)."""
+    files = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if (name == "udfserve" or name.startswith("udfserve.")) and path:
+            files[name] = os.path.realpath(path)
+    return files
+
+
 def worker_report() -> dict[str, Any]:
     """What a worker holds now, from inside it: smaps, its high-water mark, glibc's and
-    pyarrow's allocators, and the top-level packages it imported."""
+    pyarrow's allocators, the top-level packages it imported and where its ``udfserve`` came
+    from."""
     report: dict[str, Any] = {
         "pid": os.getpid(),
         "status": status_mib(),
@@ -121,6 +133,7 @@ def worker_report() -> dict[str, Any]:
         "glibc": glibc_heap_mib(),
         "packages": sorted({name.partition(".")[0] for name in sys.modules}),
         "modules": len(sys.modules),
+        "udfserve files": udfserve_files(),
     }
     if "pyarrow" in sys.modules:
         import pyarrow as pa
