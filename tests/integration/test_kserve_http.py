@@ -5,7 +5,8 @@ Every test of the first part runs against both places the port may run (``--kser
 serving`` and ``own``). Answers are compared with the same server's gRPC KServe answers: both
 protocols go through the same servicer and batcher, so they must agree in values, statuses and
 words. The second part is a server with a token, a small message limit and ``--model-control
-explicit``: the token, the body limit and the repository routes.
+explicit``: the token, the body limit and the repository routes. It, and the servers stopped by
+SIGTERM, serve the tabular model's ONNX graph.
 """
 
 from __future__ import annotations
@@ -482,10 +483,12 @@ def test_spark_headers_count_a_request_for_its_application(
 # -- a server with a token, a small message limit and explicit model control -------------------
 @pytest.fixture(scope="module")
 def guarded_server(
-    example_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
+    """The tabular model's ONNX graph: the token, the body limit and the repository routes are the
+    server's, whatever backend computes (a start without TensorFlow's import)."""
     repository = tmp_path_factory.mktemp("kserve-http-guarded")
-    shutil.copytree(example_repository / "tabular_mlp", repository / "tabular_mlp")
+    shutil.copytree(tabular_onnx_repository / "tabular_mlp", repository / "tabular_mlp")
     process = launch_server(
         repository,
         socket=socket_dir / "kserve-http-guarded.sock",
@@ -578,10 +581,10 @@ def test_a_load_with_model_files_is_refused_400_in_the_grpc_words(
 # -- stopping ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("placement", ["serving", "own"])
 def test_on_sigterm_the_server_exits_0_and_the_port_closes(
-    example_repository: Path, socket_dir: Path, tmp_path: Path, placement: str
+    tabular_onnx_repository: Path, socket_dir: Path, tmp_path: Path, placement: str
 ) -> None:
     repository = tmp_path / "repository"
-    shutil.copytree(example_repository / "tabular_mlp", repository / "tabular_mlp")
+    shutil.copytree(tabular_onnx_repository / "tabular_mlp", repository / "tabular_mlp")
     process = launch_server(
         repository,
         socket=socket_dir / f"kserve-http-stop-{placement}.sock",
