@@ -17,10 +17,12 @@ from udfserve.spark_client import ClientConfig, predict_arrow, remote_predict
 
 
 @pytest.fixture
-def own_server(example_repository: Path, tmp_path: Path) -> Iterator[ServerProcess]:
-    """A server for one test, which the test may stop or kill."""
+def own_server(tabular_onnx_repository: Path, tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server for one test, which the test may stop or kill: the tabular model's ONNX graph, as
+    what is tested is the client's policy and the server's refusal, not TensorFlow (a start
+    without its import). The CPU fallback tests below run TensorFlow in the Python workers."""
     process = launch_server(
-        example_repository,
+        tabular_onnx_repository,
         socket=tmp_path / "grpc.sock",
         port=0,
         http_port=0,
