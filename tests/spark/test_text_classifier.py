@@ -219,9 +219,15 @@ def test_strings_scored_over_kserve_equal_transformers_in_process(
 
 @pytest.fixture
 def own_text_server(text_repository: Path, tmp_path: Path) -> Iterator[ServerProcess]:
-    """A server of the text models for one test, which the test kills."""
+    """A server of the ONNX text model (the one the test scores, so no PyTorch loads) for one
+    test, which the test kills."""
     process = launch_server(
-        text_repository, socket=tmp_path / "grpc.sock", port=0, http_port=0, log_path=tmp_path / "server.log"
+        text_repository,
+        socket=tmp_path / "grpc.sock",
+        port=0,
+        http_port=0,
+        log_path=tmp_path / "server.log",
+        extra_args=["--models", MODELS["onnx"]],
     )
     yield process
     process.kill()
