@@ -5,8 +5,9 @@ A tree is another checkout of udfserve, run from a tree of links (``scripts/sour
 ``PYTHONPATH``, so that its own code serves and scores. The job without a model is the demo's job
 (local[2], 2 partitions per core, the same generated text column, Arrow batches of 16,384 rows, a
 pandas UDF answering an array of 3 floats per row, a noop write timed after a warm-up write of the
-frame) with a UDF that answers zeros instead of calling a server: the rows/s the demo's Spark side
-allows on this machine, whatever the server does. It runs in a process of its own:
+frame and, as the demo's, a warm-up job of 1,024 rows per task slot through the UDF) with a UDF that
+answers zeros instead of calling a server: the rows/s the demo's Spark side allows on this machine,
+whatever the server does. It runs in a process of its own:
 
     python -m benchmarks.text_runs <rows>      # prints {"rows_per_s": ..., "seconds": ...}
 """
@@ -235,6 +236,11 @@ def measure(rows: int) -> dict[str, float]:
         )
         scored = frame.select("id", answer("text").alias("prediction"))
         frame.write.format("noop").mode("overwrite").save()  # as the demo: the JVM and data path warm
+        slots = spark.sparkContext.defaultParallelism  # as the demo's warm-up job: the Python workers start
+        warm_up = spark.range(0, 1024 * slots, numPartitions=slots).select(
+            *input_columns([Tensor(name="text", dtype="string", shape=())])
+        )
+        warm_up.select(answer("text")).write.format("noop").mode("overwrite").save()
         started = time.perf_counter()
         scored.write.format("noop").mode("overwrite").save()
         seconds = time.perf_counter() - started

@@ -60,6 +60,29 @@ class ServerFigures:
         )
 
 
+@dataclass(frozen=True)
+class WarmUp:
+    """The untimed job the demo runs first, through a UDF object of its own."""
+
+    rows: int
+    tasks: int
+    seconds: float
+
+
+def warm_up_line(warm_up: WarmUp | None) -> str:
+    """The report's line on the warm-up job, which the throughput above leaves out."""
+    if warm_up is None:
+        return (
+            "warm-up                none (--warm-up-rows 0): the time above includes starting Spark's "
+            "Python workers, their imports and connections"
+        )
+    return (
+        f"warm-up                {warm_up.rows:,} rows in {warm_up.tasks:,} tasks, {warm_up.seconds:.1f} s, "
+        "before the timed job and not counted in it: started Spark's Python workers, their imports "
+        "and connections, once per application"
+    )
+
+
 def traffic_lines(client: ClientStats, servers: ServerFigures, job_s: float) -> list[str]:
     """The report's lines on how the batches travelled: sends and resends, payloads, waits, and
     the servers' time in model calls."""

@@ -105,6 +105,18 @@ def test_the_report_sets_sends_against_batches_and_payloads_against_sends(demo: 
     assert read_by_servers == in_shared_memory
 
 
+def test_a_warm_up_job_runs_first_and_its_rows_are_not_counted_in_the_timed_job(demo: RunningDemo) -> None:
+    warm_up = re.match(r"([\d,]+) rows in (\d+) tasks, [\d.]+ s, before the timed job", demo.field("warm-up"))
+    assert warm_up, demo.stdout
+    assert int(warm_up[1].replace(",", "")) > 0 and int(warm_up[2]) >= 1
+    # The timed UDF's counters and the servers' counts over the timed job hold its rows alone.
+    answered = re.fullmatch(
+        r"(\d+) rows in \d+ batches \(the servers' own metrics count (\d+)\)",
+        demo.field("answered by servers"),
+    )
+    assert answered and answered.groups() == (str(ROWS), str(ROWS)), demo.stdout
+
+
 def test_the_report_says_the_example_model_is_untrained(demo: RunningDemo) -> None:
     assert demo.field("note").startswith("multi_io is one of udfserve's example models, generated untrained")
 
