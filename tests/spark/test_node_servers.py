@@ -15,7 +15,6 @@ node's readiness probe (its supervisor's ``/health/ready``), the driver's answer
 from __future__ import annotations
 
 import json
-import os
 import select
 import subprocess
 import sys
@@ -60,8 +59,9 @@ class Cluster:
     daemons: list[subprocess.Popen[bytes]] = field(default_factory=list)
     hosts: dict[str, Host] = field(default_factory=dict)
 
-    def add_worker(self, name: str, cores: int = 2) -> Host:
-        """A worker standing for host ``name``: its own runtime folder and node name."""
+    def add_worker(self, name: str, cores: int = 2, wait: bool = True) -> Host:
+        """A worker standing for host ``name``: its own runtime folder and node name; ``wait``: until
+        the master lists it (else the caller waits, for several workers started together)."""
         folder = self.root / name
         folder.mkdir()
         environment = {
@@ -76,7 +76,8 @@ class Cluster:
         )  # fmt: skip
         self.daemons.append(worker)
         host = self.hosts[name] = Host(name, folder / "runtime", worker)
-        wait_for_workers(self.web_url, len(self.hosts), self.daemons, timeout_s=120)
+        if wait:
+            wait_for_workers(self.web_url, len(self.hosts), self.daemons, timeout_s=120)
         return host
 
 
@@ -93,8 +94,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cluster = Cluster(root, "", "", environment, daemons=[master])
     try:
         cluster.master_url, cluster.web_url = master_addresses(root / "master.log", master, timeout_s=120)
-        for name in HOSTS:
-            cluster.add_worker(name)
+        for name in HOSTS:  # their JVMs start side by side
+            cluster.add_worker(name, wait=False)
+        wait_for_workers(cluster.web_url, len(HOSTS), cluster.daemons, timeout_s=120)
         yield cluster
     finally:
         for daemon in reversed(cluster.daemons):
@@ -426,7 +428,8 @@ def test_node_servers_from_a_spark_connect_session(
     # a short folder: the test's own (named after it, in a parallel worker's folder) leaves the
     # node's socket paths too long for a unix socket
     runtime_dir = tmp_path_factory.mktemp("connect-host") / "runtime"
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("UDFSERVE_")}
+    # the session's local Spark Connect server is a JVM of this test alone: a short-lived one
+    environment = {k: v for k, v in short_lived_jvm_environment().items() if not k.startswith("UDFSERVE_")}
     environment |= {"UDFSERVE_RUNTIME_DIR": str(runtime_dir), "UDFSERVE_NODE_NAME": "connect-host"}
     driver = Driver(["--connect", "--app-name", "connect"], environment, tmp_path / "connect.log")
     drivers.append(driver)
