@@ -1,6 +1,6 @@
 """The backends benchmark keeps working: its quick mode serves the tabular MLP with TensorFlow, ONNX
-Runtime and PyTorch, finds their answers equal to 1e-5 before timing anything, and reports every
-measure for each of them."""
+Runtime and PyTorch, finds each one's answers equal to TensorFlow's to 1e-5 before its load, and
+reports every measure for each of them."""
 
 from __future__ import annotations
 
