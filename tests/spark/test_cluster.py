@@ -125,7 +125,19 @@ def cluster(tabular_onnx_repository: Path, tmp_path_factory: pytest.TempPathFact
         }
         nodes.append(Node(name, folder / "discovery.json", servers))
     daemons: list[subprocess.Popen[bytes]] = []
+    environment = {
+        **short_lived_jvm_environment(),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_NO_DAEMONIZE": "1",
+    }
     try:
+        # the master needs no server: its JVM starts while the servers load the model
+        master = start_daemon(
+            ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+             "--port", "0", "--webui-port", "0"],
+            environment, root / "master.log",
+        )  # fmt: skip
+        daemons.append(master)
         for node in nodes:
             for server in node.servers.values():
                 wait_until_serving(server, 180)
@@ -143,17 +155,6 @@ def cluster(tabular_onnx_repository: Path, tmp_path_factory: pytest.TempPathFact
                 node.discovery_file,
                 NodeDiscovery(node=node.name, model_repository=str(tabular_onnx_repository), servers=entries),
             )
-        environment = {
-            **short_lived_jvm_environment(),
-            "SPARK_LOCAL_IP": "127.0.0.1",
-            "SPARK_NO_DAEMONIZE": "1",
-        }
-        master = start_daemon(
-            ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-             "--port", "0", "--webui-port", "0"],
-            environment, root / "master.log",
-        )  # fmt: skip
-        daemons.append(master)
         master_url, web_url = master_addresses(root / "master.log", master, timeout_s=120)
         for node in nodes:
             folder = node.discovery_file.parent
