@@ -15,6 +15,8 @@ import gzip
 import http.client
 import json
 import shutil
+import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -351,6 +353,71 @@ def test_a_model_name_of_64_kib_is_answered_with_a_clipped_message(http_server: 
     assert http_server.kserve_http_address is not None
     status, _, answer = raw_http(http_server.kserve_http_address, "GET", "/v2/models/" + "m" * 65536)
     assert 400 <= status < 500 and len(answer) < 4096
+
+
+def oversized_request_then_rest(address: str) -> tuple[bytes, str]:
+    """Send a request line over h11's 16 KiB bound, wait for the server's answer to arrive, send
+    256 KiB more of the same request (a client that writes its whole request before reading), end
+    the request and read to the end: what was read, and how the stream ended ("eof" or "reset")."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"GET /v2/models/" + b"m" * 20_000)
+        answer = sock.recv(65536)  # blocks until the server has refused the line and answered
+        try:
+            sock.sendall(b"m" * 262_144 + b" HTTP/1.1\r\n\r\n")
+            sock.shutdown(socket.SHUT_WR)
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            return answer, "reset"
+    return answer, "eof"
+
+
+@pytest.mark.parametrize("port", ["kserve", "admin"])
+def test_a_request_line_over_the_bound_gets_its_400_read_to_a_clean_end_not_a_reset(
+    http_server: ServerProcess, port: str
+) -> None:
+    address = http_server.kserve_http_address if port == "kserve" else http_server.http_address
+    assert address is not None
+    answer, ending = oversized_request_then_rest(address)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert ending == "eof", "the server reset the connection while the client was still sending its request"
+
+
+def refused_connection(address: str) -> socket.socket:
+    """A connection whose request line the server has refused, its 400 read to the end (the server
+    stops writing after it), the connection still open from the client's side."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(b"GET /v2/models/" + b"m" * 20_000)
+    answer = b""
+    while chunk := sock.recv(65536):
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 ") and answer.endswith(b"Invalid HTTP request received."), answer
+    return sock
+
+
+def test_after_its_400_a_client_that_keeps_sending_is_cut_off(http_server: ServerProcess) -> None:
+    assert http_server.kserve_http_address is not None
+    with (
+        refused_connection(http_server.kserve_http_address) as sock,
+        pytest.raises((ConnectionResetError, BrokenPipeError)),
+    ):
+        for _ in range(64):  # 64 MiB: the server reads and drops at most 1 MiB after its 400
+            sock.sendall(b"m" * (1 << 20))
+
+
+def test_after_its_400_a_client_that_sends_nothing_more_is_closed(http_server: ServerProcess) -> None:
+    assert http_server.kserve_http_address is not None
+    with (
+        refused_connection(http_server.kserve_http_address) as sock,
+        pytest.raises((ConnectionResetError, BrokenPipeError)),
+    ):
+        # Once the server has closed (2 s after its 400), a byte sent is answered by a reset and
+        # the next send fails; a server holding the connection would let this run to the end.
+        for _ in range(300):
+            sock.sendall(b"m")
+            time.sleep(0.1)
 
 
 def test_a_body_that_is_not_json_is_400_and_counted_as_a_refusal_of_its_model(

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import uvicorn
 
 from udfserve.services.model_server.frontends.admin_limits import ADMIN_MAX_CONNECTIONS
+from udfserve.services.model_server.frontends.lingering_http import LingeringH11Protocol
 
 T = TypeVar("T")
 
@@ -94,7 +95,9 @@ class AdminThread:
             access_log=False,
             lifespan="off",
             limit_concurrency=ADMIN_MAX_CONNECTIONS,
-            http="h11",  # bounds a request's line and headers (see kserve_http.listener.HTTP_PARSER)
+            # h11 bounds a request's line and headers, and its 400 for one over that bound is followed
+            # by a lingering close (see kserve_http.listener.HTTP_PARSER)
+            http=LingeringH11Protocol,
             # the client address is the peer's: an X-Forwarded-For header must not choose the
             # bucket a request is counted in
             proxy_headers=False,

@@ -24,15 +24,18 @@ from udfserve.services.model_server.frontends.kserve.servicer import KServeServi
 from udfserve.services.model_server.frontends.kserve_http.bounds import PortBounds
 from udfserve.services.model_server.frontends.kserve_http.dispatch import FromOwnLoop, OnServingLoop
 from udfserve.services.model_server.frontends.kserve_http.routes import kserve_app
+from udfserve.services.model_server.frontends.lingering_http import LingeringH11Protocol
 
 logger = logging.getLogger(__name__)
 
 Placement = Literal["serving", "own"]
 
-HTTP_PARSER = "h11"
+HTTP_PARSER = LingeringH11Protocol
 """uvicorn's parser of HTTP/1.1, whatever else is installed: h11 bounds a request's line and headers
 (16 KiB, ``h11_max_incomplete_event_size``); uvicorn's httptools parser, which ``auto`` takes when
-httptools is installed, bounds neither, so a client sending one endless header grows the process."""
+httptools is installed, bounds neither, so a client sending one endless header grows the process.
+Its 400 for a request over that bound is followed by a lingering close (``lingering_http``), so
+that the client reads the 400 rather than a connection reset."""
 
 CONNECTIONS_PER_REQUEST = 2
 """uvicorn keeps at most this many connections per request the port handles at once (its 503,
