@@ -47,14 +47,22 @@ def baseline_checkout(tree: Path) -> Path:
     )
 
 
+def linked_tree(tree: Path, folder: Path) -> Path:
+    """``tree``'s folders under their package names (``scripts/source_tree.py``, the tree's own,
+    which knows its folders, else this checkout's), for ``PYTHONPATH``; made once per folder."""
+    linked = folder / f"{tree.name}-{abs(hash(str(tree)))}-tree"
+    if not linked.exists():
+        script = tree / "scripts" / "source_tree.py"
+        if not script.exists():
+            script = REPO_ROOT / "scripts" / "source_tree.py"
+        subprocess.run([sys.executable, str(script), str(tree), str(linked)], check=True, capture_output=True)
+    return linked
+
+
 def baseline_path(checkout: Path, folder: Path) -> str:
     """``PYTHONPATH`` for the baseline variant's processes, its links made under ``folder``:
     ``checkout``'s ``udfserve`` with its mapped folders, then this checkout's ``benchmarks``."""
-    client = folder / "baseline-client"
-    script = checkout / "scripts" / "source_tree.py"  # the checkout's own: it knows its folders
-    if not script.exists():
-        script = REPO_ROOT / "scripts" / "source_tree.py"
-    subprocess.run([sys.executable, str(script), str(checkout), str(client)], check=True, capture_output=True)
+    client = linked_tree(checkout, folder)
     (client / "benchmarks").unlink(missing_ok=True)  # the harness is this checkout's
     harness = folder / "harness"
     harness.mkdir(parents=True, exist_ok=True)

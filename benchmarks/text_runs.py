@@ -27,6 +27,7 @@ import numpy as np
 import psutil
 import pyarrow as pa
 
+from benchmarks.client_trees import linked_tree
 from benchmarks.processes import metric_value, scrape
 from udfserve.protocol import inference_pb2 as pb
 from udfserve.protocol.arrow_ipc import encode_batch
@@ -48,15 +49,6 @@ def demo_texts(rows: int, seed: int = 0) -> list[str]:
 
 
 # -- the server alone --------------------------------------------------------------------------
-def linked_tree(tree: Path, folder: Path) -> Path:
-    """``tree``'s folders under their package names (``scripts/source_tree.py``), for PYTHONPATH."""
-    linked = folder / f"{tree.name}-{abs(hash(str(tree)))}-tree"
-    if not linked.exists():
-        script = tree / "scripts" / "source_tree.py"
-        subprocess.run([sys.executable, str(script), str(tree), str(linked)], check=True, capture_output=True)
-    return linked
-
-
 def tree_env(linked: Path) -> dict[str, str]:
     """``PYTHONSAFEPATH``: ``python -m`` puts its working folder first on the path, which from this
     checkout would import this checkout's ``udfserve``, not the linked tree's."""

@@ -35,9 +35,10 @@ from typing import Any
 
 from benchmarks.batching import measure_cell
 from benchmarks.cli import main_for
+from benchmarks.client_trees import linked_tree
 from benchmarks.processes import Workspace
 from benchmarks.report import ComparisonResult, Table, TargetCheck
-from benchmarks.text_runs import REPO_ROOT, linked_tree
+from benchmarks.text_runs import REPO_ROOT
 from udfserve.services.model_server.launcher import ServerProcess
 from udfserve.services.model_server.observability.span_tree import load_spans, render
 
